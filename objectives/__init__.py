@@ -1,0 +1,1 @@
+"""Objectives measured for each stitched network."""

@@ -1,0 +1,1 @@
+"""Search spaces: define-by-run functions trial -> StitchConfig."""

@@ -1,0 +1,1 @@
+"""stitch_nas: NAS over stitched fragments of pretrained models."""

@@ -1,0 +1,74 @@
+"""The one exception hierarchy of stitch_nas.
+
+Every error a user can cause derives from :class:`StitchNASError` and, where it fits, from the
+built-in type a caller would expect (``KeyError`` for an unknown name, ``ValueError`` for a bad
+value), so ``except KeyError`` keeps working. Messages name the bad value and say how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StitchNASError",
+    "UnknownModelError",
+    "UnknownCutError",
+    "UnknownNameError",
+    "ConfigError",
+    "LayoutError",
+    "NonFiniteError",
+    "SingularSystemError",
+    "CacheError",
+    "DataError",
+    "BudgetError",
+    "TraceError",
+]
+
+
+class StitchNASError(Exception):
+    """Base class of every error raised on purpose by stitch_nas."""
+
+
+class UnknownNameError(StitchNASError, KeyError):
+    """A name looked up in a registry does not exist."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownModelError(UnknownNameError):
+    """A model name is not in the zoo."""
+
+
+class UnknownCutError(UnknownNameError):
+    """A cut point name does not exist in the model."""
+
+
+class ConfigError(StitchNASError, ValueError):
+    """A configuration (YAML file, StitchConfig JSON, options) has a wrong key, type or value."""
+
+
+class LayoutError(StitchNASError, ValueError):
+    """Two tensor layouts cannot be joined by the requested adapter."""
+
+
+class NonFiniteError(StitchNASError, ValueError):
+    """NaN or Inf found in activations or in a fitted map."""
+
+
+class SingularSystemError(StitchNASError, ValueError):
+    """A least-squares system has no unique solution."""
+
+
+class CacheError(StitchNASError, OSError):
+    """An on-disk cache is unreadable or inconsistent."""
+
+
+class DataError(StitchNASError, ValueError):
+    """A data set, folder or split is missing or malformed."""
+
+
+class BudgetError(StitchNASError, ValueError):
+    """A budget that no configuration can meet."""
+
+
+class TraceError(StitchNASError, RuntimeError):
+    """torch.fx (or an exporter) could not trace a model."""
