@@ -96,9 +96,10 @@ class _Traced:
         self.constant = _constant_nodes(self.nodes)
         self.input = next(n for n in self.nodes if n.op == "placeholder")
         self.output = next(n for n in self.nodes if n.op == "output")
-        self.cuts = _find_cuts(model, self, input_shape)
-        self.by_name = {c.name: c for c in self.cuts}
-        self.node_of = {c.name: node for c, node in zip(self.cuts, self._cut_nodes)}
+        found = _find_cuts(model, self, input_shape)
+        self.cuts = [cut for cut, _ in found]
+        self.by_name = {cut.name: cut for cut in self.cuts}
+        self.node_of = {cut.name: node for cut, node in found}
 
 
 _CACHE: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], _Traced]] = (
@@ -191,7 +192,9 @@ def _ended_module(traced: _Traced, node: fx.Node, model: nn.Module) -> str | Non
     return None
 
 
-def _find_cuts(model: nn.Module, traced: _Traced, input_shape: tuple[int, ...]) -> list[CutPoint]:
+def _find_cuts(
+    model: nn.Module, traced: _Traced, input_shape: tuple[int, ...]
+) -> list[tuple[CutPoint, fx.Node]]:
     shapes = _propagate_shapes(model, traced, input_shape)
     named: list[tuple[str, fx.Node]] = []
     final = traced.output.args[0]
@@ -203,17 +206,15 @@ def _find_cuts(model: nn.Module, traced: _Traced, input_shape: tuple[int, ...]) 
         if named and _is_identity_of(model, node, named[-1][1]):
             named.pop()  # same tensor as the previous cut: keep the later name only
         named.append((name, node))
-    cuts, nodes = [], []
+    found = []
     total = max(len(traced.nodes) - 1, 1)
     for index, (name, node) in enumerate(named):
         shape = shapes[node][1:]
         layout = _layout(model, node, shape)
         prefix = _prefix_tokens(model, shape) if layout == "tokens" else 0
         depth = traced.position[node] / total
-        cuts.append(CutPoint(name, index, layout, tuple(shape), prefix, round(depth, 4)))
-        nodes.append(node)
-    traced._cut_nodes = nodes
-    return cuts
+        found.append((CutPoint(name, index, layout, tuple(shape), prefix, round(depth, 4)), node))
+    return found
 
 
 def _is_identity_of(model: nn.Module, node: fx.Node, previous: fx.Node) -> bool:
