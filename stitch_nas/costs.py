@@ -1,0 +1,345 @@
+"""Costs of a network: multiply-accumulates (MACs, fvcore convention) and parameter counts.
+
+:func:`count_macs` is the figure used everywhere in stitch_nas; :func:`count_macs_reference`
+is an independent cross-check built on ``torch.utils.flop_counter``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from stitch_nas.errors import ConfigError, TraceError
+
+# Importing fvcore runs torch.jit.script on a few of its losses, which torch >= 2.9 reports
+# as a FutureWarning; it is harmless and not actionable by our users.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fvcore.nn import FlopCountAnalysis
+    from fvcore.nn.jit_handles import conv_flop_count, get_shape
+
+__all__ = [
+    "count_macs",
+    "count_macs_by_operator",
+    "count_macs_reference",
+    "count_params",
+    "count_params_of",
+]
+
+logger = logging.getLogger(__name__)
+
+_Handle = Callable[[list[Any], list[Any]], int]
+
+# Ops that do no multiply-accumulate work (elementwise, activations, pooling, reductions,
+# indexing). fvcore reports them as "unsupported"; that is noise, so they are only logged at
+# DEBUG. Any other unsupported op may hide real MACs and is logged as a warning.
+_NO_MAC_OPS: frozenset[str] = frozenset(
+    f"aten::{name}"
+    for name in (
+        "abs add add_ addcmul all any argmax argmin avg_pool1d avg_pool2d avg_pool3d bernoulli_ "
+        "bitwise_and bitwise_or ceil clamp_min clamp_max clone cos cumsum div div_ erf exp "
+        "fill_ gelu gelu_ hardsigmoid hardsigmoid_ hardswish hardswish_ hardtanh hardtanh_ "
+        "le leaky_relu leaky_relu_ log log_softmax logical_and logical_not logical_or lt "
+        "max_pool1d max_pool2d max_pool3d max_pool2d_with_indices mean min mish mish_ mul mul_ "
+        "ne neg pad pixel_shuffle pixel_unshuffle pow reciprocal repeat rsqrt rsub "
+        "scatter sigmoid sigmoid_ sign silu silu_ sin softmax softplus sqrt std sub sub_ sum "
+        "tanh tanh_ tile topk tril triu unflatten var where adaptive_max_pool2d "
+        "adaptive_avg_pool1d expand_as new_ones ones_like rand_like randn_like"
+    ).split()
+)
+
+
+def _shape(value: Any) -> list[int]:
+    """Return the traced shape of a jit value, failing loudly when the trace lacks it."""
+    shape = get_shape(value)
+    if shape is None:
+        raise TraceError("an op input has an unknown shape in the trace; pass concrete inputs")
+    return [int(s) for s in shape]
+
+
+def _sdpa_macs(inputs: list[Any], outputs: list[Any]) -> int:
+    """MACs of ``scaled_dot_product_attention``: Q·Kᵀ plus attn·V.
+
+    Q is ``(..., L, E)``, K ``(..., S, E)``, V ``(..., S, Ev)``; Q's leading dims (batch,
+    heads) set the work, which also covers grouped-query attention. Softmax, scaling and
+    masking are elementwise and not counted.
+    """
+    q, k, v = (_shape(x) for x in inputs[:3])
+    return math.prod(q[:-2]) * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+def _product_macs(arg: int) -> _Handle:
+    """Handle for ``out = [bias +] a @ b`` with ``a = inputs[arg]``: out size × inner dim.
+
+    Unlike fvcore's matmul handler it accepts 1-D operands and counts batch dims that only
+    the second operand carries.
+    """
+
+    def handle(inputs: list[Any], outputs: list[Any]) -> int:
+        return math.prod(_shape(outputs[0])) * _shape(inputs[arg])[-1]
+
+    return handle
+
+
+def _addbmm_macs(inputs: list[Any], outputs: list[Any]) -> int:
+    """MACs of ``addbmm``: a batch of ``(n, k) @ (k, m)`` products summed into ``(n, m)``."""
+    return math.prod(_shape(inputs[1])) * _shape(inputs[2])[-1]
+
+
+def _conv_mode_macs(inputs: list[Any], outputs: list[Any]) -> int:
+    """MACs of ``aten::_convolution_mode``, what ``nn.Conv*d(padding="same")`` traces to."""
+    x, w, out = _shape(inputs[0]), _shape(inputs[1]), _shape(outputs[0])
+    return int(conv_flop_count(x, w, out, transposed=False))
+
+
+# Ops that carry MACs but have no fvcore handler (or a fragile one).
+_EXTRA_HANDLES: dict[str, _Handle] = {
+    "aten::scaled_dot_product_attention": _sdpa_macs,
+    "aten::matmul": _product_macs(0),
+    "aten::mv": _product_macs(0),
+    "aten::dot": _product_macs(0),
+    "aten::vdot": _product_macs(0),
+    "aten::baddbmm": _product_macs(1),
+    "aten::addmv": _product_macs(1),
+    "aten::addbmm": _addbmm_macs,
+    "aten::_convolution_mode": _conv_mode_macs,
+}
+
+
+def _check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    """Validate a full input shape (batch included) and return it as a tuple."""
+    shape = tuple(input_shape) if isinstance(input_shape, (tuple, list, torch.Size)) else ()
+    if not shape or not all(type(s) is int and s > 0 for s in shape):
+        raise ConfigError(
+            f"input_shape={input_shape!r} is not a shape; pass positive ints with the batch "
+            "first, e.g. (1, 3, 224, 224)"
+        )
+    return shape
+
+
+def _probe_tensor(model: nn.Module, shape: tuple[int, ...]) -> torch.Tensor:
+    """A reproducible random input on the model's device and in its floating dtype."""
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    # Random rather than zeros so data-dependent branches see a typical input; seeded so the
+    # count is reproducible and the global RNG is left alone.
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def _resolve_inputs(
+    model: nn.Module, input_shape: Sequence[int] | None, inputs: Any
+) -> tuple[Any, ...]:
+    """Turn ``input_shape``/``inputs`` into the positional-argument tuple for the model."""
+    if inputs is None:
+        if input_shape is None:
+            raise ConfigError(
+                "input_shape=None needs inputs=; pass a shape such as (1, 3, 224, 224)"
+            )
+        return (_probe_tensor(model, _check_shape(input_shape)),)
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    if input_shape is not None and args and isinstance(args[0], torch.Tensor):
+        if tuple(args[0].shape) != _check_shape(input_shape):
+            raise ConfigError(
+                f"input_shape={tuple(input_shape)} disagrees with inputs of shape "
+                f"{tuple(args[0].shape)}; pass input_shape=None or matching inputs"
+            )
+    return args
+
+
+def count_macs_by_operator(
+    model: nn.Module, input_shape: Sequence[int] | None, *, inputs: Any = None
+) -> dict[str, int]:
+    """MACs of one forward pass, broken down by operator; see :func:`count_macs`.
+
+    Args:
+        model: Network to analyse, as for :func:`count_macs`.
+        input_shape: Full input shape with the batch dimension first, or ``None``.
+        inputs: Optional positional arguments used instead of a random input.
+
+    Returns:
+        MACs per operator, keyed by fvcore's short names (``"linear"``, ``"conv"``,
+        ``"scaled_dot_product_attention"``, ``"layer_norm"``, ...).
+
+    Raises:
+        ConfigError: ``input_shape`` is malformed or disagrees with ``inputs``.
+        TraceError: The model cannot be traced or counted.
+    """
+    args = _resolve_inputs(model, input_shape, inputs)
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch.jit tracing is deprecated in recent torch and may warn about
+            # data-dependent Python control flow; neither changes the count.
+            warnings.simplefilter("ignore")
+            analysis = FlopCountAnalysis(model, args)
+            analysis.set_op_handle(**_EXTRA_HANDLES)
+            analysis.unsupported_ops_warnings(False)
+            analysis.uncalled_modules_warnings(False)
+            analysis.tracer_warnings("none")
+            by_op = analysis.by_operator()
+            unsupported = analysis.unsupported_ops()
+    except Exception as exc:  # anything from tracing or a handler means we have no count
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise TraceError(
+            f"cannot count MACs of {type(model).__name__}: {reason}; make sure "
+            "torch.jit.trace(model, inputs) works for this input"
+        ) from exc
+    finally:
+        for module, training in modes.items():
+            module.training = training
+    name = type(model).__name__
+    quiet = ", ".join(sorted(op for op in unsupported if op in _NO_MAC_OPS))
+    loud = ", ".join(sorted(op for op in unsupported if op not in _NO_MAC_OPS))
+    if quiet:
+        logger.debug("count_macs(%s): no-MAC ops counted as 0: %s", name, quiet)
+    if loud:
+        logger.warning("count_macs(%s): ops without a MAC handler, counted as 0: %s", name, loud)
+    return {op: int(round(n)) for op, n in by_op.items()}
+
+
+def count_macs(model: nn.Module, input_shape: Sequence[int] | None, *, inputs: Any = None) -> int:
+    """Multiply-accumulates of one forward pass, in the fvcore convention.
+
+    Convention: one fused multiply-add is one MAC (half of what a "2 FLOPs per MAC"
+    counter reports). The input is a seeded random tensor of ``input_shape`` (batch
+    included) so the result is for that whole batch; divide by the batch size for a
+    per-sample figure.
+
+    Counted: linear/addmm/mm/bmm/matmul/einsum/mv/dot/baddbmm (inner-product MACs only,
+    biases ignored), convolutions including transposed and ``padding="same"`` ones, and
+    ``F.scaled_dot_product_attention`` as ``B·heads·L·S·E + B·heads·L·S·Ev`` (Q·Kᵀ plus
+    attn·V), which fvcore alone silently counts as 0. Also counted, because fvcore's
+    default handlers count them: batch norm (eval: 1-2 per element, train: 4-5), layer,
+    group and instance norm (4-5 per element), ``adaptive_avg_pool2d`` (1 per input
+    element), nearest/bilinear upsampling (1/4 per output element) and ``grid_sample``.
+    Not counted: activations, softmax, residual adds and other elementwise ops,
+    ``avg_pool``/``max_pool``, ``rms_norm`` and anything else without a handler (such ops
+    are logged; ones not known to be MAC-free are logged as a warning).
+
+    The model is traced with ``torch.jit`` in eval mode under ``torch.no_grad()``; every
+    submodule's train/eval flag is restored afterwards.
+
+    Args:
+        model: Network to analyse; any ``nn.Module`` that ``torch.jit.trace`` accepts,
+            including ``torch.fx.GraphModule``.
+        input_shape: Full input shape with the batch dimension first, e.g.
+            ``(1, 3, 224, 224)``. May be ``None`` when ``inputs`` is given.
+        inputs: Optional tensor or tuple of positional arguments used instead of a random
+            input of ``input_shape`` (for models with several inputs).
+
+    Returns:
+        Total MACs for the batch.
+
+    Raises:
+        ConfigError: ``input_shape`` is malformed or disagrees with ``inputs``.
+        TraceError: The model cannot be traced or counted.
+    """
+    return sum(count_macs_by_operator(model, input_shape, inputs=inputs).values())
+
+
+def count_macs_reference(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """Independent MAC count from ``torch.utils.flop_counter.FlopCounterMode``.
+
+    A deep copy of the model runs in eval mode on the meta device (no memory, no compute)
+    and the reported FLOPs are halved to get MACs. Differences from :func:`count_macs`:
+    FlopCounterMode only counts mm/addmm/bmm/baddbmm, convolutions and attention kernels,
+    so norms, ``adaptive_avg_pool2d`` and upsampling (which fvcore counts) are absent, as
+    are ``mv``/``dot``. On transformers the gap is the layer norms (well under 1% for
+    ViT-Ti); on narrow CNNs batch norm can make it a few percent.
+
+    Args:
+        model: Network to analyse; it is copied, never modified.
+        input_shape: Full input shape with the batch dimension first.
+
+    Returns:
+        Total MACs for the batch.
+
+    Raises:
+        ConfigError: ``input_shape`` is malformed.
+        TraceError: The model cannot run on the meta device.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = _check_shape(input_shape)
+    try:
+        meta_model = copy.deepcopy(model).to("meta").eval()
+        dtype = next(
+            (p.dtype for p in meta_model.parameters() if p.is_floating_point()), torch.float32
+        )
+        x = torch.empty(shape, device="meta", dtype=dtype)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            meta_model(x)
+    except Exception as exc:  # a meta-device failure means we have no reference
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise TraceError(
+            f"cannot run {type(model).__name__} on the meta device: {reason}; use count_macs"
+        ) from exc
+    return int(counter.get_total_flops()) // 2
+
+
+def _param_key(param: torch.Tensor) -> tuple[Any, ...]:
+    """Identity of a parameter's storage, so aliases of one tensor are counted once."""
+    if param.device.type == "meta" or param.data_ptr() == 0:
+        return ("id", id(param))
+    return ("ptr", param.device, param.data_ptr(), param.dtype, tuple(param.shape))
+
+
+def count_params_of(modules: Iterable[nn.Module]) -> int:
+    """Number of parameters reachable from several modules, each counted once.
+
+    A stitched network reuses parameter objects of the models it was cut from; counting the
+    union keeps a weight shared by two fragments (or tied inside one) from being counted
+    twice. Parameters are deduplicated by identity and by storage pointer, so two
+    ``Parameter`` objects viewing the same memory also count once.
+
+    Args:
+        modules: The modules whose parameters to count.
+
+    Returns:
+        Total number of scalar parameters.
+
+    Raises:
+        ConfigError: An element is not an ``nn.Module`` or a parameter is uninitialized.
+    """
+    if isinstance(modules, nn.Module):  # a lone module is a common slip; count it whole
+        modules = [modules]
+    seen: set[tuple[Any, ...]] = set()
+    total = 0
+    for module in modules:
+        if not isinstance(module, nn.Module):
+            raise ConfigError(
+                f"count_params_of got {type(module).__name__}; pass an iterable of nn.Module"
+            )
+        for name, param in module.named_parameters():
+            if isinstance(param, nn.parameter.UninitializedParameter):
+                raise ConfigError(
+                    f"parameter {name!r} of {type(module).__name__} is uninitialized; run one "
+                    "forward pass before counting"
+                )
+            key = _param_key(param)
+            if key not in seen:
+                seen.add(key)
+                total += param.numel()
+    return total
+
+
+def count_params(module: nn.Module) -> int:
+    """Number of parameters reachable from ``module``, shared ones counted once.
+
+    Args:
+        module: The module whose parameters to count.
+
+    Returns:
+        Total number of scalar parameters (see :func:`count_params_of`).
+    """
+    return count_params_of([module])
