@@ -1,0 +1,117 @@
+"""Least-squares stitching: recovers known maps, fuses exactly, refuses what it cannot join."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from stitch_nas import errors
+from stitch_nas.fragments import CutPoint, cut_points, segment
+from stitch_nas.lstsq import fit_lstsq, fusable_consumer, fuse_into_segment
+
+SHAPE = (1, 3, 32, 32)
+
+
+def _cut(layout: str, shape: tuple[int, ...], prefix: int = 0, name: str = "c") -> CutPoint:
+    return CutPoint(name, 0, layout, shape, prefix)
+
+
+def test_recovers_an_exact_affine_map_between_feature_maps():
+    torch.manual_seed(0)
+    x = torch.randn(64, 6, 4, 4)
+    a, b = torch.randn(5, 6), torch.randn(5)
+    y = torch.einsum("kj,njhw->nkhw", a, x) + b.view(1, -1, 1, 1)
+    stitch = fit_lstsq(x, y, _cut("nchw", (6, 4, 4)), _cut("nchw", (5, 4, 4)), ridge=0.0)
+    assert torch.allclose(stitch.weight, a, atol=1e-4)
+    assert torch.allclose(stitch.bias, b, atol=1e-4)
+    assert torch.allclose(stitch(x), y, atol=1e-4)
+
+
+def test_resizes_to_the_destination_grid_and_converts_layouts():
+    x = torch.randn(32, 6, 8, 8)
+    y = torch.randn(32, 4, 4, 7)  # nhwc destination, 4x4 grid, 7 channels
+    stitch = fit_lstsq(x, y, _cut("nchw", (6, 8, 8)), _cut("nhwc", (4, 4, 7)))
+    assert stitch(x).shape == y.shape
+    pooled = fit_lstsq(x, torch.randn(32, 3), _cut("nchw", (6, 8, 8)), _cut("vector", (3,)))
+    assert pooled(x).shape == (32, 3)
+
+
+def test_tokens_to_tokens_keeps_prefix_tokens():
+    x, y = torch.randn(40, 17, 8), torch.randn(40, 5, 6)
+    stitch = fit_lstsq(x, y, _cut("tokens", (17, 8), 1), _cut("tokens", (5, 6), 1))
+    assert stitch(x).shape == (40, 5, 6)
+
+
+@pytest.mark.parametrize(
+    "src, dst",
+    [
+        (_cut("vector", (8,)), _cut("nchw", (4, 2, 2))),
+        (_cut("tokens", (17, 8), 1), _cut("nchw", (4, 2, 2))),
+        (_cut("tokens", (17, 8), 1), _cut("tokens", (16, 8), 0)),
+    ],
+)
+def test_unsupported_layout_pairs_are_refused_clearly(src, dst):
+    with pytest.raises(errors.LayoutError, match="supported pairs"):
+        fit_lstsq(torch.randn(4, *src.shape), torch.randn(4, *dst.shape), src, dst)
+
+
+def test_singular_system_without_ridge_is_reported():
+    x = torch.randn(50, 1).repeat(1, 4)  # four identical channels: rank 1
+    with pytest.raises(errors.SingularSystemError, match="ridge"):
+        fit_lstsq(x, torch.randn(50, 3), _cut("vector", (4,)), _cut("vector", (3,)), ridge=0.0)
+    fit_lstsq(x, torch.randn(50, 3), _cut("vector", (4,)), _cut("vector", (3,)), ridge=1e-4)
+
+
+def test_non_finite_activations_are_reported():
+    x = torch.randn(10, 4)
+    x[3, 1] = float("nan")
+    with pytest.raises(errors.NonFiniteError, match="NaN"):
+        fit_lstsq(x, torch.randn(10, 3), _cut("vector", (4,), name="src"), _cut("vector", (3,)))
+
+
+def _pair_cases():
+    torch.manual_seed(0)
+    src = timm.create_model("test_resnet", num_classes=10).eval()
+    dst = timm.create_model("test_efficientnet", num_classes=10).eval()
+    x = torch.randn(48, 3, 32, 32)
+    return src, dst, x
+
+
+def test_fused_and_unfused_outputs_agree():
+    src, dst, x = _pair_cases()
+    src_cut = cut_points(src, input_shape=SHAPE)[5]
+    fused_any = 0
+    for dst_cut in cut_points(dst, input_shape=SHAPE):
+        tail = segment(dst, dst_cut, None, input_shape=SHAPE)
+        if fusable_consumer(tail) is None:
+            continue
+        with torch.no_grad():
+            xa = segment(src, None, src_cut, input_shape=SHAPE)(x)
+            yb = segment(dst, None, dst_cut, input_shape=SHAPE)(x)
+            stitch = fit_lstsq(xa, yb, src_cut, dst_cut)
+            unfused = tail(stitch(xa))
+            fused = fuse_into_segment(stitch, tail)(xa)
+        assert (fused - unfused).abs().max() <= 1e-4 * max(1.0, unfused.abs().max().item())
+        fused_any += 1
+    assert fused_any >= 2  # conv and linear consumers both exercised
+
+
+def test_fusing_into_a_padded_conv_keeps_the_border_exact():
+    conv = torch.nn.Conv2d(4, 5, 3, padding=1).eval()
+    tail = torch.fx.symbolic_trace(torch.nn.Sequential(conv, torch.nn.ReLU()))
+    x = torch.randn(16, 3, 6, 6)
+    y = torch.randn(16, 4, 6, 6)
+    stitch = fit_lstsq(x, y, _cut("nchw", (3, 6, 6)), _cut("nchw", (4, 6, 6)))
+    with torch.no_grad():
+        assert torch.allclose(fuse_into_segment(stitch, tail)(x), tail(stitch(x)), atol=1e-5)
+
+
+def test_fusion_is_refused_when_the_cut_feeds_a_residual():
+    model = timm.create_model("test_resnet").eval()
+    cut = next(c for c in cut_points(model, input_shape=SHAPE) if c.name == "layer1.0")
+    tail = segment(model, cut, None, input_shape=SHAPE)
+    assert fusable_consumer(tail) is None
+    stitch = fit_lstsq(torch.randn(8, *cut.shape), torch.randn(8, *cut.shape), cut, cut)
+    with pytest.raises(errors.LayoutError, match="fuse=False"):
+        fuse_into_segment(stitch, tail)
