@@ -1,0 +1,548 @@
+"""Reports of a multi-objective search: Pareto front, hypervolume, CSV/JSON/PNG files, a table.
+
+Everything is read from the Optuna study: objective names in ``study.user_attrs["objectives"]``,
+the zoo's own models in ``study.user_attrs["references"]``, per-trial metrics, config and
+description in each trial's ``user_attrs``, feasibility in its constraints.
+
+Hypervolumes are normalised to [0, 1]: per objective, the worst corner (the reference point) is
+0 for maximised objectives (accuracy, CKA) and 1.1 x the largest value over completed trials and
+references for minimised ones (MACs, params, latency); the best corner is 1 for maximised
+objectives (or the largest value seen, if above 1) and 0 for minimised ones.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from .errors import ConfigError
+
+__all__ = [
+    "ReportSummary",
+    "dominated_references",
+    "front_hypervolume",
+    "hypervolume",
+    "pareto_trials",
+    "write_report",
+]
+
+logger = logging.getLogger(__name__)
+
+_METRICS = ("accuracy", "macs", "params", "cka", "latency_ms")
+_COST_MARGIN = 1.1  # so the costliest point still spans a nonzero slab of the normalised box
+_MAX, _MIN = StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE
+_FRONT_STYLE = {"s": 36, "c": "C0", "edgecolors": "k", "linewidths": 0.5, "label": "Pareto front"}
+_STAR_STYLE = {"marker": "*", "s": 280, "c": "C3", "edgecolors": "k", "label": "zoo models"}
+_LABEL_STYLE = {"textcoords": "offset points", "fontsize": 7}
+_AXIS_LABELS = {
+    "macs": "MACs per image",
+    "params": "parameters",
+    "accuracy": "validation accuracy",
+    "latency": "latency (ms per image)",
+    "latency_ms": "latency (ms per image)",
+}
+
+
+def _objectives(study: optuna.Study) -> list[str]:
+    names = study.user_attrs.get("objectives")
+    if names is None:
+        return [f"objective_{i}" for i in range(len(study.directions))]
+    if len(names) != len(study.directions):
+        raise ConfigError(
+            f"study.user_attrs['objectives'] = {names} names {len(names)} objectives but the "
+            f"study has {len(study.directions)} directions; store one name per direction"
+        )
+    return [str(n) for n in names]
+
+
+def _references(study: optuna.Study) -> list[dict[str, Any]]:
+    refs = study.user_attrs.get("references") or []
+    if not isinstance(refs, list) or not all(isinstance(r, dict) and "name" in r for r in refs):
+        raise ConfigError("study.user_attrs['references'] must be a list of dicts with a 'name'")
+    return refs
+
+
+def _number(value: Any) -> float | int | None:
+    """The value if it is a finite number, else None (keeps NaN out of JSON and tables)."""
+    if isinstance(value, np.number):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _lookup(mapping: dict[str, Any], name: str) -> float | int | None:
+    # An objective called "latency" is stored as "latency_ms" in user_attrs and references.
+    for key in (name, f"{name}_ms"):
+        if _number(mapping.get(key)) is not None:
+            return _number(mapping[key])
+    return None
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    # As Optuna 5 decides (FrozenTrial.constraints reads both storage formats): feasible when
+    # every constraint is <= 0, so a trial without constraints is feasible.
+    return all(v <= 0.0 for v in trial.constraints.values())
+
+
+def _config(trial: FrozenTrial) -> dict[str, Any]:
+    config = trial.user_attrs.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def _n_fragments(trial: FrozenTrial) -> int:
+    fragments = _config(trial).get("fragments")
+    if isinstance(fragments, list):
+        return len(fragments)
+    return len(trial.user_attrs.get("models", []))
+
+
+def _metric(trial: FrozenTrial, name: str, objectives: list[str]) -> float | int | None:
+    value = _lookup(trial.user_attrs, name)
+    if value is None and name in objectives and trial.values is not None:
+        return _number(trial.values[objectives.index(name)])
+    return value
+
+
+def _as_direction(direction: StudyDirection | str) -> StudyDirection:
+    if isinstance(direction, StudyDirection):
+        return direction
+    if str(direction).lower() in ("maximize", "minimize"):
+        return StudyDirection[str(direction).upper()]
+    raise ConfigError(f"unknown direction {direction!r}; use 'maximize' or 'minimize'")
+
+
+def _losses(points: np.ndarray, directions: Sequence[StudyDirection | str]) -> np.ndarray:
+    """Points as losses: maximised objectives negated so that smaller is better everywhere."""
+    return points * np.asarray([-1.0 if _as_direction(d) == _MAX else 1.0 for d in directions])
+
+
+def _dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[Any]) -> bool:
+    la, lb = _losses(np.asarray([a, b], dtype=float), directions)
+    return bool(np.all(la <= lb) and np.any(la < lb))
+
+
+def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The non-dominated feasible completed trials, sorted by the first minimised objective.
+
+    This is ``study.best_trials``. Optuna 5 keeps only COMPLETE trials and, as soon as any trial
+    of the study has a constraint, first drops those with a constraint value > 0 (a trial with
+    no constraint counts as feasible), so an infeasible trial never knocks a feasible one off.
+
+    Args:
+        study: A multi-objective study.
+
+    Returns:
+        Front trials, cheapest first (best first on the first objective if none is minimised).
+    """
+    mins = [i for i, d in enumerate(study.directions) if d == _MIN]
+    if mins:
+        return sorted(study.best_trials, key=lambda t: (t.values[mins[0]], t.number))
+    return sorted(study.best_trials, key=lambda t: (-t.values[0], t.number))
+
+
+def hypervolume(
+    points: Sequence[Sequence[float]] | np.ndarray,
+    directions: Sequence[StudyDirection | str],
+    reference_point: Sequence[float],
+) -> float:
+    """Exact hypervolume dominated by ``points`` and bounded by ``reference_point``.
+
+    Optuna 5 has no public hypervolume function (only the private ``optuna._hypervolume``), so
+    this is a 2-D sweep, with more objectives sliced along the last one down to 2-D.
+
+    Args:
+        points: One row of objective values per point; dominated points and points not strictly
+            better than the reference point on every objective add nothing.
+        directions: ``StudyDirection`` or "maximize"/"minimize" per objective.
+        reference_point: The worst corner of the measured box, in raw units.
+
+    Returns:
+        The volume, in the product of the objectives' units.
+
+    Raises:
+        ConfigError: If shapes disagree or values are not finite.
+    """
+    ref = np.asarray(reference_point, dtype=float).ravel()
+    pts = np.asarray(points, dtype=float)
+    pts = pts.reshape(0, len(ref)) if pts.size == 0 else pts
+    if len(ref) == 0 or len(directions) != len(ref) or pts.ndim != 2 or pts.shape[1] != len(ref):
+        raise ConfigError(
+            f"need points of shape (n, {len(directions)}) and one reference value per direction; "
+            f"got points {pts.shape} and {len(ref)} reference values"
+        )
+    if not (np.all(np.isfinite(pts)) and np.all(np.isfinite(ref))):
+        raise ConfigError("hypervolume points and reference point must be finite")
+    losses, ref_loss = _losses(pts, directions), _losses(ref[None, :], directions)[0]
+    return _hv_min(losses[np.all(losses < ref_loss, axis=1)], ref_loss)
+
+
+def _hv_min(points: np.ndarray, ref: np.ndarray) -> float:
+    """Hypervolume for minimisation; every point strictly dominates ``ref``."""
+    if len(points) == 0:
+        return 0.0
+    if points.shape[1] == 1:
+        return float(ref[0] - points[:, 0].min())
+    if points.shape[1] == 2:
+        # Sweep by increasing x: each point adds the slab between its y and the best y so far.
+        total, best_y = 0.0, ref[1]
+        for x, y in points[np.lexsort((points[:, 1], points[:, 0]))]:
+            if y < best_y:
+                total += (ref[0] - x) * (best_y - y)
+                best_y = y
+        return float(total)
+    # Between consecutive levels of the last objective the cross-section is constant: the
+    # (d-1)-D hypervolume of the points at or below the lower level.
+    levels = np.append(np.unique(points[:, -1]), ref[-1])
+    slabs = zip(levels[:-1], levels[1:], strict=True)
+    return float(
+        sum((hi - lo) * _hv_min(points[points[:, -1] <= lo, :-1], ref[:-1]) for lo, hi in slabs)
+    )
+
+
+def _reference_values(ref: dict[str, Any], objectives: list[str]) -> list[float] | None:
+    values = [_lookup(ref, name) for name in objectives]
+    return None if any(v is None for v in values) else [float(v) for v in values]
+
+
+def front_hypervolume(study: optuna.Study) -> dict[str, Any]:
+    """Normalised hypervolume of the front, of the zoo references alone, and of both together.
+
+    Each value is a fraction in [0, 1] (see the module docstring). The search extends the zoo's
+    own front exactly when ``combined_hypervolume > reference_hypervolume``.
+
+    Args:
+        study: A multi-objective study.
+
+    Returns:
+        ``hypervolume``, ``reference_hypervolume``, ``combined_hypervolume``, ``extends_front``
+        and, in raw units, ``reference_point`` (worst corner) and ``ideal_point`` (best corner).
+    """
+    objectives, directions = _objectives(study), study.directions
+    front = [list(t.values) for t in pareto_trials(study)]
+    refs = [v for r in _references(study) if (v := _reference_values(r, objectives)) is not None]
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    seen = np.asarray([t.values for t in done] + refs, dtype=float).reshape(-1, len(directions))
+    tops = seen.max(axis=0) if len(seen) else np.ones(len(directions))
+    pairs = list(zip(directions, tops, strict=True))
+    worst = [0.0 if d == _MAX else (_COST_MARGIN * t if t > 0 else 1.0) for d, t in pairs]
+    ideal = [max(1.0, float(t)) if d == _MAX else 0.0 for d, t in pairs]
+    box = float(np.prod(np.abs(np.subtract(ideal, worst))))
+
+    def norm(points: list[list[float]]) -> float:
+        return min(1.0, hypervolume(points, directions, worst) / box) if points else 0.0
+
+    hv, ref_hv, both = norm(front), norm(refs), norm(front + refs)
+    return {
+        "hypervolume": hv,
+        "reference_hypervolume": ref_hv,
+        "combined_hypervolume": both,
+        "extends_front": both > ref_hv + 1e-12,
+        "reference_point": worst,
+        "ideal_point": ideal,
+    }
+
+
+def dominated_references(study: optuna.Study) -> list[dict[str, Any]]:
+    """For each zoo reference, the front trials that dominate it.
+
+    Args:
+        study: A multi-objective study with ``user_attrs["references"]``.
+
+    Returns:
+        One dict per reference: ``reference`` (name), ``dominated_by`` (trial numbers) and
+        ``dominated_by_stitched`` (those of them with more than one fragment). A reference that
+        lacks an objective value cannot be compared and gets empty lists.
+    """
+    objectives, directions = _objectives(study), study.directions
+    front, out = pareto_trials(study), []
+    for ref in _references(study):
+        point = _reference_values(ref, objectives)
+        if point is None:
+            logger.warning("reference %s lacks one of %s; not compared", ref["name"], objectives)
+        wins = [t for t in front if point and _dominates(t.values, point, directions)]
+        out.append(
+            {
+                "reference": str(ref["name"]),
+                "dominated_by": [t.number for t in wins],
+                "dominated_by_stitched": [t.number for t in wins if _n_fragments(t) > 1],
+            }
+        )
+    return out
+
+
+def _front_row(trial: FrozenTrial, objectives: list[str]) -> dict[str, Any]:
+    row: dict[str, Any] = {"number": trial.number, "values": [_number(v) for v in trial.values]}
+    row.update({m: _metric(trial, m, objectives) for m in _METRICS})
+    row.update(
+        describe=str(trial.user_attrs.get("describe", "")),
+        config=_config(trial),
+        models=[str(m) for m in trial.user_attrs.get("models", [])],
+        n_fragments=_n_fragments(trial),
+        stitched=_n_fragments(trial) > 1,
+    )
+    return row
+
+
+def _human(value: float | None) -> str:
+    """1234567 -> '1.2M', 3e8 -> '300M', None -> '-'."""
+    if value is None:
+        return "-"
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f}".removesuffix(".0") + unit
+    return f"{value:g}"
+
+
+def _fixed(spec: str) -> Callable[[float | None], str]:
+    return lambda v: "-" if v is None else format(v, spec)
+
+
+# (key, header, width, formatter) of the metric columns shared by the front and the references.
+_COLUMNS = (
+    ("accuracy", "accuracy", 8, _fixed(".4f")),
+    ("macs", "MACs", 7, _human),
+    ("params", "params", 7, _human),
+    ("cka", "CKA", 6, _fixed(".3f")),
+)
+
+
+def _cells(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return " ".join(f"{head:>{w}}" for _, head, w, _ in _COLUMNS)
+    return " ".join(f"{fmt(_lookup(row, key)):>{w}}" for key, _, w, fmt in _COLUMNS)
+
+
+@dataclass
+class ReportSummary:
+    """What :func:`write_report` wrote, plus the numbers a caller prints or checks."""
+
+    objectives: list[str]
+    front: list[dict[str, Any]]
+    hypervolume: float
+    reference_hypervolume: float
+    extends_front: bool
+    dominated: list[dict[str, Any]]
+    counts: dict[str, int]
+    references: list[dict[str, Any]]
+    csv_path: Path
+    json_path: Path
+    png_path: Path
+
+    def table(self) -> str:
+        """Fixed-width text: the front, the references, the hypervolume and dominance lines."""
+        counts = ", ".join(f"{n} {state}" for state, n in self.counts.items() if n)
+        if not self.counts.get("COMPLETE"):
+            return f"no completed trial ({counts or 'no trials'}): nothing to report"
+        lines = [f"Pareto front: {len(self.front)} networks ({counts})"]
+        lines.append(f"{'trial':>6} {_cells(None)}  network")
+        for r in self.front:
+            kind = "stitched" if r["stitched"] else "single"
+            lines.append(f"{'#' + str(r['number']):>6} {_cells(r)}  {kind}: {r['describe']}")
+        width = max([9] + [len(str(ref["name"])) for ref in self.references])
+        if self.references:
+            lines += ["", f"{'zoo model':<{width}} {_cells(None)}"]
+            lines += [f"{str(ref['name']):<{width}} {_cells(ref)}" for ref in self.references]
+        lines += [
+            "",
+            f"hypervolume (normalised, 0-1): front {self.hypervolume:.4f}, "
+            f"zoo models alone {self.reference_hypervolume:.4f}",
+            f"the search {'extends' if self.extends_front else 'does not extend'} the zoo's front",
+        ]
+        for d in self.dominated:
+            name, by = d["reference"], ", ".join(f"#{n}" for n in d["dominated_by_stitched"])
+            if by:
+                lines.append(f"{name} is dominated by stitched network(s) {by}")
+                continue
+            single = ", ".join(f"#{n}" for n in d["dominated_by"])
+            also = f" (single-model trial(s) {single} do)" if single else ""
+            lines.append(f"no stitched network dominates {name}{also}")
+        return "\n".join(lines)
+
+
+def _plot_axes(
+    objectives: list[str], directions: Sequence[StudyDirection]
+) -> tuple[int, int] | None:
+    """Indices of x (a minimised cost, MACs before params) and y (accuracy, else maximised)."""
+    mins = [i for i, d in enumerate(directions) if d == _MIN]
+    maxs = [i for i, d in enumerate(directions) if d == _MAX]
+    named = [objectives.index(n) for n in ("macs", "params") if n in objectives]
+    x = next((i for i in named if i in mins), mins[0] if mins else None)
+    acc = [i for i in maxs if objectives[i] == "accuracy"]
+    y = acc[0] if acc else (maxs[0] if maxs else None)
+    return None if x is None or y is None else (x, y)
+
+
+def _xy(points: Sequence[Sequence[float]], xi: int, yi: int) -> tuple[list, list]:
+    return [p[xi] for p in points], [p[yi] for p in points]
+
+
+def _draw(ax: Any, study: optuna.Study, refs: list[dict[str, Any]], names: list[str]) -> None:
+    """Draw x = ``names[0]`` against y = ``names[1]`` (objective names) on ``ax``."""
+    objectives = _objectives(study)
+    xi, yi = objectives.index(names[0]), objectives.index(names[1])
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    front = pareto_trials(study)
+    ok, bad = [t.values for t in done if _feasible(t)], [t.values for t in done if not _feasible(t)]
+    ax.scatter(*_xy(ok, xi, yi), s=12, c="0.8", label="completed trials")
+    if bad:  # drawn apart, or a trial off the front for a violated constraint looks like a bug
+        ax.scatter(*_xy(bad, xi, yi), s=16, c="0.7", marker="x", label="infeasible (constraints)")
+    # With 3+ objectives some front points are dominated in this plane; the step line joins only
+    # those that are not, so it stays a monotone staircase.
+    line: list[list[float]] = []
+    for v in sorted((t.values for t in front), key=lambda v: (v[xi], -v[yi])):
+        if not line or v[yi] > line[-1][yi]:
+            line.append(v)
+    ax.step(*_xy(line, xi, yi), where="post", c="C0", zorder=2)
+    ax.scatter(*_xy([t.values for t in front], xi, yi), zorder=3, **_FRONT_STYLE)
+    for t in (t for t in front if _n_fragments(t) > 1):
+        ax.annotate(f"#{t.number}", (t.values[xi], t.values[yi]), xytext=(4, -10), **_LABEL_STYLE)
+    stars = [(str(r["name"]), _lookup(r, names[0]), _lookup(r, names[1])) for r in refs]
+    stars = [s for s in stars if s[1] is not None and s[2] is not None]
+    if stars:
+        ax.scatter(*_xy(stars, 1, 2), zorder=4, **_STAR_STYLE)
+    # Alternate label sides along x so that neighbouring zoo models do not print over each other.
+    for k, (name, x, y) in enumerate(sorted(stars, key=lambda s: s[1])):
+        offset = (8, 4) if k % 2 == 0 else (8, -13)
+        ax.annotate(
+            name, (x, y), xytext=offset, **{**_LABEL_STYLE, "fontsize": 9, "weight": "bold"}
+        )
+    xs = [x for x in _xy(ok + bad, xi, yi)[0] + _xy(stars, 1, 2)[0] if x > 0]
+    if xs and max(xs) > 10 * min(xs):
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _human(v)))
+    ax.margins(0.08)
+    ax.set_xlabel(_AXIS_LABELS.get(names[0], names[0]))
+    ax.set_ylabel(_AXIS_LABELS.get(names[1], names[1]))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+def _plot_png(
+    study: optuna.Study, objectives: list[str], refs: list[dict[str, Any]], hv: float
+) -> bytes:
+    # Figure + FigureCanvasAgg instead of pyplot: the process-wide backend and figure registry
+    # of whoever imports us stay untouched.
+    fig = Figure(figsize=(7.5, 5.0), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    n_done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    xy = _plot_axes(objectives, study.directions)
+    if n_done and xy is not None:
+        _draw(ax, study, refs, [objectives[xy[0]], objectives[xy[1]]])
+    else:
+        why = "no completed trial" if not n_done else "no minimised/maximised pair to plot"
+        ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+    ax.set_title(f"{len(study.trials)} trials ({n_done} completed), hypervolume {hv:.3f}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _trials_csv(study: optuna.Study, objectives: list[str], on_front: set[int]) -> bytes:
+    buf = io.StringIO()
+    writer = csv.writer(buf)  # writes None as an empty field
+    tail = "feasible is_pareto n_fragments models describe prune_reason fail_reason duration_s"
+    tail = [*tail.split(), "config"]
+    writer.writerow(["number", "state", *(f"value_{n}" for n in objectives), *_METRICS, *tail])
+    for t in study.get_trials(deepcopy=False):
+        ua, config = t.user_attrs, _config(t)
+        values = list(t.values) if t.values is not None else [None] * len(objectives)
+        metrics = [_metric(t, m, objectives) for m in _METRICS]
+        duration = t.duration.total_seconds() if t.duration is not None else None
+        models = "+".join(str(m) for m in ua.get("models", []))
+        config_json = json.dumps(config, sort_keys=True, default=str) if config else None
+        flags = [_feasible(t), t.number in on_front, _n_fragments(t), models]
+        reasons = [ua.get("describe"), ua.get("prune_reason"), ua.get("fail_reason")]
+        writer.writerow(
+            [t.number, t.state.name, *values, *metrics, *flags, *reasons, duration, config_json]
+        )
+    return buf.getvalue().encode()
+
+
+def _jsonable(obj: Any) -> Any:
+    """Replace NaN/Inf (not valid JSON) by None, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return _number(obj) if isinstance(obj, (float, np.number)) else obj
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    # Temp file in the same folder, then os.replace: readers see the old file or the new one,
+    # never half of one, even if the process dies mid-write.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read by others
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> ReportSummary:
+    """Write ``trials.csv``, ``pareto.json`` and ``pareto.png`` into ``out_dir``.
+
+    Works on a running or empty study too: an empty front, hypervolume 0, a placeholder plot.
+
+    Args:
+        study: A multi-objective study following the search's conventions.
+        out_dir: Folder for the files; created if missing. Existing report files are replaced.
+
+    Returns:
+        The summary; ``summary.table()`` renders it for a terminal.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    objectives, refs = _objectives(study), _references(study)
+    front = [_front_row(t, objectives) for t in pareto_trials(study)]
+    hv, dominated = front_hypervolume(study), dominated_references(study)
+    counts = {s.name: 0 for s in TrialState}
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name] += 1
+    paths = (out / "trials.csv", out / "pareto.json", out / "pareto.png")
+    scores = [hv[k] for k in ("hypervolume", "reference_hypervolume", "extends_front")]
+    summary = ReportSummary(objectives, front, *scores, dominated, counts, refs, *paths)
+    payload = {
+        "objectives": objectives,
+        "directions": [d.name.lower() for d in study.directions],
+        **{k: hv[k] for k in ("hypervolume", "reference_hypervolume", "combined_hypervolume")},
+        "extends_front": hv["extends_front"],
+        "reference_point": hv["reference_point"],
+        "front": front,
+        "references": refs,
+        "dominated_references": dominated,
+        "counts": counts,
+    }
+    text = json.dumps(_jsonable(payload), indent=2, default=str, allow_nan=False)
+    _atomic_write(paths[0], _trials_csv(study, objectives, {r["number"] for r in front}))
+    _atomic_write(paths[1], text.encode())
+    _atomic_write(paths[2], _plot_png(study, objectives, refs, hv["hypervolume"]))
+    logger.info("wrote the report of %d trials to %s", len(study.trials), out)
+    return summary
