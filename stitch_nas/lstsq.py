@@ -43,7 +43,7 @@ def check_finite(x: torch.Tensor, what: str) -> None:
         )
 
 
-def _check_pair(src: CutPoint, dst: CutPoint) -> None:
+def check_pair(src: CutPoint, dst: CutPoint) -> None:
     ok = (
         (src.layout in _GRID and dst.layout in (*_GRID, "vector"))
         or (src.layout == dst.layout == "vector")
@@ -51,10 +51,14 @@ def _check_pair(src: CutPoint, dst: CutPoint) -> None:
     )
     if not ok:
         raise LayoutError(
-            f"least squares cannot join {src.layout} cut {src.name!r} "
-            f"(prefix tokens {src.prefix_tokens}) to {dst.layout} cut {dst.name!r} "
-            f"(prefix tokens {dst.prefix_tokens}); supported pairs: {'; '.join(SUPPORTED_PAIRS)}"
+            f"least squares cannot join {_what(src)} to {_what(dst)}; "
+            f"supported pairs: {'; '.join(SUPPORTED_PAIRS)}"
         )
+
+
+def _what(cut: CutPoint) -> str:
+    tokens = f" with {cut.prefix_tokens} prefix token(s)" if cut.layout == "tokens" else ""
+    return f"{cut.layout} cut {cut.name!r}{tokens}"
 
 
 def _channels_last(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -73,7 +77,7 @@ class _Align(nn.Module):
 
     def __init__(self, src: CutPoint, dst: CutPoint) -> None:
         super().__init__()
-        _check_pair(src, dst)
+        check_pair(src, dst)
         self.src_layout, self.dst_layout = src.layout, dst.layout
         self.dst_spatial = dst.spatial
         self.prefix = src.prefix_tokens

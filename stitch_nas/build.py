@@ -1,0 +1,137 @@
+"""Turn a StitchConfig into a runnable network: fragments of zoo models joined by fitted stitches.
+
+Stitches are fitted on the probe set, joint by joint: the chain built so far is run on the probe
+samples, and its output is mapped onto what the next model expects at its start cut.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from .config import AdapterSpec, StitchConfig
+from .context import StitchContext
+from .errors import ConfigError, UnknownNameError
+from .fragments import CutPoint
+from .lstsq import fit_lstsq, fusable_consumer, fuse_into_segment
+
+__all__ = ["Preprocess", "StitchedNet", "build", "ADAPTERS"]
+
+logger = logging.getLogger(__name__)
+
+ADAPTERS = ("lstsq",)
+
+
+class Preprocess(nn.Module):
+    """Resize (bilinear) and normalise images in [0, 1] for the first model of a network."""
+
+    def __init__(self, size: tuple[int, int], mean: tuple, std: tuple) -> None:
+        super().__init__()
+        self.size = tuple(size)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[-2:]) != self.size:
+            x = nn.functional.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
+        return (x - self.mean) / self.std
+
+
+class StitchedNet(nn.Module):
+    """Preprocessing, then fragments and stitches in order.
+
+    ``parts[0]`` is always the first fragment, so ``forward_from(1, act)`` continues from a
+    cached activation of the first model at its end cut.
+    """
+
+    def __init__(
+        self,
+        config: StitchConfig,
+        preprocess: Preprocess,
+        parts: list[nn.Module],
+        part_info: list[tuple[tuple | None, tuple[int, ...]]],
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.preprocess = preprocess
+        self.parts = nn.ModuleList(parts)
+        #: per part: the (model, start, end) fragment it runs unchanged, or None for a stitch
+        #: or fused segment; and its per-sample input shape. Used for cost accounting.
+        self.part_info = part_info
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_from(0, self.preprocess(x))
+
+    def forward_from(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        for part in self.parts[index:]:
+            x = part(x)
+        return x
+
+    def new_parts(self) -> nn.Sequential:
+        """Everything after the first fragment: what a trial actually has to run."""
+        return nn.Sequential(*self.parts[1:])
+
+
+def _fit_adapter(
+    spec: AdapterSpec, x: torch.Tensor, y: torch.Tensor, src: CutPoint, dst: CutPoint, ridge: float
+) -> nn.Module:
+    if spec.kind != "lstsq":
+        raise UnknownNameError(f"unknown adapter {spec.kind!r}; available: {', '.join(ADAPTERS)}")
+    unknown = set(dict(spec.options)) - {"ridge", "fuse"}
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {sorted(unknown)} for adapter 'lstsq'; valid: ridge, fuse"
+        )
+    return fit_lstsq(x, y, src, dst, ridge=float(spec.option("ridge", ridge)))
+
+
+def check_labels(ctx: StitchContext, config: StitchConfig) -> None:
+    """A native head only makes sense when the last model predicts the task's labels."""
+    if config.head.kind != "native":
+        return
+    last = config.fragments[-1].model
+    labels = tuple(ctx.entry(last).label_names)
+    if labels != tuple(ctx.data.label_names):
+        raise ConfigError(
+            f"model {last!r} predicts labels {labels[:5]}... but the data has "
+            f"{tuple(ctx.data.label_names)[:5]}...; use head kind 'knn' or 'linear_probe'"
+        )
+
+
+def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> StitchedNet:
+    """Build and fit the network described by ``config``.
+
+    Args:
+        ctx: the shared context (zoo, data, memoised activations).
+        config: what to build.
+        fuse: fold least-squares stitches into the next conv/linear layer where possible
+            (also enabled per joint by the adapter option ``fuse=True``).
+    """
+    check_labels(ctx, config)
+    first = config.fragments[0]
+    spec = ctx.entry(first.model).input_spec
+    parts: list[nn.Module] = [ctx.segment(first.model, None, first.end)]
+    info = [((first.model, None, first.end), ctx.input_shape(first.model)[1:])]
+    x = ctx.activation(first.model, first.end, "probe") if config.is_stitched else None
+    x_cut = ctx.cut(first.model, first.end) if first.end else None
+    joints = list(zip(config.adapters, config.fragments[1:], strict=True))
+    for i, (adapter, frag) in enumerate(joints):
+        dst = ctx.cut(frag.model, frag.start)
+        y = ctx.activation(frag.model, frag.start, "probe")
+        stitch = _fit_adapter(adapter, x, y, x_cut, dst, ctx.ridge)
+        seg = ctx.segment(frag.model, frag.start, frag.end)
+        key = (frag.model, frag.start, frag.end)
+        if (fuse or adapter.option("fuse", False)) and fusable_consumer(seg) is not None:
+            joint: list[nn.Module] = [fuse_into_segment(stitch, seg)]
+            info.append((None, x_cut.shape))
+        else:
+            joint = [stitch, seg]
+            info.extend([(None, x_cut.shape), (key, dst.shape)])
+        parts.extend(joint)
+        if i + 1 < len(joints):  # the next joint is fitted on this chain's output
+            x = ctx.run(nn.Sequential(*joint), x)
+            x_cut = ctx.cut(frag.model, frag.end)
+    preprocess = Preprocess(spec.size, spec.mean, spec.std).to(ctx.device)
+    return StitchedNet(config, preprocess, parts, info)

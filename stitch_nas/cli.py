@@ -1,0 +1,120 @@
+"""``stitch-nas``: demo, search, report and zoo commands.
+
+Every error a user can cause ends in one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import StitchNASError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stitch-nas",
+        description="Search networks stitched from fragments of pretrained models.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="search the embedded digits zoo (no downloads)")
+    _search_options(demo, default_out="stitch_nas_demo")
+    demo.add_argument("--space", default="pairwise", help="search space (pairwise, chain)")
+
+    search = sub.add_parser("search", help="search as described by a YAML config file")
+    search.add_argument("config", help="YAML file (see examples/search.yaml)")
+    _search_options(search, default_out="stitch_nas_run")
+
+    report = sub.add_parser("report", help="write and print the report of a search folder")
+    report.add_argument("dir", help="a folder written by demo or search")
+
+    zoo = sub.add_parser("zoo", help="list or build the embedded mini zoo")
+    zoo.add_argument("action", choices=["list", "build"])
+    zoo.add_argument("--cache-dir", default=None, help="where the zoo is cached")
+    return parser
+
+
+def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
+    parser.add_argument("--out", default=default_out, help="output folder (study, report)")
+    parser.add_argument("--trials", type=int, default=None, help="total trials (default 50)")
+    parser.add_argument("--resume", action="store_true", help="continue the study in --out")
+    parser.add_argument("--sampler", default=None, help="tpe (default), nsga2 or random")
+    parser.add_argument("--seed", type=int, default=None, help="sampler seed")
+    parser.add_argument("--cache-dir", default=None, help="where the mini zoo is cached")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _run_search(args: argparse.Namespace) -> int:
+    from .pipeline import run_settings
+    from .settings import Settings, load_settings
+
+    settings = load_settings(args.config) if args.command == "search" else Settings()
+    if args.command == "demo":
+        settings.search.space = args.space
+        if args.space == "chain":
+            settings.search.space_options = {"max_fragments": 3}
+    if args.trials is not None:
+        settings.search.trials = args.trials
+    if args.sampler is not None:
+        settings.search.sampler = args.sampler
+    if args.seed is not None:
+        settings.search.seed = args.seed
+    if args.cache_dir is not None:
+        settings.zoo.cache_dir = args.cache_dir
+    summary = run_settings(
+        settings, Path(args.out), resume=args.resume, progress=not args.no_progress, echo=print
+    )
+    print(summary.table())
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .pipeline import report_folder
+
+    print(report_folder(Path(args.dir)).table())
+    return 0
+
+
+def _zoo(args: argparse.Namespace) -> int:
+    from .data import load_digits_splits
+    from .mini_zoo import load_mini_zoo
+
+    zoo = load_mini_zoo(load_digits_splits(), cache_dir=args.cache_dir, progress=True)
+    for name in zoo.names():
+        entry = zoo[name]
+        params = sum(p.numel() for p in entry.model.parameters())
+        print(f"{name:14s} {entry.source:28s} {params:>9,d} params  input {entry.input_spec.size}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    os.environ.setdefault("TQDM_DISABLE", "0")
+    handlers = {"demo": _run_search, "search": _run_search, "report": _report, "zoo": _zoo}
+    try:
+        return handlers[args.command](args)
+    except StitchNASError as exc:
+        print(f"stitch-nas: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "stitch-nas: interrupted; finished trials are kept, continue with --resume",
+            file=sys.stderr,
+        )
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

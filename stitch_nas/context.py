@@ -1,0 +1,165 @@
+"""StitchContext: the zoo, the data, and everything computed once and shared by all trials.
+
+Cut points, fragment modules, preprocessed inputs, activations at every cut on the probe and
+validation splits, and the Gram matrices used by CKA are memoised here, so a trial only pays
+for what is new: fitting its stitch and running the suffix after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import similarity
+from .data import DataSplits
+from .errors import UnknownCutError
+from .fragments import CutPoint, cut_points, get_cut, segment
+from .lstsq import check_finite
+from .zoo import Zoo, ZooEntry
+
+__all__ = ["StitchContext"]
+
+logger = logging.getLogger(__name__)
+
+
+class StitchContext:
+    """Shared, memoised state of a search over one zoo and one data set.
+
+    Args:
+        zoo: the models to take fragments from.
+        data: train / probe / val / test splits; images in [0, 1].
+        device: where fragments run ("cpu", "cuda", ...).
+        batch_size: batch size of every forward pass over a split.
+        ridge: relative ridge term of least-squares stitches.
+        cka_rows: "flatten" (per-position features, Kornblith) or "pooled" rows for CKA.
+    """
+
+    def __init__(
+        self,
+        zoo: Zoo,
+        data: DataSplits,
+        *,
+        device: str | torch.device = "cpu",
+        batch_size: int = 256,
+        ridge: float = 1e-4,
+        cka_rows: str = "flatten",
+    ) -> None:
+        self.zoo, self.data = zoo, data
+        self.device = torch.device(device)
+        self.batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
+        self._cuts: dict[str, list[CutPoint]] = {}
+        self._segments: dict[tuple[str, str | None, str | None], fx.GraphModule] = {}
+        self._inputs: dict[tuple[str, str], torch.Tensor] = {}
+        self._acts: dict[tuple[str, str | None, str], torch.Tensor] = {}
+        self.memo: dict[tuple, Any] = {}  # per-search memo of derived values (e.g. MACs)
+        self._grams: dict[tuple[str, str, tuple[int, int] | None], torch.Tensor] = {}
+        for name in zoo.names():
+            zoo[name].model.to(self.device).eval()
+
+    # -- models and cuts ---------------------------------------------------------------------
+    def entry(self, model: str) -> ZooEntry:
+        return self.zoo[model]
+
+    def input_shape(self, model: str) -> tuple[int, int, int, int]:
+        h, w = self.entry(model).input_spec.size
+        return (1, 3, h, w)
+
+    def cuts(self, model: str) -> list[CutPoint]:
+        if model not in self._cuts:
+            entry = self.entry(model)
+            self._cuts[model] = cut_points(entry.model, input_shape=self.input_shape(model))
+        return self._cuts[model]
+
+    def cut(self, model: str, name: str) -> CutPoint:
+        self.cuts(model)
+        return get_cut(self.entry(model).model, name, input_shape=self.input_shape(model))
+
+    def segment(self, model: str, start: str | None, end: str | None) -> fx.GraphModule:
+        key = (model, start, end)
+        if key not in self._segments:
+            entry = self.entry(model)
+            self._segments[key] = segment(
+                entry.model, start, end, input_shape=self.input_shape(model)
+            )
+        return self._segments[key]
+
+    # -- data and activations ----------------------------------------------------------------
+    def split(self, name: str) -> Any:
+        splits = self.data.splits()
+        if name not in splits:
+            raise UnknownCutError(f"unknown split {name!r}; use one of {sorted(splits)}")
+        return splits[name]
+
+    def labels(self, split: str) -> torch.Tensor:
+        return self.split(split).y
+
+    def inputs(self, model: str, split: str) -> torch.Tensor:
+        """The split's images preprocessed for ``model`` (resize + normalise), on the device."""
+        spec = self.entry(model).input_spec
+        key = (repr(spec), split)
+        if key not in self._inputs:
+            x = self.split(split).x
+            self._inputs[key] = spec.preprocess(x).to(self.device)
+        return self._inputs[key]
+
+    def batches(self, x: torch.Tensor) -> Iterator[torch.Tensor]:
+        for i in range(0, x.shape[0], self.batch_size):
+            yield x[i : i + self.batch_size]
+
+    def run(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``module`` over ``x`` in batches, without autograd."""
+        with torch.inference_mode():
+            return torch.cat([module(b) for b in self.batches(x)])
+
+    def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:
+        """Output of ``model`` at ``cut`` (None: its final output) on ``split``, memoised."""
+        key = (model, cut, split)
+        if key not in self._acts:
+            out = self.run(self.segment(model, None, cut), self.inputs(model, split))
+            check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
+            self._acts[key] = out
+        return self._acts[key]
+
+    # -- similarity --------------------------------------------------------------------------
+    def _row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:
+        """How two cuts are compared: per-position rows on a common grid, else pooled rows."""
+        if a.layout in _GRIDS and b.layout in _GRIDS:
+            return self.cka_rows, similarity.common_spatial((1, 1, *a.spatial), (1, 1, *b.spatial))
+        return "pooled", None
+
+    def _rows(self, act: torch.Tensor, cut: CutPoint, mode: str, spatial) -> torch.Tensor:
+        return similarity.to_rows(act, cut.layout, spatial=spatial, mode=mode)
+
+    def _gram(self, model: str, cut: CutPoint, mode: str, spatial) -> torch.Tensor:
+        key = (model, cut.name, mode, spatial)
+        if key not in self._grams:
+            act = self.activation(model, cut.name, "probe")
+            self._grams[key] = similarity.gram(self._rows(act, cut, mode, spatial))
+        return self._grams[key]
+
+    def joint_cka(self, src_model: str, src_cut: str, dst_model: str, dst_cut: str) -> float:
+        """CKA on the probe set between A's output at ``src_cut`` and B's input at ``dst_cut``.
+
+        Grid layouts are compared per position after resizing both maps to the smaller grid
+        (``cka_rows="flatten"``) or after global pooling; tokens and vectors are mean-pooled.
+        """
+        a, b = self.cut(src_model, src_cut), self.cut(dst_model, dst_cut)
+        mode, spatial = self._row_rule(a, b)
+        return similarity.cka_from_grams(
+            self._gram(src_model, a, mode, spatial), self._gram(dst_model, b, mode, spatial)
+        )
+
+    def cka_to(self, x: torch.Tensor, x_cut: CutPoint, model: str, cut: CutPoint) -> float:
+        """CKA between a probe activation ``x`` (laid out as ``x_cut``) and B at ``cut``."""
+        mode, spatial = self._row_rule(x_cut, cut)
+        return similarity.cka_from_grams(
+            similarity.gram(self._rows(x, x_cut, mode, spatial)),
+            self._gram(model, cut, mode, spatial),
+        )
+
+
+_GRIDS = ("nchw", "nhwc")

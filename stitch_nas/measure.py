@@ -1,0 +1,146 @@
+"""Measure a stitched network: accuracy, parameters, MACs, CKA score and (optionally) latency.
+
+The accuracy pass starts from the cached activation of the first fragment, so a trial runs only
+what is new (stitches and the fragments after them). MACs are summed from per-fragment counts
+that are memoised per (model, start, end), plus the stitches' own MACs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from .build import StitchedNet, build
+from .config import StitchConfig
+from .context import StitchContext
+from .costs import count_macs, count_params_of
+from .similarity import chain_score
+
+__all__ = ["Measurement", "measure", "config_cka", "network_macs", "head_accuracy"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Measurement:
+    """What one trial measured, each on what its name says (see the field docs)."""
+
+    accuracy: float  #: top-1 accuracy on the evaluation split
+    macs: int  #: MACs per image (fvcore convention), fragments + stitches
+    params: int  #: parameters the network uses, shared ones counted once
+    cka: float  #: product of joint CKA scores on the probe set (1.0 for a single model)
+    split: str = "val"
+    latency_ms: float | None = None  #: median wall time of one batch-1 forward, milliseconds
+    fit_seconds: float = 0.0  #: time to fit the stitches
+    eval_seconds: float = 0.0  #: time of the accuracy pass
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def config_cka(ctx: StitchContext, config: StitchConfig) -> float:
+    """StitchNet's score: product over joints of CKA(chain output, B at its start cut).
+
+    Every joint is scored on the source model's own activations at its end cut (the cached
+    prefix), which is exact for the first joint and the usual cheap proxy for later ones.
+    """
+    scores = []
+    for prev, frag in zip(config.fragments, config.fragments[1:], strict=False):
+        scores.append(ctx.joint_cka(prev.model, prev.end, frag.model, frag.start))
+    return chain_score(scores)
+
+
+def _fragment_macs(ctx: StitchContext, model: str, start: str | None, end: str | None) -> int:
+    key = ("macs", model, start, end)
+    if key not in ctx.memo:
+        shape = ctx.input_shape(model) if start is None else (1, *ctx.cut(model, start).shape)
+        ctx.memo[key] = count_macs(ctx.segment(model, start, end), shape)
+    return ctx.memo[key]
+
+
+def network_macs(ctx: StitchContext, net: StitchedNet) -> int:
+    """MACs of one image through ``net``: memoised fragment counts plus each stitch's count.
+
+    Preprocessing (resize, normalise) is not counted: it is elementwise in the fvcore convention.
+    """
+    total = 0
+    for part, (fragment, in_shape) in zip(net.parts, net.part_info, strict=True):
+        if fragment is not None:
+            total += _fragment_macs(ctx, *fragment)
+        else:  # a stitch, or a segment with a stitch fused into it
+            total += count_macs(part, (1, *in_shape))
+    return total
+
+
+def head_accuracy(
+    ctx: StitchContext,
+    config: StitchConfig,
+    outputs: torch.Tensor,
+    labels: torch.Tensor,
+    probe_outputs: torch.Tensor | None,
+) -> float:
+    """Top-1 accuracy: the model's own classifier, or k-NN / linear probe on final features."""
+    if config.head.kind == "native":
+        return float((outputs.argmax(1).cpu() == labels).float().mean())
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neighbors import KNeighborsClassifier
+
+    train_x = probe_outputs.flatten(1).cpu().numpy()
+    train_y = ctx.labels("probe").numpy()
+    test_x = outputs.flatten(1).cpu().numpy()
+    if config.head.kind == "knn":
+        clf = KNeighborsClassifier(n_neighbors=int(config.head.option("k", 5)))
+    else:
+        clf = LogisticRegression(max_iter=int(config.head.option("max_iter", 500)))
+    clf.fit(train_x, train_y)
+    return float(np.mean(clf.predict(test_x) == labels.numpy()))
+
+
+def _latency_ms(ctx: StitchContext, net: StitchedNet, repeats: int = 5) -> float:
+    x = ctx.split("val").x[:1].to(ctx.device)
+    with torch.inference_mode():
+        net(x)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            net(x)
+            times.append(time.perf_counter() - start)
+    return 1000 * float(np.median(times))
+
+
+def measure(
+    ctx: StitchContext,
+    config: StitchConfig,
+    *,
+    split: str = "val",
+    fuse: bool = False,
+    latency: bool = False,
+    cka: float | None = None,
+) -> tuple[StitchedNet, Measurement]:
+    """Build ``config`` and measure it on ``split``."""
+    start = time.perf_counter()
+    net = build(ctx, config, fuse=fuse)
+    fitted = time.perf_counter()
+    first = config.fragments[0]
+    act = ctx.activation(first.model, first.end, split)
+    outputs = ctx.run(net.new_parts(), act)
+    probe_outputs = None
+    if config.head.kind != "native":
+        probe_outputs = ctx.run(net.new_parts(), ctx.activation(first.model, first.end, "probe"))
+    accuracy = head_accuracy(ctx, config, outputs, ctx.labels(split), probe_outputs)
+    evaluated = time.perf_counter()
+    result = Measurement(
+        accuracy=accuracy,
+        macs=network_macs(ctx, net),
+        params=count_params_of([net]),
+        cka=config_cka(ctx, config) if cka is None else cka,
+        split=split,
+        latency_ms=_latency_ms(ctx, net) if latency else None,
+        fit_seconds=fitted - start,
+        eval_seconds=evaluated - fitted,
+    )
+    return net, result

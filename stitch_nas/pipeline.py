@@ -1,0 +1,105 @@
+"""From settings to a report: data, zoo, context, study, search, report.
+
+This is what ``stitch-nas demo`` and ``stitch-nas search`` run; library users can call
+:func:`run_settings` with a :class:`~stitch_nas.settings.Settings` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from .context import StitchContext
+from .data import DataSplits, load_digits_splits, load_image_folder, load_torchvision_dataset
+from .errors import ConfigError
+from .runner import StitchObjective, create_study, run_search
+from .settings import DataSettings, Settings, ZooSettings
+from .zoo import Zoo
+
+__all__ = ["load_data", "load_zoo", "run_settings", "report_folder"]
+
+logger = logging.getLogger(__name__)
+DATA_KINDS = ("digits", "image_folder", "torchvision")
+
+
+def load_data(settings: DataSettings) -> DataSplits:
+    common = {"size": settings.size, "probe_size": settings.probe_size, "seed": settings.seed}
+    if settings.kind == "digits":
+        return load_digits_splits(**common)
+    if settings.root is None:
+        raise ConfigError(f"data.kind {settings.kind!r} needs data.root (a local folder)")
+    if settings.kind == "image_folder":
+        return load_image_folder(settings.root, **common)
+    if settings.kind == "torchvision":
+        if settings.name is None:
+            raise ConfigError("data.kind 'torchvision' needs data.name, e.g. CIFAR10")
+        return load_torchvision_dataset(settings.name, settings.root, **common)
+    raise ConfigError(f"unknown data.kind {settings.kind!r}; use one of {DATA_KINDS}")
+
+
+def load_zoo(settings: ZooSettings, data: DataSplits, *, progress: bool = False) -> Zoo:
+    """The embedded mini zoo (if enabled) plus every model listed in ``zoo.models``."""
+    from .mini_zoo import load_mini_zoo
+    from .zoo_sources import entry_from_settings
+
+    zoo = (
+        load_mini_zoo(data, cache_dir=settings.cache_dir, progress=progress)
+        if (settings.mini_zoo)
+        else Zoo()
+    )
+    for item in settings.models:
+        zoo.add(entry_from_settings(item))
+    if len(zoo) < 1:
+        raise ConfigError("the zoo is empty; enable zoo.mini_zoo or list zoo.models")
+    return zoo
+
+
+def run_settings(
+    settings: Settings,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    echo: Callable[[str], Any] = logger.info,
+):
+    """Run the whole search described by ``settings`` and write its report to ``out_dir``."""
+    from .report import write_report
+
+    search = settings.search
+    data = load_data(settings.data)
+    start = time.perf_counter()
+    zoo = load_zoo(settings.zoo, data, progress=progress)
+    echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
+    ctx = StitchContext(zoo, data, device=search.device)
+    objective = StitchObjective(
+        ctx,
+        space=search.space,
+        objectives=search.objectives,
+        cka_threshold=search.cka_threshold,
+        budgets=search.budgets,
+        space_options=search.space_options,
+        fuse=search.fuse,
+    )
+    study = create_study(
+        objective, out_dir, sampler=search.sampler, seed=search.seed, resume=resume
+    )
+    start = time.perf_counter()
+    run_search(objective, study, search.trials, progress=progress)
+    echo(f"{search.trials} trials in {time.perf_counter() - start:.1f} s")
+    return write_report(study, out_dir)
+
+
+def report_folder(out_dir: Path):
+    """Rewrite and return the report of the study stored in ``out_dir``."""
+    from .report import write_report
+
+    db = Path(out_dir) / "study.db"
+    if not db.is_file():
+        raise ConfigError(f"{out_dir} holds no study ({db} is missing); run a search there first")
+    study = optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{db}")
+    return write_report(study, out_dir)

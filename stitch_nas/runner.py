@@ -1,0 +1,284 @@
+"""The Optuna side: an objective that plugs into any study, and a runner that owns one.
+
+``make_objective`` returns a callable for ``study.optimize``: it samples a StitchConfig from a
+search space, prunes it on CKA before any fitting, fits and measures it, records everything as
+JSON user attributes, sets budget constraints, and returns the objective values. A trial that
+fails on its own (bad stitch, NaN) is recorded as FAIL with its reason; the study goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+import objectives as objective_registry
+import search_spaces
+
+from .config import StitchConfig
+from .context import StitchContext
+from .errors import BudgetError, ConfigError, LayoutError, StitchNASError
+from .measure import Measurement, config_cka, measure
+
+__all__ = ["StitchObjective", "make_objective", "create_study", "run_search", "measure_references"]
+
+logger = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "nsga2", "random")
+BUDGET_KEYS = ("macs", "params")
+
+
+class StitchObjective:
+    """A picklable-free callable ``trial -> tuple of objective values`` for Optuna.
+
+    Attributes:
+        directions: Optuna directions matching the returned values, for ``create_study``.
+        names: the objective names in the same order.
+    """
+
+    def __init__(
+        self,
+        ctx: StitchContext,
+        *,
+        space: str = "pairwise",
+        objectives: Sequence[str] = ("accuracy", "macs"),
+        cka_threshold: float = 0.0,
+        budgets: Mapping[str, float] | None = None,
+        space_options: Mapping[str, Any] | None = None,
+        fuse: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.space = search_spaces.get_space(space)
+        self.space_name = space
+        self.objectives = [objective_registry.get_objective(n) for n in objectives]
+        if not self.objectives:
+            raise ConfigError("give at least one objective, e.g. ['accuracy', 'macs']")
+        self.names = [o.name for o in self.objectives]
+        self.directions = [o.direction for o in self.objectives]
+        if not 0.0 <= cka_threshold <= 1.0:
+            raise ConfigError(f"cka_threshold must be in [0, 1], got {cka_threshold}")
+        self.cka_threshold = cka_threshold
+        self.budgets = _check_budgets(budgets or {})
+        self.space_options = dict(space_options or {})
+        self.fuse = fuse
+        self.latency = any(o.needs_latency for o in self.objectives)
+        self._seen: dict[str, tuple[int, Measurement]] = {}  # config hash -> first measurement
+
+    def sample(self, trial: optuna.Trial) -> StitchConfig:
+        config = self.space(trial, self.ctx, **self.space_options)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("describe", config.describe())
+        trial.set_user_attr("models", list(config.models))
+        return config
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        config = self.sample(trial)
+        seen = self._seen.get(config.stable_hash())
+        if seen is not None:  # samplers do propose the same config twice: don't refit it
+            trial.set_user_attr("duplicate_of", seen[0])
+            return self.record(trial, seen[1])
+        cka = config_cka(self.ctx, config)
+        trial.set_user_attr("cka", cka)
+        if config.is_stitched and cka < self.cka_threshold:
+            trial.set_user_attr("prune_reason", f"cka {cka:.3f} < {self.cka_threshold}")
+            raise optuna.TrialPruned(f"CKA {cka:.3f} below threshold {self.cka_threshold}")
+        try:
+            _, result = measure(self.ctx, config, fuse=self.fuse, latency=self.latency, cka=cka)
+        except LayoutError as exc:  # a structural mismatch, not a broken trial
+            trial.set_user_attr("prune_reason", f"layout: {exc}")
+            raise optuna.TrialPruned(str(exc)) from exc
+        except (StitchNASError, RuntimeError, ValueError) as exc:
+            logger.warning("trial %d failed: %s", trial.number, exc)
+            trial.set_user_attr("fail_reason", f"{type(exc).__name__}: {exc}")
+            return tuple(math.nan for _ in self.objectives)  # Optuna records FAIL
+        self._seen[config.stable_hash()] = (trial.number, result)
+        return self.record(trial, result)
+
+    def record(self, trial: optuna.Trial, result: Measurement) -> tuple[float, ...]:
+        for key, value in result.to_dict().items():
+            trial.set_user_attr(key, value)
+        for key, limit in self.budgets.items():
+            trial.set_constraint(key, float(getattr(result, key)) - limit)
+        values = tuple(float(o.value(result)) for o in self.objectives)
+        if any(math.isnan(v) or math.isinf(v) for v in values):
+            trial.set_user_attr("fail_reason", f"non-finite objective values {values}")
+        return values
+
+
+def _check_budgets(budgets: Mapping[str, float]) -> dict[str, float]:
+    out = {}
+    for key, value in budgets.items():
+        if key not in BUDGET_KEYS:
+            raise ConfigError(f"unknown budget {key!r}; budgets exist for {BUDGET_KEYS}")
+        if isinstance(value, str):  # YAML reads 2e6 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"budget {key}={value!r} must be a positive number")
+        out[key] = float(value)
+    return out
+
+
+def make_objective(
+    zoo: Any = None,
+    data: Any = None,
+    *,
+    ctx: StitchContext | None = None,
+    space: str = "pairwise",
+    objectives: Sequence[str] = ("accuracy", "macs"),
+    **options: Any,
+) -> StitchObjective:
+    """An objective for your own study: ``study.optimize(make_objective(zoo, data), ...)``.
+
+    Create the study with ``directions=objective.directions``. Pass ``ctx`` to share memoised
+    activations between several objectives; otherwise one is made from ``zoo`` and ``data``.
+    """
+    if ctx is None:
+        if zoo is None or data is None:
+            raise ConfigError("make_objective needs zoo and data, or a StitchContext as ctx=")
+        ctx = StitchContext(zoo, data)
+    return StitchObjective(ctx, space=space, objectives=objectives, **options)
+
+
+def _sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ConfigError(f"unknown sampler {name!r}; use one of {SAMPLERS}")
+
+
+def create_study(
+    objective: StitchObjective,
+    out_dir: str | Path,
+    *,
+    sampler: str = "tpe",
+    seed: int | None = 0,
+    resume: bool = False,
+) -> optuna.Study:
+    """The study stored in ``out_dir/study.db``; ``resume=True`` continues an existing one."""
+    out = Path(out_dir)
+    db = out / "study.db"
+    if db.exists() and not resume:
+        raise ConfigError(
+            f"{out} already holds a study; pass --resume to continue it or choose another --out"
+        )
+    if resume and not db.exists():
+        raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
+    out.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(
+        storage=f"sqlite:///{db}",
+        study_name="stitch_nas",
+        directions=objective.directions,
+        sampler=_sampler(sampler, seed),
+        load_if_exists=resume,
+    )
+    if resume:
+        _fail_stale_running(study)
+        if list(study.user_attrs.get("objectives", objective.names)) != objective.names:
+            raise ConfigError(
+                f"the study in {out} optimises {study.user_attrs['objectives']}, not "
+                f"{objective.names}; resume with the same objectives"
+            )
+    study.set_user_attr("objectives", objective.names)
+    study.set_user_attr("space", objective.space_name)
+    study.set_user_attr("budgets", objective.budgets)
+    return study
+
+
+def _fail_stale_running(study: optuna.Study) -> None:
+    """Trials left RUNNING by a killed driver are marked FAIL so their slots are re-sampled."""
+    storage = study._storage
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        storage.set_trial_user_attr(trial._trial_id, "fail_reason", "driver stopped mid-trial")
+        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        logger.info("marked stale running trial %d as FAIL", trial.number)
+
+
+def measure_references(ctx: StitchContext, models: Sequence[str] | None = None) -> list[dict]:
+    """Each zoo model on its own, measured like a trial: the reference stars of the report."""
+    rows = []
+    for name in models or ctx.zoo.names():
+        _, m = measure(ctx, StitchConfig.single(name))
+        rows.append({"name": name, **{k: v for k, v in m.to_dict().items() if v is not None}})
+    return rows
+
+
+def check_budget_reachable(objective: StitchObjective) -> None:
+    """Refuse budgets below the cheapest single fragment pair we could possibly build."""
+    ctx = objective.ctx
+    from .measure import _fragment_macs
+
+    for key, limit in objective.budgets.items():
+        if key != "macs":
+            continue
+        cheapest = min(
+            min(_fragment_macs(ctx, n, None, c.name) for c in ctx.cuts(n)) for n in ctx.zoo.names()
+        )
+        if limit < cheapest:
+            raise BudgetError(
+                f"MACs budget {limit:.4g} is below the cheapest possible network (the cheapest "
+                f"model prefix alone costs {cheapest:.4g}); raise the budget"
+            )
+
+
+def completed_count(study: optuna.Study) -> int:
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def run_search(
+    objective: StitchObjective,
+    study: optuna.Study,
+    n_trials: int,
+    *,
+    progress: bool = False,
+) -> optuna.Study:
+    """Run until the study holds ``n_trials`` finished (complete or pruned) trials."""
+    if n_trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {n_trials}")
+    if "references" not in study.user_attrs:
+        refs = measure_references(objective.ctx)
+        study.set_user_attr("references", refs)
+    check_budget_reachable(objective)
+    from tqdm.auto import tqdm
+
+    done = completed_count(study)
+    bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
+    try:
+        while completed_count(study) < n_trials:
+            remaining = n_trials - completed_count(study)
+            before = len(study.trials)
+            study.optimize(objective, n_trials=remaining, callbacks=[_tick(bar)])
+            if len(study.trials) == before:
+                break
+            if _only_failures(study, before):  # every trial of a round failed: stop, don't spin
+                raise StitchNASError(
+                    "every trial failed; see fail_reason in trials.csv for the cause"
+                )
+    finally:
+        bar.close()
+    return study
+
+
+def _only_failures(study: optuna.Study, since: int) -> bool:
+    new = study.trials[since:]
+    return bool(new) and all(t.state == optuna.trial.TrialState.FAIL for t in new)
+
+
+def _tick(bar: Any):
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            bar.update(1)
+        best = sum(1 for _ in study.best_trials) if study.best_trials else 0
+        bar.set_postfix(pareto=best, refresh=False)
+
+    return callback
