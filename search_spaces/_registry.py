@@ -1,4 +1,4 @@
-"""The search-space registry: define-by-run functions ``(trial, ctx, **options) -> StitchConfig``."""
+"""The search-space registry: define-by-run ``(trial, ctx, **options) -> StitchConfig``."""
 
 from __future__ import annotations
 

@@ -85,7 +85,8 @@ def _section(cls: type, section: str, raw: Any) -> Any:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
-            f"unknown key {section}.{unknown[0]}; valid keys in {section}: {', '.join(sorted(known))}"
+            f"unknown key {section}.{unknown[0]}; valid keys in {section}: "
+            f"{', '.join(sorted(known))}"
         )
     values = {k: _typed(section, k, v, getattr(defaults, k)) for k, v in raw.items()}
     return cls(**values)
