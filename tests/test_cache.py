@@ -1,0 +1,240 @@
+"""Activation cache: hits, keys, the memory budget, spilling, corruption and weight fingerprints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from stitch_nas import errors
+from stitch_nas.cache import ActivationCache, ActivationKey, weights_fingerprint
+
+MB = 2**20
+KEY = ActivationKey(
+    model="resnet", weights="w0", cut="layer1", split="probe", data="d0", preprocess="spec0"
+)
+
+
+def _key(i: int) -> ActivationKey:
+    return dataclasses.replace(KEY, cut=f"layer{i}")
+
+
+class Counter:
+    """A compute function that counts its calls and returns a fixed ~1 MiB tensor per seed."""
+
+    def __init__(self, seed: int = 0, numel: int = MB // 4) -> None:
+        self.calls = 0
+        self.value = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+
+    def __call__(self) -> torch.Tensor:
+        self.calls += 1
+        return self.value.clone()
+
+
+def test_hit_returns_the_identical_tensor_without_recomputing():
+    cache = ActivationCache(memory_gb=0.01)
+    compute = Counter()
+    first = cache.get_or_compute(KEY, compute)
+    second = cache.get_or_compute(KEY, compute)
+    assert second is first
+    assert compute.calls == 1
+    assert KEY in cache
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"], stats["entries_in_memory"]) == (1, 1, 1)
+    assert cache.memory_bytes == stats["bytes_in_memory"] == MB
+
+
+@pytest.mark.parametrize("field", ["model", "weights", "cut", "split", "data", "preprocess"])
+def test_any_changed_field_changes_the_digest_and_recomputes(field):
+    other = dataclasses.replace(KEY, **{field: "changed"})
+    assert other.digest() != KEY.digest()
+    assert len(KEY.digest()) == 32 and KEY.digest() == dataclasses.replace(KEY).digest()
+    cache = ActivationCache(memory_gb=0.01)
+    compute = Counter()
+    cache.get_or_compute(KEY, compute)
+    cache.get_or_compute(other, compute)
+    assert compute.calls == 2
+
+
+def test_cut_none_differs_from_the_string_none():
+    assert (
+        dataclasses.replace(KEY, cut=None).digest() != dataclasses.replace(KEY, cut="None").digest()
+    )
+
+
+def test_budget_is_respected_and_evicted_entries_come_back_from_disk(tmp_path):
+    cache = ActivationCache(memory_gb=2.5 * MB / 2**30, spill_dir=tmp_path)
+    computes = [Counter(seed=i) for i in range(3)]
+    for _ in range(3):
+        for i, compute in enumerate(computes):
+            value = cache.get_or_compute(_key(i), compute)
+            assert torch.equal(value, compute.value)
+            assert cache.memory_bytes <= cache.budget_bytes
+    assert [c.calls for c in computes] == [1, 1, 1]
+    stats = cache.stats()
+    assert stats["disk_hits"] == 6 and stats["misses"] == 3
+    assert stats["evictions"] >= 3 and stats["entries_in_memory"] == 2
+    assert stats["spilled_files"] == 3
+    assert len(list(tmp_path.glob("*.npy"))) == 3 and len(list(tmp_path.glob("*.json"))) == 3
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left behind
+
+
+def test_spilled_entries_are_shared_with_another_cache(tmp_path):
+    writer = ActivationCache(memory_gb=0.01, spill_dir=tmp_path)
+    compute = Counter()
+    writer.get_or_compute(KEY, compute)
+    writer.clear_memory(spill=True)
+    assert writer.memory_bytes == 0 and KEY in writer
+    reader = ActivationCache(memory_gb=0.01, spill_dir=tmp_path)
+    value = reader.get_or_compute(KEY, compute)
+    assert compute.calls == 1 and torch.equal(value, compute.value)
+    value.add_(1.0)  # a copy out of the memory map: writable, and the file is untouched
+    fresh = ActivationCache(spill_dir=tmp_path).get_or_compute(KEY, compute)
+    assert compute.calls == 1 and torch.equal(fresh, compute.value)
+
+
+def test_concurrent_writers_of_one_key_share_a_spill_dir_safely(tmp_path, caplog):
+    compute = Counter()
+    results: list[torch.Tensor] = []
+
+    def worker() -> None:
+        cache = ActivationCache(memory_gb=0, spill_dir=tmp_path)  # every call goes to disk
+        results.extend(cache.get_or_compute(KEY, compute) for _ in range(5))
+
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.cache"):
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(results) == 20 and all(torch.equal(r, compute.value) for r in results)
+    assert not caplog.records and not list(tmp_path.glob(".*.tmp"))
+    assert len(list(tmp_path.glob("*.npy"))) == 1
+
+
+def test_tensor_larger_than_the_budget_is_returned_and_spilled(tmp_path):
+    cache = ActivationCache(memory_gb=0.5 * MB / 2**30, spill_dir=tmp_path)
+    compute = Counter()
+    value = cache.get_or_compute(KEY, compute)
+    assert torch.equal(value, compute.value)
+    assert cache.memory_bytes == 0 and cache.stats()["entries_in_memory"] == 0
+    again = cache.get_or_compute(KEY, compute)
+    assert compute.calls == 1 and torch.equal(again, compute.value)
+    assert cache.stats()["disk_hits"] == 1
+
+
+def test_zero_budget_without_spill_dir_always_recomputes():
+    cache = ActivationCache(memory_gb=0)
+    compute = Counter()
+    for _ in range(2):
+        assert torch.equal(cache.get_or_compute(KEY, compute), compute.value)
+    assert compute.calls == 2 and KEY not in cache
+
+
+def test_eviction_without_spill_dir_recomputes():
+    cache = ActivationCache(memory_gb=1.5 * MB / 2**30)
+    computes = [Counter(seed=i) for i in range(2)]
+    cache.get_or_compute(_key(0), computes[0])
+    cache.get_or_compute(_key(1), computes[1])  # evicts key 0
+    assert _key(0) not in cache and _key(1) in cache
+    assert torch.equal(cache.get_or_compute(_key(0), computes[0]), computes[0].value)
+    assert [c.calls for c in computes] == [2, 1]
+    assert cache.stats()["evictions"] == 2 and cache.stats()["disk_hits"] == 0
+
+
+def test_least_recently_used_entry_is_evicted_first():
+    cache = ActivationCache(memory_gb=2.5 * MB / 2**30)
+    computes = [Counter(seed=i) for i in range(3)]
+    cache.get_or_compute(_key(0), computes[0])
+    cache.get_or_compute(_key(1), computes[1])
+    cache.get_or_compute(_key(0), computes[0])  # key 0 is now the most recently used
+    cache.get_or_compute(_key(2), computes[2])
+    assert _key(0) in cache and _key(1) not in cache and _key(2) in cache
+
+
+def _spill_one(tmp_path: Path) -> tuple[ActivationCache, Counter, Path]:
+    cache = ActivationCache(memory_gb=0.01, spill_dir=tmp_path)
+    compute = Counter()
+    cache.get_or_compute(KEY, compute)
+    cache.clear_memory(spill=True)
+    return cache, compute, tmp_path / f"{KEY.digest()}.npy"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "sidecar"])
+def test_corrupt_spill_file_is_detected_deleted_and_recomputed(tmp_path, caplog, damage):
+    cache, compute, path = _spill_one(tmp_path)
+    raw = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip":
+        raw[-100] ^= 0xFF  # inside the data: shape, dtype and size still match
+        path.write_bytes(raw)
+    else:
+        path.with_suffix(".json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.cache"):
+        value = cache.get_or_compute(KEY, compute)
+    assert torch.equal(value, compute.value)
+    assert compute.calls == 2 and cache.stats()["disk_hits"] == 0
+    assert any("corrupt" in r.getMessage() for r in caplog.records)
+    assert not path.exists()
+
+
+def test_spill_files_hold_no_pickle_and_a_matching_sidecar(tmp_path):
+    _, compute, path = _spill_one(tmp_path)
+    array = np.load(path, allow_pickle=False)
+    assert array.dtype == np.float32 and np.array_equal(array, compute.value.numpy())
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["shape"] == [MB // 4] and meta["key"] == dataclasses.asdict(KEY)
+    assert meta["size"] == path.stat().st_size
+
+
+def test_other_dtypes_round_trip_through_disk(tmp_path):
+    cache = ActivationCache(memory_gb=0, spill_dir=tmp_path)
+    value = torch.arange(12, dtype=torch.int64).reshape(3, 4)
+    cache.get_or_compute(KEY, lambda: value)
+    back = cache.get_or_compute(KEY, lambda: pytest.fail("recomputed"))
+    assert back.dtype == torch.int64 and torch.equal(back, value)
+
+
+def test_bad_arguments_raise_library_errors(tmp_path):
+    with pytest.raises(errors.ConfigError, match="memory_gb"):
+        ActivationCache(memory_gb=-1)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(errors.CacheError, match="spill_dir"):
+        ActivationCache(spill_dir=blocker / "sub")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ActivationCache().get_or_compute(KEY, lambda: [1.0])
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def test_weights_fingerprint_tracks_weights_and_buffers():
+    net = _net()
+    base = weights_fingerprint(net)
+    assert base == weights_fingerprint(net) == weights_fingerprint(_net())
+    assert len(base) == 64
+    with torch.no_grad():
+        net[0].weight[0, 0, 0, 0] += 1e-3
+    changed_weight = weights_fingerprint(net)
+    assert changed_weight != base
+    with torch.no_grad():
+        net[1].running_mean[3] = 0.5
+    assert weights_fingerprint(net) not in (base, changed_weight)
+
+
+def test_weights_fingerprint_refuses_meta_tensors():
+    with torch.device("meta"):
+        net = nn.Linear(2, 2)
+    with pytest.raises(errors.ConfigError, match="meta"):
+        weights_fingerprint(net)
