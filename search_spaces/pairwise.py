@@ -24,9 +24,9 @@ DIRECTIONS = ("fast_to_slow", "slow_to_fast")
 
 def model_macs(ctx: StitchContext, name: str) -> int:
     """MACs of one zoo model on its own input size (memoised in the context)."""
-    from stitch_nas.measure import _fragment_macs
+    from stitch_nas.measure import fragment_macs
 
-    return _fragment_macs(ctx, name, None, None)
+    return fragment_macs(ctx, name, None, None)
 
 
 def zoo_models(ctx: StitchContext, models: Sequence[str] | None, minimum: int) -> list[str]:

@@ -51,14 +51,14 @@ class StitchedNet(nn.Module):
         config: StitchConfig,
         preprocess: Preprocess,
         parts: list[nn.Module],
-        part_info: list[tuple[tuple | None, tuple[int, ...]]],
+        part_info: list[tuple[tuple, tuple[int, ...]]],
     ) -> None:
         super().__init__()
         self.config = config
         self.preprocess = preprocess
         self.parts = nn.ModuleList(parts)
-        #: per part: the (model, start, end) fragment it runs unchanged, or None for a stitch
-        #: or fused segment; and its per-sample input shape. Used for cost accounting.
+        #: per part: a key that determines its cost (the fragment it runs, or the shapes of a
+        #: stitch) and its per-sample input shape; equal keys have equal MACs (cost tables).
         self.part_info = part_info
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,6 +87,10 @@ def _fit_adapter(
     return fit_lstsq(x, y, src, dst, ridge=float(spec.option("ridge", ridge)))
 
 
+def _cut_key(cut: CutPoint) -> tuple:
+    return (cut.layout, cut.shape, cut.prefix_tokens)
+
+
 def check_labels(ctx: StitchContext, config: StitchConfig) -> None:
     """A native head only makes sense when the last model predicts the task's labels."""
     if config.head.kind != "native":
@@ -113,7 +117,7 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
     first = config.fragments[0]
     spec = ctx.entry(first.model).input_spec
     parts: list[nn.Module] = [ctx.segment(first.model, None, first.end)]
-    info = [((first.model, None, first.end), ctx.input_shape(first.model)[1:])]
+    info = [(("fragment", first.model, None, first.end), ctx.input_shape(first.model)[1:])]
     x = ctx.activation(first.model, first.end, "probe") if config.is_stitched else None
     x_cut = ctx.cut(first.model, first.end) if first.end else None
     joints = list(zip(config.adapters, config.fragments[1:], strict=True))
@@ -122,13 +126,14 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
         y = ctx.activation(frag.model, frag.start, "probe")
         stitch = _fit_adapter(adapter, x, y, x_cut, dst, ctx.ridge)
         seg = ctx.segment(frag.model, frag.start, frag.end)
-        key = (frag.model, frag.start, frag.end)
+        stitch_key = ("stitch", type(stitch).__name__, _cut_key(x_cut), _cut_key(dst))
         if (fuse or adapter.option("fuse", False)) and fusable_consumer(seg) is not None:
             joint: list[nn.Module] = [fuse_into_segment(stitch, seg)]
-            info.append((None, x_cut.shape))
+            info.append((("fused", frag.model, frag.start, frag.end, _cut_key(x_cut)), x_cut.shape))
         else:
             joint = [stitch, seg]
-            info.extend([(None, x_cut.shape), (key, dst.shape)])
+            info.append((stitch_key, x_cut.shape))
+            info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
         parts.extend(joint)
         if i + 1 < len(joints):  # the next joint is fitted on this chain's output
             x = ctx.run(nn.Sequential(*joint), x)

@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from . import similarity
+from .cache import ActivationCache, ActivationKey, weights_fingerprint
 from .data import DataSplits
 from .errors import UnknownCutError
 from .fragments import CutPoint, cut_points, get_cut, segment
@@ -36,6 +37,11 @@ class StitchContext:
         batch_size: batch size of every forward pass over a split.
         ridge: relative ridge term of least-squares stitches.
         cka_rows: "flatten" (per-position features, Kornblith) or "pooled" rows for CKA.
+        cache: where activations live; default: an in-memory cache of 2 GB without spill.
+            Pass ``ActivationCache(memory_gb=..., spill_dir=...)`` to bound memory or share
+            activations between worker processes.
+        cost_tables: memoise MACs per fragment and per stitch shape (False: count the whole
+            built network every trial, the slow reference path).
     """
 
     def __init__(
@@ -47,6 +53,8 @@ class StitchContext:
         batch_size: int = 256,
         ridge: float = 1e-4,
         cka_rows: str = "flatten",
+        cache: ActivationCache | None = None,
+        cost_tables: bool = True,
     ) -> None:
         self.zoo, self.data = zoo, data
         self.device = torch.device(device)
@@ -54,7 +62,9 @@ class StitchContext:
         self._cuts: dict[str, list[CutPoint]] = {}
         self._segments: dict[tuple[str, str | None, str | None], fx.GraphModule] = {}
         self._inputs: dict[tuple[str, str], torch.Tensor] = {}
-        self._acts: dict[tuple[str, str | None, str], torch.Tensor] = {}
+        self.cache = cache if cache is not None else ActivationCache(memory_gb=2.0)
+        self.cost_tables = cost_tables
+        self._fingerprints: dict[str, str] = {}
         self.memo: dict[tuple, Any] = {}  # per-search memo of derived values (e.g. MACs)
         self._grams: dict[tuple[str, str, tuple[int, int] | None], torch.Tensor] = {}
         for name in zoo.names():
@@ -111,18 +121,38 @@ class StitchContext:
             yield x[i : i + self.batch_size]
 
     def run(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``module`` over ``x`` in batches, without autograd."""
-        with torch.inference_mode():
+        """``module`` over ``x`` in batches, without autograd.
+
+        ``no_grad`` rather than ``inference_mode``: cached outputs may later feed adapter
+        training, which inference tensors cannot.
+        """
+        with torch.no_grad():
             return torch.cat([module(b) for b in self.batches(x)])
 
+    def activation_key(self, model: str, cut: str | None, split: str) -> ActivationKey:
+        if model not in self._fingerprints:
+            self._fingerprints[model] = weights_fingerprint(self.entry(model).model)
+        if "data" not in self._fingerprints:
+            self._fingerprints["data"] = self.data.fingerprint()
+        return ActivationKey(
+            model=model,
+            weights=self._fingerprints[model],
+            cut=cut,
+            split=split,
+            data=self._fingerprints["data"],
+            preprocess=repr(self.entry(model).input_spec),
+        )
+
     def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:
-        """Output of ``model`` at ``cut`` (None: its final output) on ``split``, memoised."""
-        key = (model, cut, split)
-        if key not in self._acts:
+        """Output of ``model`` at ``cut`` (None: its final output) on ``split``, cached."""
+
+        def compute() -> torch.Tensor:
             out = self.run(self.segment(model, None, cut), self.inputs(model, split))
             check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
-            self._acts[key] = out
-        return self._acts[key]
+            return out
+
+        act = self.cache.get_or_compute(self.activation_key(model, cut, split), compute)
+        return act.to(self.device)
 
     # -- similarity --------------------------------------------------------------------------
     def _row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:

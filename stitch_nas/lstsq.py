@@ -6,7 +6,9 @@ system, so on image layouts the map is a 1x1 convolution. Spatial sizes are matc
 resizing; a grid entering a vector cut is average-pooled first (StitchNet, conv -> linear).
 
 Where the first layer after cut j is a conv or linear layer that alone consumes the cut, the map
-can be fused into that layer's weights (``W' = W A``), so the stitch costs nothing at inference.
+can be fused into that layer's weights (``W' = W A``), removing the stitch as a separate layer.
+Fusion saves MACs when the source cut has fewer channels than the destination cut; otherwise the
+widened layer costs more than the separate 1x1 map (the cost tables count either exactly).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from .context import StitchContext
 from .costs import count_macs, count_params_of
 from .similarity import chain_score
 
-__all__ = ["Measurement", "measure", "config_cka", "network_macs", "head_accuracy"]
+__all__ = ["Measurement", "measure", "config_cka", "fragment_macs", "network_macs", "head_accuracy"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,8 @@ def config_cka(ctx: StitchContext, config: StitchConfig) -> float:
     return chain_score(scores)
 
 
-def _fragment_macs(ctx: StitchContext, model: str, start: str | None, end: str | None) -> int:
-    key = ("macs", model, start, end)
+def fragment_macs(ctx: StitchContext, model: str, start: str | None, end: str | None) -> int:
+    key = ("fragment", model, start, end)
     if key not in ctx.memo:
         shape = ctx.input_shape(model) if start is None else (1, *ctx.cut(model, start).shape)
         ctx.memo[key] = count_macs(ctx.segment(model, start, end), shape)
@@ -63,16 +63,23 @@ def _fragment_macs(ctx: StitchContext, model: str, start: str | None, end: str |
 
 
 def network_macs(ctx: StitchContext, net: StitchedNet) -> int:
-    """MACs of one image through ``net``: memoised fragment counts plus each stitch's count.
+    """MACs of one image through ``net``, from cost tables: each part's MACs are counted once
+    per cost key (a fragment, or a stitch's shapes) and summed, so a trial traces nothing new.
 
-    Preprocessing (resize, normalise) is not counted: it is elementwise in the fvcore convention.
+    With ``ctx.cost_tables`` off, the whole network is traced instead (the reference path).
+    Preprocessing (resize, normalise) is not counted: it is elementwise in fvcore's convention.
     """
+    if not ctx.cost_tables:
+        return count_macs(net, ctx.input_shape(net.config.fragments[0].model))
     total = 0
-    for part, (fragment, in_shape) in zip(net.parts, net.part_info, strict=True):
-        if fragment is not None:
-            total += _fragment_macs(ctx, *fragment)
-        else:  # a stitch, or a segment with a stitch fused into it
-            total += count_macs(part, (1, *in_shape))
+    for part, (key, in_shape) in zip(net.parts, net.part_info, strict=True):
+        if key[0] == "fragment":
+            total += fragment_macs(ctx, *key[1:])
+            continue
+        memo_key = ("macs", key, tuple(in_shape))
+        if memo_key not in ctx.memo:
+            ctx.memo[memo_key] = count_macs(part, (1, *in_shape))
+        total += ctx.memo[memo_key]
     return total
 
 

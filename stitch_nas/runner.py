@@ -215,13 +215,13 @@ def measure_references(ctx: StitchContext, models: Sequence[str] | None = None) 
 def check_budget_reachable(objective: StitchObjective) -> None:
     """Refuse budgets below the cheapest single fragment pair we could possibly build."""
     ctx = objective.ctx
-    from .measure import _fragment_macs
+    from .measure import fragment_macs
 
     for key, limit in objective.budgets.items():
         if key != "macs":
             continue
         cheapest = min(
-            min(_fragment_macs(ctx, n, None, c.name) for c in ctx.cuts(n)) for n in ctx.zoo.names()
+            min(fragment_macs(ctx, n, None, c.name) for c in ctx.cuts(n)) for n in ctx.zoo.names()
         )
         if limit < cheapest:
             raise BudgetError(
