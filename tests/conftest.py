@@ -1,0 +1,35 @@
+"""Shared session fixtures: the digits splits and the embedded mini zoo, built once per session.
+
+The mini zoo is trained into a temporary folder so the suite never touches the user's cache.
+Set ``STITCH_NAS_TEST_CACHE`` to a folder to reuse a build across sessions while iterating.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stitch_nas.data import DataSplits, load_digits_splits
+from stitch_nas.mini_zoo import load_mini_zoo
+from stitch_nas.zoo import Zoo
+
+
+@pytest.fixture(scope="session")
+def digits() -> DataSplits:
+    """The default digits splits (32x32, probe 128, seed 0)."""
+    return load_digits_splits()
+
+
+@pytest.fixture(scope="session")
+def mini_zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Cache root of the session's mini zoo."""
+    reuse = os.environ.get("STITCH_NAS_TEST_CACHE")
+    return Path(reuse) if reuse else tmp_path_factory.mktemp("stitch_nas_cache")
+
+
+@pytest.fixture(scope="session")
+def mini_zoo(digits: DataSplits, mini_zoo_dir: Path) -> Zoo:
+    """The trained mini zoo; treat it as read-only, other tests share it."""
+    return load_mini_zoo(digits, cache_dir=mini_zoo_dir)

@@ -1,0 +1,168 @@
+"""Tests of stitch_nas.data: digits, image folders and local torchvision data sets."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stitch_nas.data import (
+    DataSplits,
+    Split,
+    load_digits_splits,
+    load_image_folder,
+    load_torchvision_dataset,
+)
+from stitch_nas.errors import DataError, UnknownNameError
+
+
+def _split_keys(split: Split) -> set[bytes]:
+    return {image.numpy().tobytes() for image in split.x}
+
+
+def test_digits_sizes_shapes_and_range(digits: DataSplits) -> None:
+    sizes = {name: len(split) for name, split in digits.splits().items()}
+    assert sizes == {"train": 1000, "probe": 128, "val": 300, "test": 1797 - 1428}
+    assert digits.label_names == tuple(str(i) for i in range(10))
+    assert digits.image_size == (32, 32) and digits.num_classes == 10
+    for split in digits.splits().values():
+        assert split.x.dtype == torch.float32 and split.x.shape[1:] == (3, 32, 32)
+        assert split.y.dtype == torch.int64
+        assert split.x.min() >= 0.0 and split.x.max() <= 1.0
+        assert torch.equal(split.x[:, 0], split.x[:, 2])  # grey repeated to three channels
+        assert set(split.y.tolist()) == set(range(10))  # class-interleaved: all digits in each
+
+
+def test_digits_splits_are_disjoint() -> None:
+    # size=8 keeps the original pixels, so every image maps back to one row of load_digits
+    from sklearn.datasets import load_digits
+
+    images = load_digits().images.astype(np.float32) / 16.0
+    rows = {}
+    for index, image in enumerate(images):
+        rows.setdefault(image.tobytes(), []).append(index)
+    data = load_digits_splits(size=8, probe_size=64)
+    owners = {}
+    for name, split in data.splits().items():
+        for image in split.x[:, 0]:
+            for index in rows[image.numpy().tobytes()]:
+                owners.setdefault(index, set()).add(name)
+    assert len(owners) == 1797
+    unique_rows = {i for group in rows.values() if len(group) == 1 for i in group}
+    assert all(len(owners[i]) == 1 for i in unique_rows)
+
+
+def test_digits_deterministic_and_fingerprint(digits: DataSplits) -> None:
+    again = load_digits_splits()
+    for name, split in digits.splits().items():
+        other = again.splits()[name]
+        assert torch.equal(split.x, other.x) and torch.equal(split.y, other.y)
+    assert digits.fingerprint() == again.fingerprint()
+    assert len(digits.fingerprint()) == 64 and digits.fingerprint() == digits.fingerprint()
+    assert load_digits_splits(seed=1).fingerprint() != digits.fingerprint()
+    assert load_digits_splits(size=16).fingerprint() != digits.fingerprint()
+
+
+def test_digits_fast() -> None:
+    import time
+
+    load_digits_splits()  # warm the imports
+    start = time.perf_counter()
+    load_digits_splits(seed=3)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("probe_size", [0, 31, 257, 1000, 64.0])
+def test_probe_size_validated(probe_size: int) -> None:
+    with pytest.raises(DataError, match=r"probe_size.*\[32, 256\]"):
+        load_digits_splits(probe_size=probe_size)
+
+
+@pytest.mark.parametrize("probe_size", [32, 256])
+def test_probe_size_bounds_allowed(probe_size: int) -> None:
+    assert len(load_digits_splits(probe_size=probe_size).probe) == probe_size
+
+
+def test_split_validation() -> None:
+    with pytest.raises(DataError, match="shape"):
+        Split(x=torch.zeros(2, 1, 4, 4), y=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(DataError, match="labels"):
+        Split(x=torch.zeros(2, 3, 4, 4), y=torch.zeros(3, dtype=torch.int64))
+
+
+def _write_folder(root: Path, per_class: int = 30) -> None:
+    rng = np.random.default_rng(0)
+    for label, cls in enumerate(["class_a", "class_b"]):
+        (root / cls).mkdir(parents=True)
+        for index in range(per_class):
+            pixels = rng.integers(0, 256, size=(10, 12, 3), dtype=np.uint8)
+            pixels[..., 0] = 255 * label  # makes the class visible in the first channel
+            mode_image = Image.fromarray(pixels)
+            if index % 5 == 0:
+                mode_image = mode_image.convert("L")  # mixed modes must still load as RGB
+            mode_image.save(root / cls / f"{index:03d}.png")
+
+
+def test_image_folder(tmp_path: Path) -> None:
+    _write_folder(tmp_path / "shapes")
+    data = load_image_folder(tmp_path / "shapes", size=16, probe_size=32)
+    assert data.label_names == ("class_a", "class_b") and data.name == "shapes"
+    sizes = [len(split) for split in data.splits().values()]
+    assert sizes == [60 - 32 - 9 - 9, 32, 9, 9]
+    for split in data.splits().values():
+        assert split.x.shape[1:] == (3, 16, 16)
+        assert split.x.min() >= 0.0 and split.x.max() <= 1.0
+    again = load_image_folder(tmp_path / "shapes", size=16, probe_size=32)
+    assert again.fingerprint() == data.fingerprint()
+
+
+def test_image_folder_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        load_image_folder(tmp_path / "missing", size=16)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no images"):
+        load_image_folder(tmp_path / "empty", size=16)
+    _write_folder(tmp_path / "small", per_class=10)
+    with pytest.raises(DataError, match="only 20 images"):
+        load_image_folder(tmp_path / "small", size=16, probe_size=32)
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    # the IDX format of MNIST: magic (0, 0, dtype 0x08 = uint8, ndim), big-endian dims, data
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def _write_mnist(root: Path, n_train: int = 60, n_test: int = 20) -> None:
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, count in (("train", n_train), ("t10k", n_test)):
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (count, 28, 28)))
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.arange(count) % 10)
+
+
+def test_torchvision_mnist_from_local_files(tmp_path: Path) -> None:
+    _write_mnist(tmp_path)
+    data = load_torchvision_dataset("MNIST", tmp_path, size=32, probe_size=32)
+    assert [len(split) for split in data.splits().values()] == [28, 32, 10, 10]
+    assert data.label_names[0].startswith("0") and len(data.label_names) == 10
+    assert data.train.x.shape[1:] == (3, 32, 32)
+    assert 0.0 <= data.train.x.min() and data.train.x.max() <= 1.0
+    assert not _split_keys(data.train) & _split_keys(data.probe)
+    again = load_torchvision_dataset("MNIST", tmp_path, size=32, probe_size=32)
+    assert again.fingerprint() == data.fingerprint()
+
+
+def test_torchvision_errors(tmp_path: Path) -> None:
+    with pytest.raises(UnknownNameError, match="CIFAR10") as info:
+        load_torchvision_dataset("CIFAR11", tmp_path, size=32)
+    assert isinstance(info.value, KeyError)
+    with pytest.raises(DataError, match="does not exist"):
+        load_torchvision_dataset("MNIST", tmp_path / "missing", size=32)
+    with pytest.raises(DataError, match="nothing is downloaded"):
+        load_torchvision_dataset("CIFAR10", tmp_path, size=32)

@@ -1,0 +1,307 @@
+"""Tests of stitch_nas.zoo (entries, sources, weight files) and stitch_nas.mini_zoo (cache)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import torchvision
+from safetensors.torch import save_file
+from torch import nn
+
+import stitch_nas.mini_zoo as mz
+from stitch_nas.data import DataSplits, load_digits_splits
+from stitch_nas.errors import CacheError, ConfigError, DataError, UnknownModelError
+from stitch_nas.zoo import (
+    InputSpec,
+    Zoo,
+    ZooEntry,
+    from_module,
+    from_timm,
+    from_torchvision,
+    load_state_dict_file,
+)
+
+SPEC = InputSpec(size=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+LABELS = tuple(str(i) for i in range(10))
+
+
+def _same_weights(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.fixture(scope="module")
+def resnet() -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("test_resnet", pretrained=False, num_classes=10).eval()
+
+
+# --- InputSpec, ZooEntry, Zoo -------------------------------------------------------------
+
+
+def test_input_spec_preprocess() -> None:
+    spec = InputSpec(size=[16, 16], mean=[0.5, 0.25, 0.0], std=[0.5, 0.25, 1.0])
+    assert spec.size == (16, 16) and spec == InputSpec((16, 16), (0.5, 0.25, 0), (0.5, 0.25, 1))
+    out = spec.preprocess(torch.ones(2, 3, 32, 32))
+    assert out.shape == (2, 3, 16, 16)
+    assert torch.allclose(out[:, 0], torch.ones(1)) and torch.allclose(out[:, 1], torch.tensor(3.0))
+    x = torch.rand(1, 3, 16, 16)
+    assert torch.allclose(spec.preprocess(x)[:, 2], x[:, 2])  # same size: no resampling
+    with pytest.raises(ConfigError, match="std"):
+        InputSpec(size=(8, 8), mean=(0, 0, 0), std=(1, 0, 1))
+
+
+def test_zoo_lookup_and_duplicates(resnet: nn.Module) -> None:
+    zoo = Zoo([ZooEntry("a", resnet, SPEC, LABELS, "user")])
+    zoo.add(ZooEntry("b", resnet, SPEC, LABELS, "user"))
+    assert zoo.names() == ["a", "b"] and list(zoo) == ["a", "b"] and len(zoo) == 2
+    assert "a" in zoo and "zzz" not in zoo and zoo["b"].name == "b"
+    with pytest.raises(UnknownModelError, match=r"'zzz'.*available: a, b") as info:
+        zoo["zzz"]
+    assert isinstance(info.value, KeyError) and "zoo.add" in str(info.value)
+    with pytest.raises(ConfigError, match="'a' is already in the zoo"):
+        zoo.add(ZooEntry("a", resnet, SPEC, LABELS, "user"))
+    assert zoo.remove("a").name == "a" and zoo.names() == ["b"]
+
+
+def test_entry_puts_model_in_eval_mode() -> None:
+    model = nn.Sequential(nn.Flatten(), nn.Dropout(), nn.LazyLinear(10)).train()
+    entry = ZooEntry("m", model, SPEC, range(10), "user")
+    assert not model.training and entry.label_names == LABELS and entry.num_classes == 10
+
+
+# --- weight files and sources -------------------------------------------------------------
+
+
+def test_from_timm_loads_local_weight_files(tmp_path: Path, resnet: nn.Module) -> None:
+    x = torch.rand(4, 3, 32, 32)
+    expected = resnet(SPEC.preprocess(x))
+    save_file(resnet.state_dict(), tmp_path / "w.safetensors")
+    torch.save({"state_dict": resnet.state_dict()}, tmp_path / "w.pt")
+    for path in (tmp_path / "w.safetensors", tmp_path / "w.pt"):
+        entry = from_timm("test_resnet", weights=path, entry_name="r")
+        assert entry.num_classes == 10  # read from the checkpoint's classifier
+        assert entry.source == "timm:test_resnet" and len(entry.weights_sha256) == 64
+        assert torch.equal(entry.model(SPEC.preprocess(x)), expected)
+        assert entry.input_spec.mean == (0.5, 0.5, 0.5)
+    random = from_timm("test_vit", num_classes=3, img_size=32, patch_size=4)
+    assert random.input_spec.size == (32, 32) and random.label_names == ("0", "1", "2")
+
+
+def test_from_timm_errors(tmp_path: Path, resnet: nn.Module) -> None:
+    with pytest.raises(UnknownModelError, match=r"test_resnet.*timm.list_models"):
+        from_timm("test_resnett")
+    with pytest.raises(DataError, match="not found"):
+        from_timm("test_resnet", weights=tmp_path / "nope.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00garbage")
+    with pytest.raises(DataError, match="cannot read"):
+        from_timm("test_resnet", weights=tmp_path / "bad.safetensors")
+    save_file(resnet.state_dict(), tmp_path / "ok.safetensors")
+    data = (tmp_path / "ok.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match="cannot read"):
+        from_timm("test_resnet", weights=tmp_path / "cut.safetensors")
+    with pytest.raises(DataError, match="do not fit"):
+        from_timm("test_convnext", weights=tmp_path / "ok.safetensors")
+    with pytest.raises(ConfigError, match="only one"):
+        from_timm("test_resnet", weights=tmp_path / "ok.safetensors", pretrained=True)
+
+
+def test_pickled_objects_are_refused(tmp_path: Path) -> None:
+    torch.save({"weights": torch.zeros(1), "extra": Path("x")}, tmp_path / "evil.pt")
+    with pytest.raises(DataError, match="cannot read"):
+        load_state_dict_file(tmp_path / "evil.pt")
+    torch.save({"epoch": 3}, tmp_path / "meta.pt")
+    with pytest.raises(DataError, match="state dict of tensors"):
+        load_state_dict_file(tmp_path / "meta.pt")
+
+
+def _fake_hub_cache(root: Path, repo: str, state: dict) -> None:
+    repo_dir = root / f"models--{repo.replace('/', '--')}"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text("abc123")
+    (repo_dir / "snapshots" / "abc123").mkdir(parents=True)
+    save_file(state, repo_dir / "snapshots" / "abc123" / "model.safetensors")
+
+
+def test_from_timm_pretrained_uses_local_cache_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "torch_hub"))
+    with pytest.raises(CacheError, match=r"not in the local cache.*weights="):
+        from_timm("test_resnet.r160_in1k", pretrained=True)
+    torch.manual_seed(1)
+    source = timm.create_model("test_resnet", pretrained=False)  # 1000 classes, as on the hub
+    _fake_hub_cache(tmp_path / "hub", "timm/test_resnet.r160_in1k", source.state_dict())
+    entry = from_timm("test_resnet.r160_in1k", pretrained=True, num_classes=10)
+    loaded = entry.model.state_dict()
+    assert torch.equal(loaded["conv1.0.weight"], source.state_dict()["conv1.0.weight"])
+    assert loaded["fc.weight"].shape == (10, 96)  # fresh head for the new classes
+    assert entry.input_spec.size == (160, 160)
+
+
+def test_from_torchvision(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.get_model("mobilenet_v3_small", weights=None, num_classes=10)
+    torch.save(model.eval().state_dict(), tmp_path / "mnv3.pth")
+    entry = from_torchvision("mobilenet_v3_small", tmp_path / "mnv3.pth", entry_name="m")
+    x = torch.rand(2, 3, 64, 64)
+    assert entry.num_classes == 10 and entry.source == "torchvision:mobilenet_v3_small"
+    assert torch.equal(entry.model(x), model(x))
+    with pytest.raises(UnknownModelError, match="list_models"):
+        from_torchvision("resnet19x", tmp_path / "mnv3.pth")
+
+
+def test_from_module_with_checkpoint(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 2))
+    save_file(model.state_dict(), tmp_path / "m.safetensors")
+    fresh = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 2))
+    spec = InputSpec((8, 8), (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    entry = from_module(
+        "mine", fresh, checkpoint=tmp_path / "m.safetensors", input_spec=spec, label_names="ab"
+    )
+    assert _same_weights(entry.model, model) and entry.label_names == ("a", "b")
+    with pytest.raises(DataError, match="do not fit"):
+        from_module("bad", nn.Linear(2, 2), checkpoint=tmp_path / "m.safetensors",
+                    input_spec=spec, label_names="ab")  # fmt: skip
+
+
+# --- mini zoo -------------------------------------------------------------------------------
+
+
+def test_mini_zoo_contents_and_accuracy(mini_zoo: Zoo, digits: DataSplits) -> None:
+    assert mini_zoo.names() == list(mz.MINI_ZOO_NAMES) and len(mz.MINI_ZOO_NAMES) >= 5
+    params = set()
+    for entry in mini_zoo.values():
+        assert entry.source == "mini_zoo" and not entry.model.training
+        assert entry.input_spec.size == (32, 32) and entry.label_names == digits.label_names
+        accuracy = float((entry.logits(digits.val.x).argmax(1) == digits.val.y).float().mean())
+        assert accuracy > 0.85, entry.name
+        assert accuracy == pytest.approx(entry.info["val_accuracy"], abs=1e-6)
+        params.add(entry.num_params)
+    assert len(params) == len(mini_zoo)  # deliberately different sizes
+
+
+def test_mini_zoo_vit_tokens(mini_zoo: Zoo) -> None:
+    vit = mini_zoo["vit"].model
+    tokens = vit.forward_features(torch.zeros(1, 3, 32, 32))
+    assert tokens.shape[1] == 64 + 1
+
+
+def test_mini_zoo_reload_is_fast_and_identical(
+    mini_zoo: Zoo, mini_zoo_dir: Path, digits: DataSplits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_training(*args: object) -> None:
+        raise AssertionError("the reload trained a model")
+
+    monkeypatch.setattr(mz, "_train", no_training)
+    start = time.perf_counter()
+    again = mz.load_mini_zoo(digits, cache_dir=mini_zoo_dir)
+    assert time.perf_counter() - start < 5.0  # about 0.1 s unloaded; slack for busy machines
+    for name in mini_zoo.names():
+        assert _same_weights(again[name].model, mini_zoo[name].model)
+        assert again[name].weights_sha256 == mini_zoo[name].weights_sha256
+    manifest = json.loads((mini_zoo_dir / "mini_zoo" / "manifest.json").read_text())
+    record = manifest["models"]["vit"]
+    assert record["recipe"]["data_fingerprint"] == digits.fingerprint()
+    assert {"sha256", "val_accuracy", "recipe", "num_params"} <= set(record)
+
+
+@pytest.fixture
+def zoo_copy(mini_zoo: Zoo, mini_zoo_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of the session's cache, free to corrupt."""
+    shutil.copytree(mini_zoo_dir / "mini_zoo", tmp_path / "mini_zoo")
+    return tmp_path
+
+
+def _count_training(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    trained: list[str] = []
+    real = mz._train
+
+    def counting(name: str, *args: object) -> nn.Module:
+        trained.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(mz, "_train", counting)
+    return trained
+
+
+def test_corrupt_file_rebuilds_that_model_only(
+    zoo_copy: Path, mini_zoo: Zoo, digits: DataSplits, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    path = zoo_copy / "mini_zoo" / "efficientnet.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # one flipped bit in the weights: still a readable file, wrong sha256
+    path.write_bytes(bytes(data))
+    trained = _count_training(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.mini_zoo"):
+        zoo = mz.load_mini_zoo(digits, cache_dir=zoo_copy)
+    assert trained == ["efficientnet"]
+    assert "efficientnet.safetensors is corrupt" in caplog.text
+    # training is deterministic, so the rebuild reproduces the original weights
+    assert _same_weights(zoo["efficientnet"].model, mini_zoo["efficientnet"].model)
+    assert len(list((zoo_copy / "mini_zoo").glob("*.tmp"))) == 0
+
+
+def test_truncated_file_with_matching_sha_rebuilds(
+    zoo_copy: Path, digits: DataSplits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = zoo_copy / "mini_zoo"
+    path = folder / "byobnet.safetensors"
+    path.write_bytes(path.read_bytes()[:1000])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["models"]["byobnet"]["sha256"] = mz.sha256_file(path)  # fool the sha check
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    trained = _count_training(monkeypatch)
+    zoo = mz.load_mini_zoo(digits, cache_dir=zoo_copy, names=("byobnet", "resnet"))
+    assert trained == ["byobnet"] and zoo.names() == ["byobnet", "resnet"]
+
+
+def test_changed_data_rebuilds(zoo_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trained = _count_training(monkeypatch)
+    other = load_digits_splits(seed=1)
+    zoo = mz.load_mini_zoo(other, cache_dir=zoo_copy, names=("byobnet",))
+    assert trained == ["byobnet"] and zoo["byobnet"].info["val_accuracy"] > 0.85
+
+
+def test_interrupted_write_leaves_no_valid_looking_file(
+    zoo_copy: Path, digits: DataSplits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = zoo_copy / "mini_zoo"
+    (folder / "byobnet.safetensors").unlink()
+
+    def interrupted(src: str, dst: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mz.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mz.load_mini_zoo(digits, cache_dir=zoo_copy, names=("byobnet",))
+    assert not (folder / "byobnet.safetensors").exists()
+    assert not list(folder.glob("*.tmp"))
+
+
+def test_mini_zoo_unknown_names() -> None:
+    with pytest.raises(UnknownModelError, match="resnet, convnext"):
+        mz.build_model("alexnet")
+    with pytest.raises(UnknownModelError, match="available"):
+        mz.load_mini_zoo(names=("nope",))
+    assert sum(p.numel() for p in mz.build_model("vit").parameters()) > 0
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("STITCH_NAS_CACHE", str(tmp_path))
+    assert mz.default_cache_dir() == tmp_path
+    monkeypatch.delenv("STITCH_NAS_CACHE")
+    assert mz.default_cache_dir() == Path.home() / ".cache" / "stitch_nas"
