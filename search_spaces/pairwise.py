@@ -1,8 +1,10 @@
 """``pairwise``: two zoo models, one cut each (SN-Net / ReStNet style).
 
 The front of one model up to a cut, a least-squares stitch, and the back of another model from a
-cut. ``direction`` picks which of the two goes first: ``fast_to_slow`` starts with the model of
-fewer MACs (SN-Net's choice), ``slow_to_fast`` with the larger one (ReStNet's default).
+cut. The sampled ``route`` ("src>dst") fixes which goes first; ``directions`` restricts routes
+to ``fast_to_slow`` (start with the model of fewer MACs, SN-Net's choice) and/or
+``slow_to_fast`` (start with the larger one, ReStNet's default). Only routes and cuts that a
+least-squares stitch can join are offered, so no trial is spent on an impossible pair.
 """
 
 from __future__ import annotations
@@ -52,11 +54,15 @@ def pairwise(
     bad = set(directions) - set(DIRECTIONS)
     if bad:
         raise ConfigError(f"unknown direction(s) {sorted(bad)}; use {DIRECTIONS}")
-    pairs = [f"{a}+{b}" for i, a in enumerate(names) for b in names[i + 1 :]]
-    a, b = trial.suggest_categorical("pair", pairs).split("+")
-    direction = trial.suggest_categorical("direction", list(directions))
-    fast, slow = sorted((a, b), key=lambda n: (model_macs(ctx, n), n))
-    src, dst = (fast, slow) if direction == "fast_to_slow" else (slow, fast)
+    routes = [r for r in _routes(ctx, names) if r[2] in directions]
+    if not routes:
+        raise ConfigError(
+            f"no two of {names} can be joined by least squares in directions {list(directions)}; "
+            "add CNN models or allow both directions"
+        )
+    choice = trial.suggest_categorical("route", [f"{src}>{dst}" for src, dst, _ in routes])
+    src, dst = choice.split(">")
+    trial.set_user_attr("direction", next(r[2] for r in routes if r[:2] == (src, dst)))
     src_cuts = [c for c in ctx.cuts(src) if any(joinable(c, d) for d in ctx.cuts(dst))]
     src_cut = ctx.cut(src, trial.suggest_categorical(f"src_{src}_to_{dst}", _names(src_cuts)))
     # one parameter per kind of source layout, so each parameter keeps a fixed set of choices
@@ -67,6 +73,24 @@ def pairwise(
         (Fragment(src, None, src_cut.name), Fragment(dst, dst_cut.name, None)),
         (AdapterSpec(adapter),),
     )
+
+
+def _routes(ctx: StitchContext, names: list[str]) -> list[tuple[str, str, str]]:
+    """Ordered (source, destination, direction) pairs with at least one joinable cut pair."""
+    key = ("pairwise_routes", tuple(names))
+    if key in ctx.memo:
+        return ctx.memo[key]
+    routes = []
+    for src in names:
+        for dst in names:
+            if src == dst:
+                continue
+            if not any(joinable(a, b) for a in ctx.cuts(src) for b in ctx.cuts(dst)):
+                continue
+            fast = (model_macs(ctx, src), src) <= (model_macs(ctx, dst), dst)
+            routes.append((src, dst, "fast_to_slow" if fast else "slow_to_fast"))
+    ctx.memo[key] = routes
+    return routes
 
 
 def _names(cuts: list[CutPoint]) -> list[str]:
