@@ -141,8 +141,8 @@ def fit_lstsq(
     check_finite(dst_act, f"activations at {dst.name!r}")
     stitch = LinearStitch(src, dst).to(src_act.device)
     with torch.no_grad():
-        x = stitch.align(src_act).reshape(-1, src.channels).double()
-        y = _channels_last(dst_act, dst.layout).reshape(-1, dst.channels).double()
+        x = stitch.align(src_act).reshape(-1, src.channels).float()
+        y = _channels_last(dst_act, dst.layout).reshape(-1, dst.channels).float()
     if x.shape[0] != y.shape[0]:
         raise LayoutError(
             f"cut {src.name!r} gives {x.shape[0]} rows but {dst.name!r} gives {y.shape[0]}; "
@@ -158,14 +158,20 @@ def fit_lstsq(
 def _solve(
     x: torch.Tensor, y: torch.Tensor, ridge: float, what: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ridge regression with an unpenalised bias, in float64, on centred rows."""
-    x_mean, y_mean = x.mean(0), y.mean(0)
-    xc, yc = x - x_mean, y - y_mean
-    gram = xc.T @ xc
+    """Ridge regression with an unpenalised bias on centred rows.
+
+    The row sums (means) and the small C×C systems are float64; the products over the many
+    rows run in float32 on centred data, where their rounding is far below the ridge term.
+    """
+    x_mean, y_mean = x.double().mean(0), y.double().mean(0)
+    xc, yc = x - x_mean.float(), y - y_mean.float()
+    gram, cross = (xc.T @ xc).double(), (xc.T @ yc).double()
     scale = float(gram.diagonal().mean()) if gram.numel() else 0.0
     if ridge > 0:
-        gram = gram + ridge * max(scale, 1e-12) * torch.eye(gram.shape[0], dtype=gram.dtype)
-    solution = torch.linalg.lstsq(gram, xc.T @ yc, driver="gelsd") if ridge == 0 else None
+        eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+        gram = gram + ridge * max(scale, 1e-12) * eye
+    # gelsd reports the rank; it is CPU-only, hence the move
+    solution = torch.linalg.lstsq(gram.cpu(), cross.cpu(), driver="gelsd") if ridge == 0 else None
     if solution is not None:
         rank = int(solution.rank) if solution.rank.numel() else gram.shape[0]
         if rank < gram.shape[0]:
@@ -174,10 +180,10 @@ def _solve(
                 f"{gram.shape[0]}, {x.shape[0]} rows); use ridge > 0 (e.g. 1e-4) or more "
                 "probe samples"
             )
-        weight = solution.solution
+        weight = solution.solution.to(gram.device)
     else:
         try:
-            weight = torch.linalg.solve(gram, xc.T @ yc)
+            weight = torch.linalg.solve(gram, cross)
         except RuntimeError as exc:  # only when XᵀX is exactly zero
             raise SingularSystemError(
                 f"least-squares system for {what} is singular ({exc}); the source "
