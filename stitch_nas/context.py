@@ -183,6 +183,15 @@ class StitchContext:
             self._gram(src_model, a, mode, spatial), self._gram(dst_model, b, mode, spatial)
         )
 
+    def cka_matrix(self, model_a: str, model_b: str) -> torch.Tensor:
+        """ReStNet's matrix: CKA between every cut of ``model_a`` (rows) and of ``model_b``."""
+        cuts_a, cuts_b = self.cuts(model_a), self.cuts(model_b)
+        matrix = torch.zeros(len(cuts_a), len(cuts_b), dtype=torch.float64)
+        for i, a in enumerate(cuts_a):
+            for j, b in enumerate(cuts_b):
+                matrix[i, j] = self.joint_cka(model_a, a.name, model_b, b.name)
+        return matrix
+
     def cka_to(self, x: torch.Tensor, x_cut: CutPoint, model: str, cut: CutPoint) -> float:
         """CKA between a probe activation ``x`` (laid out as ``x_cut``) and B at ``cut``."""
         mode, spatial = self._row_rule(x_cut, cut)

@@ -36,7 +36,8 @@ from torch import nn
 
 from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import DataError, UnknownModelError
-from stitch_nas.zoo import InputSpec, Zoo, ZooEntry, _load_into, sha256_file
+from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
+from stitch_nas.zoo_sources import _load_into, sha256_file
 
 __all__ = ["MINI_ZOO_NAMES", "build_model", "default_cache_dir", "load_mini_zoo"]
 

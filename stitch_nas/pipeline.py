@@ -15,7 +15,8 @@ from typing import Any
 import optuna
 
 from .context import StitchContext
-from .data import DataSplits, load_digits_splits, load_image_folder, load_torchvision_dataset
+from .data import DataSplits, load_digits_splits
+from .datasets import load_image_folder, load_torchvision_dataset
 from .errors import ConfigError
 from .runner import StitchObjective, create_study, run_search
 from .settings import DataSettings, Settings, ZooSettings

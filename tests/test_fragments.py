@@ -14,8 +14,13 @@ from stitch_nas.fragments import LAYOUTS, cut_points, get_cut, segment, split
 
 def _tiny_swin() -> torch.nn.Module:
     return SwinTransformer(
-        img_size=32, patch_size=2, window_size=4, embed_dim=16, depths=(1, 1, 1),
-        num_heads=(1, 2, 2), num_classes=10,
+        img_size=32,
+        patch_size=2,
+        window_size=4,
+        embed_dim=16,
+        depths=(1, 1, 1),
+        num_heads=(1, 2, 2),
+        num_classes=10,
     )
 
 
@@ -24,7 +29,8 @@ MODELS = {
     "test_convnext": (lambda: timm.create_model("test_convnext", num_classes=10), 32),
     "test_efficientnet": (lambda: timm.create_model("test_efficientnet", num_classes=10), 32),
     "test_vit": (
-        lambda: timm.create_model("test_vit", img_size=32, patch_size=4, num_classes=10), 32
+        lambda: timm.create_model("test_vit", img_size=32, patch_size=4, num_classes=10),
+        32,
     ),
     "swin": (_tiny_swin, 32),
     "torchvision_resnet18": (lambda: torchvision.models.resnet18(weights=None), 64),

@@ -1,4 +1,4 @@
-"""Tests of stitch_nas.zoo (entries, sources, weight files) and stitch_nas.mini_zoo (cache)."""
+"""Tests of stitch_nas.zoo, .zoo_sources (sources, weight files, YAML items) and .mini_zoo."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ from torch import nn
 import stitch_nas.mini_zoo as mz
 from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import CacheError, ConfigError, DataError, UnknownModelError
-from stitch_nas.zoo import (
-    InputSpec,
-    Zoo,
-    ZooEntry,
+from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
+from stitch_nas.zoo_sources import (
+    entry_from_settings,
     from_module,
     from_timm,
     from_torchvision,
@@ -175,6 +174,55 @@ def test_from_module_with_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="do not fit"):
         from_module("bad", nn.Linear(2, 2), checkpoint=tmp_path / "m.safetensors",
                     input_spec=spec, label_names="ab")  # fmt: skip
+
+
+def test_entry_from_settings_timm_weights(tmp_path: Path, resnet: nn.Module) -> None:
+    save_file(resnet.state_dict(), tmp_path / "r.safetensors")
+    path = str(tmp_path / "r.safetensors")
+    labels = list("abcdefghij")
+    item = {"name": "r", "source": "timm", "model": "test_resnet", "weights": path}
+    entry = entry_from_settings(item | {"img_size": 32, "label_names": labels})
+    x = torch.rand(4, 3, 32, 32)
+    assert entry.name == "r" and entry.source == "timm:test_resnet" and entry.num_classes == 10
+    assert entry.label_names == tuple("abcdefghij") and entry.input_spec.size == (32, 32)
+    assert entry.weights_sha256 is not None and _same_weights(entry.model, resnet)
+    assert torch.equal(entry.logits(x), resnet(entry.input_spec.preprocess(x)))
+    vit = entry_from_settings({"source": "timm", "model": "test_vit", "img_size": [32, 32]})
+    assert vit.name == "test_vit" and vit.input_spec.size == (32, 32)
+    assert vit.model(torch.zeros(1, 3, 32, 32)).shape == (1, 1000)  # img_size reached timm
+
+
+def test_entry_from_settings_torchvision(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torchvision.models.get_model("mobilenet_v3_small", weights=None, num_classes=3)
+    torch.save(model.eval().state_dict(), tmp_path / "m.pth")
+    item = {"source": "torchvision", "model": "mobilenet_v3_small", "img_size": [48, 64]}
+    entry = entry_from_settings(item | {"weights": str(tmp_path / "m.pth"), "num_classes": 3})
+    assert entry.name == "mobilenet_v3_small" and entry.input_spec.size == (48, 64)
+    x = torch.rand(2, 3, 48, 64)
+    assert torch.equal(entry.model(x), model(x)) and entry.label_names == ("0", "1", "2")
+
+
+@pytest.mark.parametrize(
+    "item, match",
+    [
+        ({"source": "timm", "model": "test_resnet", "weight": "w.pt"}, r"unknown key 'weight'"),
+        (
+            {"source": "hf", "model": "test_resnet"},
+            r"source must be one of timm, torchvision.*'hf'",
+        ),
+        ({"source": "torchvision", "model": "resnet18"}, r"missing key 'weights'"),
+        ({"model": "test_resnet"}, r"missing key 'source'"),
+        ({"source": "timm", "model": "test_resnet", "num_classes": "10"}, r"num_classes must be"),
+        ({"source": "timm", "model": "test_resnet", "pretrained": "yes"}, r"pretrained must be"),
+        ({"source": "timm", "model": "m", "weights": "w.pt", "pretrained": True}, "pretrained"),
+        (["timm", "resnet18"], "must be mappings"),
+    ],
+)
+def test_entry_from_settings_errors(item: object, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        entry_from_settings(item)  # type: ignore[arg-type]
+    assert len(str(info.value).splitlines()) == 1
 
 
 # --- mini zoo -------------------------------------------------------------------------------
