@@ -48,13 +48,12 @@ def load_zoo(settings: ZooSettings, data: DataSplits, *, progress: bool = False)
     from .mini_zoo import load_mini_zoo
     from .zoo_sources import entry_from_settings
 
-    zoo = (
-        load_mini_zoo(data, cache_dir=settings.cache_dir, progress=progress)
-        if (settings.mini_zoo)
-        else Zoo()
-    )
-    for item in settings.models:
-        zoo.add(entry_from_settings(item))
+    extra = [entry_from_settings(item) for item in settings.models]  # bad items fail first
+    zoo = Zoo()
+    if settings.mini_zoo:
+        zoo = load_mini_zoo(data, cache_dir=settings.cache_dir, progress=progress)
+    for entry in extra:
+        zoo.add(entry)
     if len(zoo) < 1:
         raise ConfigError("the zoo is empty; enable zoo.mini_zoo or list zoo.models")
     return zoo

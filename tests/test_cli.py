@@ -69,3 +69,36 @@ def test_console_script_exit_code_without_traceback(tmp_path):
     proc = subprocess.run(["stitch-nas", "search", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "search.sampler must be str" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_zoo_entry_fails_before_any_zoo_build(capsys, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"zoo: {{cache_dir: {tmp_path / 'cache'}, models: [{{source: hf, model: resnet18}}]}}\n"
+    )
+    code, _, err = _run(capsys, "search", str(path), "--out", str(tmp_path / "o"))
+    assert code == 2 and "source" in err and "hf" in err
+    assert not (tmp_path / "cache").exists()  # failed before the mini zoo was built
+
+
+def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir):
+    """The README's main job on the session's zoo: files, a stitched front, a report."""
+    import json
+
+    out = tmp_path / "demo"
+    code, stdout, _ = _run(
+        capsys, "demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir), "--no-progress"
+    )
+    assert code == 0
+    for name in ("pareto.json", "trials.csv", "pareto.png", "study.db"):
+        assert (out / name).is_file(), name
+    report = json.loads((out / "pareto.json").read_text())
+    stitched = [f for f in report["front"] if len(set(f["models"])) >= 2]
+    assert stitched, report["front"]
+    assert "hypervolume" in stdout and "dominat" in stdout
+    rows = (out / "trials.csv").read_text().splitlines()
+    assert len(rows) >= 51 and "state" in rows[0]
+    code, again, _ = _run(capsys, "report", str(out))
+    assert code == 0 and "hypervolume" in again
+    code, _, err = _run(capsys, "demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir))
+    assert code == 2 and "--resume" in err  # an existing study is never overwritten

@@ -1,0 +1,44 @@
+"""The shared context: CKA between cut points, the ReStNet matrix, and the examples using it."""
+
+from __future__ import annotations
+
+import runpy
+
+import pytest
+
+from stitch_nas import similarity
+from tests._tiny import tiny_context
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return tiny_context()
+
+
+def test_cka_matrix_matches_pairwise_scores(ctx):
+    matrix = ctx.cka_matrix("resnet", "efficientnet")
+    cuts_a, cuts_b = ctx.cuts("resnet"), ctx.cuts("efficientnet")
+    assert matrix.shape == (len(cuts_a), len(cuts_b))
+    assert ((matrix >= 0) & (matrix <= 1)).all()
+    a, b = cuts_a[4], cuts_b[3]
+    rows_a = similarity.to_rows(
+        ctx.activation("resnet", a.name, "probe"), a.layout, spatial=(8, 8), mode="flatten"
+    )
+    rows_b = similarity.to_rows(
+        ctx.activation("efficientnet", b.name, "probe"), b.layout, spatial=(8, 8), mode="flatten"
+    )
+    assert a.spatial == (8, 8) and b.spatial == (8, 8)
+    assert matrix[4, 3].item() == pytest.approx(similarity.linear_cka(rows_a, rows_b), abs=1e-9)
+
+
+def test_a_cut_against_itself_scores_one(ctx):
+    for cut in ctx.cuts("vit"):
+        assert ctx.joint_cka("vit", cut.name, "vit", cut.name) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_own_study_example_runs(monkeypatch, mini_zoo, mini_zoo_dir, capsys):
+    monkeypatch.setenv("STITCH_NAS_CACHE", str(mini_zoo_dir))
+    module = runpy.run_path("examples/optuna_own_study.py")
+    study = module["main"](n_trials=6)
+    assert len(study.trials) == 6
+    assert study.best_trials and "accuracy" in capsys.readouterr().out
