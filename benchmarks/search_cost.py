@@ -20,12 +20,12 @@ from pathlib import Path
 
 import optuna
 import torch
-from stitch_nas.mini_zoo import load_mini_zoo
 
 from stitch_nas.build import build
 from stitch_nas.config import StitchConfig
 from stitch_nas.context import StitchContext
 from stitch_nas.data import load_digits_splits
+from stitch_nas.mini_zoo import load_mini_zoo
 from stitch_nas.runner import StitchObjective
 
 RESULTS = Path(__file__).parent / "results" / "search_cost.json"

@@ -6,10 +6,10 @@ Run:  python examples/optuna_own_study.py  (uses the embedded digits zoo; no dow
 from __future__ import annotations
 
 import optuna
-from stitch_nas.mini_zoo import load_mini_zoo
 
 import stitch_nas
 from stitch_nas.data import load_digits_splits
+from stitch_nas.mini_zoo import load_mini_zoo
 
 
 def main(n_trials: int = 20) -> optuna.Study:
