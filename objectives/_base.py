@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from stitch_nas.errors import ConfigError, UnknownNameError
 from stitch_nas.measure import Measurement
 
-__all__ = ["Objective", "register_objective", "get_objective", "list_objectives"]
+__all__ = ["Direction", "Objective", "register_objective", "get_objective", "list_objectives"]
+
+Direction = Literal["maximize", "minimize"]  # Optuna's words
 
 _REGISTRY: dict[str, Objective] = {}
 
@@ -26,7 +29,7 @@ class Objective:
     """
 
     name: str
-    direction: str
+    direction: Direction
     value: Callable[[Measurement], float]
     needs_latency: bool = False
     doc: str = ""

@@ -7,6 +7,7 @@ samples, and its output is mapped onto what the next model expects at its start 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,7 +16,7 @@ from .config import AdapterSpec, StitchConfig
 from .context import StitchContext
 from .errors import ConfigError, UnknownNameError
 from .fragments import CutPoint
-from .lstsq import fit_lstsq, fusable_consumer, fuse_into_segment
+from .lstsq import LinearStitch, fit_lstsq, fusable_consumer, fuse_into_segment
 
 __all__ = ["Preprocess", "StitchedNet", "build", "ADAPTERS"]
 
@@ -27,7 +28,12 @@ ADAPTERS = ("lstsq",)
 class Preprocess(nn.Module):
     """Resize (bilinear) and normalise images in [0, 1] for the first model of a network."""
 
-    def __init__(self, size: tuple[int, int], mean: tuple, std: tuple) -> None:
+    mean: torch.Tensor  # buffers, registered in __init__
+    std: torch.Tensor
+
+    def __init__(
+        self, size: tuple[int, int], mean: tuple[float, ...], std: tuple[float, ...]
+    ) -> None:
         super().__init__()
         self.size = tuple(size)
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
@@ -51,7 +57,7 @@ class StitchedNet(nn.Module):
         config: StitchConfig,
         preprocess: Preprocess,
         parts: list[nn.Module],
-        part_info: list[tuple[tuple, tuple[int, ...]]],
+        part_info: list[tuple[tuple[Any, ...], tuple[int, ...]]],
     ) -> None:
         super().__init__()
         self.config = config
@@ -76,7 +82,7 @@ class StitchedNet(nn.Module):
 
 def _fit_adapter(
     spec: AdapterSpec, x: torch.Tensor, y: torch.Tensor, src: CutPoint, dst: CutPoint, ridge: float
-) -> nn.Module:
+) -> LinearStitch:
     if spec.kind != "lstsq":
         raise UnknownNameError(f"unknown adapter {spec.kind!r}; available: {', '.join(ADAPTERS)}")
     unknown = set(dict(spec.options)) - {"ridge", "fuse"}
@@ -87,7 +93,7 @@ def _fit_adapter(
     return fit_lstsq(x, y, src, dst, ridge=float(spec.option("ridge", ridge)))
 
 
-def _cut_key(cut: CutPoint) -> tuple:
+def _cut_key(cut: CutPoint) -> tuple[str, tuple[int, ...], int]:
     return (cut.layout, cut.shape, cut.prefix_tokens)
 
 
@@ -117,11 +123,15 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
     first = config.fragments[0]
     spec = ctx.entry(first.model).input_spec
     parts: list[nn.Module] = [ctx.segment(first.model, None, first.end)]
-    info = [(("fragment", first.model, None, first.end), ctx.input_shape(first.model)[1:])]
+    info: list[tuple[tuple[Any, ...], tuple[int, ...]]] = [
+        (("fragment", first.model, None, first.end), ctx.input_shape(first.model)[1:])
+    ]
     x = ctx.activation(first.model, first.end, "probe") if config.is_stitched else None
     x_cut = ctx.cut(first.model, first.end) if first.end else None
     joints = list(zip(config.adapters, config.fragments[1:], strict=True))
     for i, (adapter, frag) in enumerate(joints):
+        if x is None or x_cut is None or frag.start is None:  # StitchConfig rules these out
+            raise ConfigError(f"joint {i} of {config.describe()} needs a cut point on both sides")
         dst = ctx.cut(frag.model, frag.start)
         y = ctx.activation(frag.model, frag.start, "probe")
         stitch = _fit_adapter(adapter, x, y, x_cut, dst, ctx.ridge)
@@ -136,6 +146,8 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
             info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
         parts.extend(joint)
         if i + 1 < len(joints):  # the next joint is fitted on this chain's output
+            if frag.end is None:  # StitchConfig rules this out
+                raise ConfigError(f"fragment {frag} before the last must end at a cut point")
             x = ctx.run(nn.Sequential(*joint), x)
             x_cut = ctx.cut(frag.model, frag.end)
     preprocess = Preprocess(spec.size, spec.mean, spec.std).to(ctx.device)

@@ -66,7 +66,7 @@ class StitchContext:
         self.cost_tables = cost_tables
         self._fingerprints: dict[str, str] = {}
         self.memo: dict[tuple, Any] = {}  # per-search memo of derived values (e.g. MACs)
-        self._grams: dict[tuple[str, str, tuple[int, int] | None], torch.Tensor] = {}
+        self._grams: dict[tuple[str, str, str, tuple[int, int] | None], torch.Tensor] = {}
         for name in zoo.names():
             zoo[name].model.to(self.device).eval()
 
@@ -157,14 +157,19 @@ class StitchContext:
     # -- similarity --------------------------------------------------------------------------
     def _row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:
         """How two cuts are compared: per-position rows on a common grid, else pooled rows."""
-        if a.layout in _GRIDS and b.layout in _GRIDS:
-            return self.cka_rows, similarity.common_spatial((1, 1, *a.spatial), (1, 1, *b.spatial))
+        sa, sb = a.spatial, b.spatial
+        if a.layout in _GRIDS and b.layout in _GRIDS and sa is not None and sb is not None:
+            return self.cka_rows, similarity.common_spatial((1, 1, *sa), (1, 1, *sb))
         return "pooled", None
 
-    def _rows(self, act: torch.Tensor, cut: CutPoint, mode: str, spatial) -> torch.Tensor:
+    def _rows(
+        self, act: torch.Tensor, cut: CutPoint, mode: str, spatial: tuple[int, int] | None
+    ) -> torch.Tensor:
         return similarity.to_rows(act, cut.layout, spatial=spatial, mode=mode)
 
-    def _gram(self, model: str, cut: CutPoint, mode: str, spatial) -> torch.Tensor:
+    def _gram(
+        self, model: str, cut: CutPoint, mode: str, spatial: tuple[int, int] | None
+    ) -> torch.Tensor:
         key = (model, cut.name, mode, spatial)
         if key not in self._grams:
             act = self.activation(model, cut.name, "probe")

@@ -119,8 +119,10 @@ class DataSplits:
             digest.update(split_name.encode())
             for tensor in (split.x, split.y):
                 digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-                # hashing the buffer directly avoids a copy of large image tensors
-                digest.update(memoryview(tensor.detach().cpu().contiguous().numpy()))
+                # hashing the buffer directly avoids a copy of large image tensors; numpy's
+                # stubs declare ndarray.__buffer__ only for Python >= 3.12 (we target 3.10)
+                array = tensor.detach().cpu().contiguous().numpy()
+                digest.update(memoryview(array))  # type: ignore[arg-type]
         value = digest.hexdigest()
         object.__setattr__(self, "_fingerprint", value)  # memoise despite frozen=True
         return value

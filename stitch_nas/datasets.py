@@ -102,7 +102,7 @@ def _read_all(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(images).float(), torch.tensor(labels, dtype=torch.int64)
 
 
-def _dataset_class(name: str) -> type:
+def _dataset_class(name: str) -> type[Any]:
     """Return the torchvision data set class ``name`` if it can load a train and a test part."""
     import torchvision.datasets as tvd
 
@@ -123,7 +123,7 @@ def _dataset_class(name: str) -> type:
     return found[name]
 
 
-def _open_part(cls: type, root: Path, train: bool) -> Any:
+def _open_part(cls: type[Any], root: Path, train: bool) -> Any:
     params = inspect.signature(cls.__init__).parameters
     part = {"train": train} if "train" in params else {"split": "train" if train else "test"}
     try:

@@ -270,7 +270,7 @@ def _layout_from_consumer(model: nn.Module, node: fx.Node) -> str:
     """Ambiguous shape (C == H == W): the first normalising or weighted layer downstream decides."""
     from timm.layers import LayerNorm2d
 
-    frontier, seen = list(node.users), set()
+    frontier, seen = list(node.users), set[fx.Node]()
     while frontier and len(seen) < 64:
         user = frontier.pop(0)
         if user in seen:

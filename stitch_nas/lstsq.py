@@ -14,13 +14,14 @@ widened layer costs more than the separate 1x1 map (the cost tables count either
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import LayoutError, NonFiniteError, SingularSystemError
+from .errors import LayoutError, NonFiniteError, SingularSystemError, TraceError
 from .fragments import CutPoint
 
 __all__ = ["LinearStitch", "FusedStitch", "fit_lstsq", "fuse_into_segment", "check_finite"]
@@ -89,18 +90,24 @@ class _Align(nn.Module):
             grid = x.permute(0, 3, 1, 2) if self.src_layout == "nhwc" else x
             if self.dst_layout == "vector":
                 return grid.mean(dim=(2, 3))
-            return _resize_grid(grid, self.dst_spatial).permute(0, 2, 3, 1)
+            return _resize_grid(grid, self.dst_size()).permute(0, 2, 3, 1)
         if self.src_layout == "tokens":
             return self._align_tokens(x)
         return x
 
+    def dst_size(self) -> tuple[int, int]:
+        """Height and width of the destination grid (grid and token cuts only)."""
+        if self.dst_spatial is None:  # check_pair lets no vector cut reach a resize
+            raise LayoutError(f"a {self.dst_layout} cut has no spatial size to align to")
+        return self.dst_spatial
+
     def _align_tokens(self, x: torch.Tensor) -> torch.Tensor:
         prefix, patches = x[:, : self.prefix], x[:, self.prefix :]
         side = int(patches.shape[1] ** 0.5)
-        if (side, side) == tuple(self.dst_spatial):
+        if (side, side) == tuple(self.dst_size()):
             return x
         grid = patches.transpose(1, 2).reshape(x.shape[0], -1, side, side)
-        patches = _resize_grid(grid, self.dst_spatial).flatten(2).transpose(1, 2)
+        patches = _resize_grid(grid, self.dst_size()).flatten(2).transpose(1, 2)
         return torch.cat([prefix, patches], dim=1)
 
 
@@ -208,8 +215,10 @@ class FusedStitch(nn.Module):
                 base = consumer.bias if consumer.bias is not None else 0.0
                 self.layer.bias.copy_(base + extra)
             bias_map = None
-        else:
-            self.layer, bias_map = _fused_conv(consumer, a, b, stitch.align.dst_spatial)
+        elif isinstance(consumer, nn.Conv2d):
+            self.layer, bias_map = _fused_conv(consumer, a, b, stitch.align.dst_size())
+        else:  # fusable_consumer admits only these two
+            raise LayoutError(f"cannot fuse a stitch into {type(consumer).__name__}")
         self.register_buffer("bias_map", bias_map)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -224,15 +233,19 @@ def _fused_conv(
     conv: nn.Conv2d, a: torch.Tensor, b: torch.Tensor, spatial: tuple[int, int]
 ) -> tuple[nn.Conv2d, torch.Tensor | None]:
     """``conv(A x + b) = conv'(x) + conv(b)``; conv(b) is position-dependent under zero padding."""
+    # torch types the size attributes of every _ConvNd as tuple[int, ...]; a Conv2d's are pairs
+    pair = tuple[int, int]
     fused = nn.Conv2d(
         a.shape[1],
         conv.out_channels,
-        conv.kernel_size,
-        conv.stride,
-        conv.padding,
-        conv.dilation,
+        cast(pair, conv.kernel_size),
+        cast(pair, conv.stride),
+        cast("str | tuple[int, int]", conv.padding),
+        cast(pair, conv.dilation),
         bias=True,
     ).to(a.device)
+    # torch types Conv2d.bias as Optional; built with bias=True it is always a parameter
+    fused_bias = cast(nn.Parameter, fused.bias)
     with torch.no_grad():
         fused.weight.copy_(torch.einsum("ojmn,jk->okmn", conv.weight, a))
         constant = b.view(1, -1, 1, 1).expand(1, -1, *spatial)
@@ -242,10 +255,10 @@ def _fused_conv(
     flat = bias_map.flatten(1)
     if torch.allclose(flat, flat[:, :1].expand_as(flat), atol=1e-6, rtol=1e-5):
         with torch.no_grad():
-            fused.bias.copy_(flat[:, 0])
+            fused_bias.copy_(flat[:, 0])
         return fused, None
     with torch.no_grad():
-        fused.bias.zero_()
+        fused_bias.zero_()
     return fused, bias_map
 
 
@@ -280,7 +293,10 @@ def fuse_into_segment(stitch: LinearStitch, segment: fx.GraphModule) -> fx.Graph
     env: dict[fx.Node, fx.Node] = {}
     for node in segment.graph.nodes:
         if node is consumer:
-            env[node] = graph.call_module("stitch_fused", (env[node.args[0]],))
+            source = node.args[0]
+            if not isinstance(source, fx.Node):  # fusable_consumer checked it is the input
+                raise TraceError(f"the first argument of {node.name!r} is not a graph node")
+            env[node] = graph.call_module("stitch_fused", (env[source],))
         else:
             env[node] = graph.node_copy(node, lambda n: env[n])
     root = nn.Module()

@@ -18,6 +18,7 @@ from .build import StitchedNet, build
 from .config import StitchConfig
 from .context import StitchContext
 from .costs import count_macs, count_params_of
+from .errors import ConfigError
 from .similarity import chain_score
 
 __all__ = ["Measurement", "measure", "config_cka", "fragment_macs", "network_macs", "head_accuracy"]
@@ -50,6 +51,8 @@ def config_cka(ctx: StitchContext, config: StitchConfig) -> float:
     """
     scores = []
     for prev, frag in zip(config.fragments, config.fragments[1:], strict=False):
+        if prev.end is None or frag.start is None:  # StitchConfig rules this out
+            raise ConfigError(f"the joint {prev} -> {frag} needs a cut point on both sides")
         scores.append(ctx.joint_cka(prev.model, prev.end, frag.model, frag.start))
     return chain_score(scores)
 
@@ -96,6 +99,11 @@ def head_accuracy(
     from sklearn.linear_model import LogisticRegression
     from sklearn.neighbors import KNeighborsClassifier
 
+    if probe_outputs is None:
+        raise ConfigError(
+            f"head kind {config.head.kind!r} is fitted on the network's probe outputs; "
+            "pass probe_outputs"
+        )
     train_x = probe_outputs.flatten(1).cpu().numpy()
     train_y = ctx.labels("probe").numpy()
     test_x = outputs.flatten(1).cpu().numpy()

@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +34,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
+from stitch_nas.checkpoints import _load_into, sha256_file
 from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import DataError, UnknownModelError
 from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
-from stitch_nas.zoo_sources import _load_into, sha256_file
 
 __all__ = ["MINI_ZOO_NAMES", "build_model", "default_cache_dir", "load_mini_zoo"]
 
@@ -111,15 +111,24 @@ def build_model(name: str, *, num_classes: int = 10, img_size: int = 32) -> nn.M
     )
     if "pos_embed_std" in recipe:
         std = recipe["pos_embed_std"]
-        nn.init.trunc_normal_(model.pos_embed, std=std, a=-2 * std, b=2 * std)
+        pos_embed = cast(nn.Parameter, model.pos_embed)  # Module.__getattr__ is untyped
+        nn.init.trunc_normal_(pos_embed, std=std, a=-2 * std, b=2 * std)
     return model
 
 
 def _input_spec(name: str, img_size: tuple[int, int]) -> InputSpec:
     import timm
 
-    cfg = timm.models.get_pretrained_cfg(_recipe_of(name)["architecture"])
-    return InputSpec(size=img_size, mean=cfg.mean, std=cfg.std)
+    architecture = _recipe_of(name)["architecture"]
+    cfg = timm.models.get_pretrained_cfg(architecture)
+    if cfg is None:
+        raise UnknownModelError(
+            f"timm {timm.__version__} has no pretrained config for {architecture!r}, the "
+            f"architecture of mini zoo model {name!r}; install a timm version that has it"
+        )
+    # timm types mean and std as tuple[float, ...]; they hold one value per RGB channel
+    rgb = tuple[float, float, float]
+    return InputSpec(size=img_size, mean=cast(rgb, cfg.mean), std=cast(rgb, cfg.std))
 
 
 def _full_recipe(name: str, data: DataSplits) -> dict[str, Any]:
@@ -295,15 +304,16 @@ def load_mini_zoo(
     zoo = Zoo()
     with tqdm(total=total, disable=not progress or not total, desc="mini zoo", unit="epoch") as bar:
         for name in names:
-            record = records.get(name) if models[name] is not None else None
-            if record is None:
+            model = models[name]
+            record = records.get(name) if model is not None else None
+            if record is None or model is None:
                 bar.set_postfix_str(name)
                 start = time.perf_counter()
-                models[name] = _train(name, recipes[name], data, bar)
+                model = _train(name, recipes[name], data, bar)
                 record = {"recipe": recipes[name], "train_seconds": time.perf_counter() - start}
             entry = ZooEntry(
                 name=name,
-                model=models[name],
+                model=model,
                 input_spec=_input_spec(name, data.image_size),
                 label_names=data.label_names,
                 source="mini_zoo",

@@ -199,7 +199,8 @@ def _hv_min(points: np.ndarray, ref: np.ndarray) -> float:
 
 def _reference_values(ref: dict[str, Any], objectives: list[str]) -> list[float] | None:
     values = [_lookup(ref, name) for name in objectives]
-    return None if any(v is None for v in values) else [float(v) for v in values]
+    present = [float(v) for v in values if v is not None]
+    return None if len(present) != len(values) else present
 
 
 def front_hypervolume(study: optuna.Study) -> dict[str, Any]:

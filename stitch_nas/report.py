@@ -169,7 +169,7 @@ def _plot_axes(
     return None if x is None or y is None else (x, y)
 
 
-def _xy(points: Sequence[Sequence[float]], xi: int, yi: int) -> tuple[list, list]:
+def _xy(points: Sequence[Sequence[float]], xi: int, yi: int) -> tuple[list[float], list[float]]:
     return [p[xi] for p in points], [p[yi] for p in points]
 
 
@@ -193,17 +193,21 @@ def _draw(ax: Any, study: optuna.Study, refs: list[dict[str, Any]], names: list[
     ax.scatter(*_xy([t.values for t in front], xi, yi), zorder=3, **_FRONT_STYLE)
     for t in (t for t in front if _n_fragments(t) > 1):
         ax.annotate(f"#{t.number}", (t.values[xi], t.values[yi]), xytext=(4, -10), **_LABEL_STYLE)
-    stars = [(str(r["name"]), _lookup(r, names[0]), _lookup(r, names[1])) for r in refs]
-    stars = [s for s in stars if s[1] is not None and s[2] is not None]
+    stars: list[tuple[str, float, float]] = []
+    for r in refs:
+        name, x, y = str(r["name"]), _lookup(r, names[0]), _lookup(r, names[1])
+        if x is not None and y is not None:
+            stars.append((name, x, y))
+    star_xy = [(x, y) for _, x, y in stars]
     if stars:
-        ax.scatter(*_xy(stars, 1, 2), zorder=4, **_STAR_STYLE)
+        ax.scatter(*_xy(star_xy, 0, 1), zorder=4, **_STAR_STYLE)
     # Alternate label sides along x so that neighbouring zoo models do not print over each other.
     for k, (name, x, y) in enumerate(sorted(stars, key=lambda s: s[1])):
         offset = (8, 4) if k % 2 == 0 else (8, -13)
         ax.annotate(
             name, (x, y), xytext=offset, **{**_LABEL_STYLE, "fontsize": 9, "weight": "bold"}
         )
-    xs = [x for x in _xy(ok + bad, xi, yi)[0] + _xy(stars, 1, 2)[0] if x > 0]
+    xs = [x for x in _xy(ok + bad, xi, yi)[0] + _xy(star_xy, 0, 1)[0] if x > 0]
     if xs and max(xs) > 10 * min(xs):
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -242,8 +246,8 @@ def _plot_png(
 def _trials_csv(study: optuna.Study, objectives: list[str], on_front: set[int]) -> bytes:
     buf = io.StringIO()
     writer = csv.writer(buf)  # writes None as an empty field
-    tail = "feasible is_pareto n_fragments models describe prune_reason fail_reason duration_s"
-    tail = [*tail.split(), "config"]
+    names = "feasible is_pareto n_fragments models describe prune_reason fail_reason duration_s"
+    tail = [*names.split(), "config"]
     writer.writerow(["number", "state", *(f"value_{n}" for n in objectives), *_METRICS, *tail])
     for t in study.get_trials(deepcopy=False):
         ua, config = t.user_attrs, _config(t)
@@ -306,8 +310,19 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     for t in study.get_trials(deepcopy=False):
         counts[t.state.name] += 1
     paths = (out / "trials.csv", out / "pareto.json", out / "pareto.png")
-    scores = [hv[k] for k in ("hypervolume", "reference_hypervolume", "extends_front")]
-    summary = ReportSummary(objectives, front, *scores, dominated, counts, refs, *paths)
+    summary = ReportSummary(
+        objectives,
+        front,
+        hypervolume=hv["hypervolume"],
+        reference_hypervolume=hv["reference_hypervolume"],
+        extends_front=hv["extends_front"],
+        dominated=dominated,
+        counts=counts,
+        references=refs,
+        csv_path=paths[0],
+        json_path=paths[1],
+        png_path=paths[2],
+    )
     payload = {
         "objectives": objectives,
         "directions": [d.name.lower() for d in study.directions],

@@ -61,13 +61,13 @@ class Settings:
 
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default (ints pass for floats)."""
-    expected = type(default) if default is not None else (str,)
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if default is None:
         if value is None or isinstance(value, str):
             return value
         raise ConfigError(f"{section}.{key} must be a string, got {type(value).__name__} {value!r}")
+    expected = type(default)
     if isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, expected):
         raise ConfigError(
             f"{section}.{key} must be {expected.__name__}, got {type(value).__name__} {value!r}"

@@ -9,20 +9,17 @@ downloads; checkpoints are read with safetensors or ``torch.load(..., weights_on
 from __future__ import annotations
 
 import difflib
-import hashlib
 import logging
 import os
-import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 
-from stitch_nas.errors import CacheError, ConfigError, DataError, UnknownModelError
+from stitch_nas.checkpoints import _BAD_FILE, _load_into, load_state_dict_file, sha256_file
+from stitch_nas.errors import CacheError, ConfigError, UnknownModelError
 from stitch_nas.zoo import IMAGENET_MEAN, IMAGENET_STD, InputSpec, ZooEntry
 
 __all__ = [
@@ -37,74 +34,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin")
-_BAD_FILE = (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, OSError)
-
-
-def sha256_file(path: str | Path) -> str:
-    """Return the sha256 hex digest of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _unwrap_checkpoint(raw: Any, path: Path) -> dict[str, torch.Tensor]:
-    """Return the state dict inside common checkpoint wrappers."""
-    if isinstance(raw, Mapping):
-        for key in ("state_dict", "model_state_dict", "model", "state_dict_ema"):
-            if isinstance(raw.get(key), Mapping):
-                raw = raw[key]
-                break
-    if not isinstance(raw, Mapping) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
-        raise DataError(
-            f"{str(path)!r} does not hold a state dict of tensors; save model.state_dict() instead"
-        )
-    state = {str(k): v for k, v in raw.items()}
-    if state and all(k.startswith("module.") for k in state):  # saved from DataParallel
-        state = {k[len("module.") :]: v for k, v in state.items()}
-    return state
-
-
-def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a state dict (CPU tensors) from a ``.safetensors`` or ``.pt``/``.pth``/``.bin`` file.
-
-    Raises:
-        DataError: If the file is missing, corrupt or holds anything but tensors.
-    """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataError(f"weights file {str(path)!r} not found; pass an existing checkpoint path")
-    try:
-        if path.suffix == ".safetensors":
-            raw: Any = load_file(str(path), device="cpu")
-        else:
-            raw = torch.load(path, map_location="cpu", weights_only=True)
-    except _BAD_FILE as exc:
-        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise DataError(
-            f"cannot read weights file {str(path)!r} ({reason}); re-save it with "
-            "safetensors.torch.save_file(model.state_dict(), path)"
-        ) from exc
-    return _unwrap_checkpoint(raw, path)
-
-
-def _load_into(model: nn.Module, state: Mapping[str, torch.Tensor], origin: str) -> None:
-    """Load ``state`` strictly, turning a mismatch into a one-line DataError."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [
-        k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)
-    ]
-    if missing or unexpected or mismatched:
-        examples = (missing + unexpected + mismatched)[:3]
-        raise DataError(
-            f"weights {origin} do not fit the model: {len(missing)} missing, {len(unexpected)} "
-            f"unexpected, {len(mismatched)} wrong-shape keys (e.g. {', '.join(examples)}); "
-            "check the architecture and num_classes"
-        )
-    model.load_state_dict(state, strict=True)
 
 
 def _labels(
@@ -112,8 +41,8 @@ def _labels(
 ) -> tuple[str, ...]:
     """Check given label names, or default to ImageNet's (1000 outputs) or "0", "1"..."""
     if given is None:
-        use_imagenet = imagenet is not None and len(imagenet) == outputs
-        given = imagenet if use_imagenet else [str(i) for i in range(outputs)]
+        default = [str(i) for i in range(outputs)]
+        given = imagenet if imagenet is not None and len(imagenet) == outputs else default
     labels = tuple(str(label) for label in given)
     if len(labels) != outputs:
         raise ConfigError(
@@ -141,8 +70,9 @@ def _hub_cached_file(name: str) -> Path:
             found = try_to_load_from_cache(cfg.hf_hub_id, filename)
             if isinstance(found, str):  # otherwise None or a "known missing" sentinel
                 candidates.append(Path(found))
-    if cfg is not None and cfg.url:
-        candidates.append(Path(torch.hub.get_dir()) / "checkpoints" / Path(cfg.url).name)
+    if cfg is not None and cfg.url:  # timm saves a (url, filename) pair's file as filename
+        file = cfg.url[1] if isinstance(cfg.url, (tuple, list)) else Path(cfg.url).name
+        candidates.append(Path(torch.hub.get_dir()) / "checkpoints" / file)
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -237,18 +167,19 @@ def from_timm(
         kwargs["num_classes"] = num_classes
     model, sha = _create_timm(name, weights, pretrained, kwargs)
     if input_spec is None:
-        cfg = model.pretrained_cfg
+        cfg = cast("dict[str, Any]", model.pretrained_cfg)  # Module.__getattr__ is untyped
         size = kwargs.get("img_size") or cfg.get("input_size", (3, 224, 224))[-1]
         size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
         input_spec = InputSpec(size, cfg.get("mean", IMAGENET_MEAN), cfg.get("std", IMAGENET_STD))
     from timm.data import ImageNetInfo
 
-    imagenet = ImageNetInfo().label_descriptions() if label_names is None else None
+    # label_descriptions() is typed list | dict; it returns a list unless as_dict=True
+    imagenet = cast(list[str], ImageNetInfo().label_descriptions()) if label_names is None else None
     return ZooEntry(
         name=entry_name or name,
         model=model,
         input_spec=input_spec,
-        label_names=_labels(label_names, int(model.num_classes), imagenet, name),
+        label_names=_labels(label_names, int(cast(int, model.num_classes)), imagenet, name),
         source=f"timm:{name}",
         weights_sha256=sha,
     )
@@ -337,7 +268,7 @@ def from_module(
         name=name,
         model=module,
         input_spec=input_spec,
-        label_names=label_names,
+        label_names=tuple(label_names),
         source=source,
         weights_sha256=sha,
     )
@@ -345,6 +276,10 @@ def from_module(
 
 def _is_size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _side(size: int | Sequence[int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (size[0], size[1])
 
 
 _SETTINGS_KEYS: dict[str, tuple[str, Any]] = {  # key of a zoo.models item: (type, check)
@@ -384,10 +319,10 @@ def entry_from_settings(item: Mapping[str, Any]) -> ZooEntry:
     if item.get("pretrained") and ("weights" in item or len(need) == 3):
         raise ConfigError(f"{at}: pretrained: true is for timm without weights; drop one of them")
     get, size = item.get, item.get("img_size")
-    kwargs = {k: get(k) for k in ("num_classes", "label_names")} | {"entry_name": get("name")}
-    side = [size] * 2 if isinstance(size, int) else size
+    kwargs: dict[str, Any] = {k: get(k) for k in ("num_classes", "label_names")}
+    kwargs["entry_name"] = get("name")
     if item["source"] == "torchvision":
-        spec = InputSpec(side, IMAGENET_MEAN, IMAGENET_STD) if size else None
+        spec = InputSpec(_side(size), IMAGENET_MEAN, IMAGENET_STD) if size else None
         return from_torchvision(item["model"], item["weights"], input_spec=spec, **kwargs)
     kwargs |= {"weights": get("weights"), "pretrained": get("pretrained", False)}
     try:
@@ -396,5 +331,5 @@ def entry_from_settings(item: Mapping[str, Any]) -> ZooEntry:
         if not size or "img_size" not in str(exc):
             raise
     entry = from_timm(item["model"], **kwargs)
-    entry.input_spec = InputSpec(side, entry.input_spec.mean, entry.input_spec.std)
+    entry.input_spec = InputSpec(_side(size), entry.input_spec.mean, entry.input_spec.std)
     return entry
