@@ -81,7 +81,9 @@ def main() -> None:
     warm = [trial_seconds(cached, c) for c in configs]  # every table filled
     uncached = []
     for config in configs:
-        fresh = StitchContext(zoo, data, cache=ActivationCache(memory_gb=0), cost_tables=False)
+        fresh = StitchContext(
+            zoo, data, cache=ActivationCache(memory_gb=0), cost_tables=False, fill="cut"
+        )
         uncached.append(trial_seconds(fresh, config))
     val = data.val.x
     ratios = [w / forward_seconds(cached, c, val) for w, c in zip(warm, configs, strict=True)]

@@ -17,7 +17,7 @@ import torch.fx as fx
 from . import similarity
 from .cache import ActivationCache, ActivationKey, weights_fingerprint
 from .data import DataSplits
-from .errors import UnknownCutError
+from .errors import ConfigError, UnknownCutError
 from .fragments import CutPoint, cut_points, get_cut, segment
 from .lstsq import check_finite
 from .zoo import Zoo, ZooEntry
@@ -42,6 +42,8 @@ class StitchContext:
             activations between worker processes.
         cost_tables: memoise MACs per fragment and per stitch shape (False: count the whole
             built network every trial, the slow reference path).
+        fill: on a cache miss, compute every cut of that model on that split in one chained
+            pass ("model", the default) or only the requested prefix ("cut").
     """
 
     def __init__(
@@ -55,7 +57,11 @@ class StitchContext:
         cka_rows: str = "flatten",
         cache: ActivationCache | None = None,
         cost_tables: bool = True,
+        fill: str = "model",
     ) -> None:
+        if fill not in ("model", "cut"):
+            raise ConfigError(f"fill must be 'model' or 'cut', got {fill!r}")
+        self.fill = fill
         self.zoo, self.data = zoo, data
         self.device = torch.device(device)
         self.batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
@@ -145,14 +151,29 @@ class StitchContext:
 
     def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:
         """Output of ``model`` at ``cut`` (None: its final output) on ``split``, cached."""
+        key = self.activation_key(model, cut, split)
+        if self.fill == "model" and key not in self.cache:
+            acts = self._every_cut(model, split)
+            for name, act in acts.items():
+                self.cache.get_or_compute(self.activation_key(model, name, split), lambda a=act: a)
+            return acts[cut].to(self.device)
 
         def compute() -> torch.Tensor:
             out = self.run(self.segment(model, None, cut), self.inputs(model, split))
             check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
             return out
 
-        act = self.cache.get_or_compute(self.activation_key(model, cut, split), compute)
-        return act.to(self.device)
+        return self.cache.get_or_compute(key, compute).to(self.device)
+
+    def _every_cut(self, model: str, split: str) -> dict[str | None, torch.Tensor]:
+        """All cut activations in one pass: segment by segment, each feeding the next."""
+        bounds: list[str | None] = [None, *(c.name for c in self.cuts(model)), None]
+        x, acts = self.inputs(model, split), {}
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            x = self.run(self.segment(model, start, end), x)
+            check_finite(x, f"activations of {model!r} at {end or 'output'!r} on {split}")
+            acts[end] = x
+        return acts
 
     # -- similarity --------------------------------------------------------------------------
     def _row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:

@@ -58,10 +58,32 @@ def config_cka(ctx: StitchContext, config: StitchConfig) -> float:
 
 
 def fragment_macs(ctx: StitchContext, model: str, start: str | None, end: str | None) -> int:
-    key = ("fragment", model, start, end)
-    if key not in ctx.memo:
+    """MACs of ``model`` from cut ``start`` to cut ``end`` for one image.
+
+    With cost tables, each model is counted once as consecutive pieces between its cuts and a
+    fragment is the sum of its pieces; otherwise the fragment itself is traced.
+    """
+    if not ctx.cost_tables:
         shape = ctx.input_shape(model) if start is None else (1, *ctx.cut(model, start).shape)
-        ctx.memo[key] = count_macs(ctx.segment(model, start, end), shape)
+        return count_macs(ctx.segment(model, start, end), shape)
+    pieces = _pieces(ctx, model)
+    names = [c.name for c in ctx.cuts(model)]
+    first = 0 if start is None else names.index(start) + 1
+    last = len(pieces) if end is None else names.index(end) + 1
+    return sum(pieces[first:last])
+
+
+def _pieces(ctx: StitchContext, model: str) -> list[int]:
+    """MACs of each run between consecutive cut points (input, cut 0, ..., cut k, output)."""
+    key = ("pieces", model)
+    if key not in ctx.memo:
+        cuts = ctx.cuts(model)
+        bounds: list[str | None] = [None, *(c.name for c in cuts), None]
+        shapes = [ctx.input_shape(model), *((1, *c.shape) for c in cuts)]
+        ctx.memo[key] = [
+            count_macs(ctx.segment(model, start, end), shape)
+            for start, end, shape in zip(bounds[:-1], bounds[1:], shapes, strict=True)
+        ]
     return ctx.memo[key]
 
 

@@ -99,7 +99,7 @@ def test_cache_is_invalidated_when_weights_or_data_change(tmp_path):
     other = StitchContext(zoo, load_digits_splits(probe_size=64, seed=1), cache=cache)
     misses = cache.stats()["misses"]
     other.activation("resnet", "layer2.0", "probe")
-    assert cache.stats()["misses"] == misses + 1
+    assert cache.stats()["misses"] > misses  # new data: nothing served from the old entries
 
 
 def test_memory_budget_smaller_than_the_data_still_works(tmp_path):
@@ -115,3 +115,21 @@ def test_memory_budget_smaller_than_the_data_still_works(tmp_path):
         assert m.accuracy == m_ref.accuracy
         assert ctx.cache.memory_bytes <= ctx.cache.budget_bytes
     assert ctx.cache.stats()["disk_hits"] > 0
+
+
+def test_fragment_costs_from_pieces_equal_direct_counts(ctx):
+    from stitch_nas.measure import fragment_macs
+
+    for model in ("resnet", "efficientnet", "vit"):
+        names = [None, *(c.name for c in ctx.cuts(model)), None]
+        for start, end in [(None, names[3]), (names[2], names[-2]), (names[4], None), (None, None)]:
+            shape = ctx.input_shape(model) if start is None else (1, *ctx.cut(model, start).shape)
+            direct = count_macs(ctx.segment(model, start, end), shape)
+            assert fragment_macs(ctx, model, start, end) == direct, (model, start, end)
+
+
+def test_one_pass_fill_equals_per_cut_prefixes(ctx):
+    per_cut = StitchContext(ctx.zoo, ctx.data, fill="cut")
+    for cut in ctx.cuts("vit"):
+        one_pass = ctx.activation("vit", cut.name, "probe")
+        assert torch.equal(one_pass, per_cut.activation("vit", cut.name, "probe")), cut.name

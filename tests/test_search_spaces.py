@@ -9,6 +9,7 @@ import search_spaces
 from stitch_nas import errors
 from stitch_nas.config import StitchConfig
 from stitch_nas.lstsq import check_pair
+from stitch_nas.measure import fragment_macs
 from tests._tiny import tiny_context
 
 
@@ -44,7 +45,7 @@ def test_pairwise_samples_joinable_two_model_configs(ctx):
         assert src.model != dst.model and src.start is None and dst.end is None
         check_pair(ctx.cut(src.model, src.end), ctx.cut(dst.model, dst.start))  # never raises
         assert StitchConfig.from_json(config.to_json()) == config
-        macs = {m: ctx.memo[("fragment", m, None, None)] for m in config.models}
+        macs = {m: fragment_macs(ctx, m, None, None) for m in config.models}
         directions.add(macs[src.model] <= macs[dst.model])
     assert directions == {True, False}  # both fast-to-slow and slow-to-fast are sampled
 
