@@ -8,7 +8,7 @@ for what is new: fitting its stitch and running the suffix after it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -155,7 +155,7 @@ class StitchContext:
         if self.fill == "model" and key not in self.cache:
             acts = self._every_cut(model, split)
             for name, act in acts.items():
-                self.cache.get_or_compute(self.activation_key(model, name, split), lambda a=act: a)
+                self.cache.get_or_compute(self.activation_key(model, name, split), _const(act))
             return acts[cut].to(self.device)
 
         def compute() -> torch.Tensor:
@@ -228,3 +228,7 @@ class StitchContext:
 
 
 _GRIDS = ("nchw", "nhwc")
+
+
+def _const(value: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: value
