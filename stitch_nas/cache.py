@@ -16,21 +16,18 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .atomic import atomic_file
 from .errors import CacheError, ConfigError
 
 __all__ = ["ActivationKey", "ActivationCache", "weights_fingerprint"]
@@ -272,7 +269,7 @@ class ActivationCache:
         npy_path, meta_path = _spill_paths(self.spill_dir, digest)
         try:
             array = tensor.detach().cpu().numpy()
-            with _atomic_file(npy_path) as handle:
+            with atomic_file(npy_path) as handle:
                 np.save(handle, array, allow_pickle=False)
                 handle.flush()
                 # hash the temporary file: the final name may already hold another writer's bytes
@@ -280,7 +277,7 @@ class ActivationCache:
             meta = {"format": _FORMAT, "key": asdict(key), "shape": list(array.shape)}
             meta.update(dtype=array.dtype.str, size=size, sha256=sha256)
             # the sidecar goes last: it marks the .npy as complete for other processes
-            with _atomic_file(meta_path) as handle:
+            with atomic_file(meta_path) as handle:
                 handle.write(json.dumps(meta, indent=1, sort_keys=True).encode())
         except (OSError, TypeError, ValueError, RuntimeError) as exc:
             # a full disk or a dtype numpy lacks costs a recomputation later, not the search
@@ -323,20 +320,3 @@ def _read_verified(npy_path: Path, meta_path: Path, key: ActivationKey) -> np.nd
     # copy out of the map: a tensor over a read-only map would segfault on in-place writes, and
     # an owned copy is what the memory budget counts (the hash already paged the file in)
     return np.array(mapped, copy=True, order="C")
-
-
-@contextmanager
-def _atomic_file(path: Path) -> Iterator[IO[bytes]]:
-    """Yield a temporary file next to ``path``; on success fsync it and move it into place."""
-    handle = tempfile.NamedTemporaryFile(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-    )
-    try:
-        with handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise

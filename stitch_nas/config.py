@@ -42,10 +42,10 @@ class Fragment:
 
 
 @dataclass(frozen=True)
-class AdapterSpec:
-    """How two consecutive fragments are joined: an adapter name plus its options."""
+class _Spec:
+    """A named kind plus options, kept as a sorted tuple so specs hash and compare by value."""
 
-    kind: str = "lstsq"
+    kind: str
     options: tuple[tuple[str, Any], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -59,7 +59,14 @@ class AdapterSpec:
 
 
 @dataclass(frozen=True)
-class HeadSpec:
+class AdapterSpec(_Spec):
+    """How two consecutive fragments are joined: an adapter name plus its options."""
+
+    kind: str = "lstsq"
+
+
+@dataclass(frozen=True)
+class HeadSpec(_Spec):
     """What turns the last fragment's output into predictions.
 
     ``native`` uses the last model's own classifier (its labels must match the task);
@@ -67,18 +74,11 @@ class HeadSpec:
     """
 
     kind: str = "native"
-    options: tuple[tuple[str, Any], ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
             raise ConfigError(f"unknown head kind {self.kind!r}; use one of {HEAD_KINDS}")
-        object.__setattr__(self, "options", _freeze(self.options))
-
-    def option(self, key: str, default: Any = None) -> Any:
-        return dict(self.options).get(key, default)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "options": dict(self.options)}
+        super().__post_init__()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +33,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
+from stitch_nas.atomic import atomic_write
 from stitch_nas.checkpoints import _load_into, sha256_file
 from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import DataError, UnknownModelError
@@ -181,22 +181,6 @@ def _train(name: str, recipe: dict[str, Any], data: DataSplits, bar: Any) -> nn.
     return model.eval()
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to ``path`` via a temporary file in the same folder and os.replace."""
-    handle = tempfile.NamedTemporaryFile(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-    )
-    try:
-        with handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
-
-
 def _read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / _MANIFEST
     if not path.is_file():
@@ -218,7 +202,7 @@ def _write_record(folder: Path, name: str, record: dict[str, Any]) -> None:
     models = _read_manifest(folder)
     models[name] = record
     text = json.dumps({"format": _FORMAT, "models": models}, indent=2, sort_keys=True)
-    _atomic_write(folder / _MANIFEST, text.encode())
+    atomic_write(folder / _MANIFEST, text.encode())
 
 
 def _load_cached(
@@ -258,7 +242,7 @@ def _save(folder: Path, name: str, model: nn.Module, record: dict[str, Any]) -> 
     # clone: safetensors refuses tensors that share storage
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     path = folder / f"{name}.safetensors"
-    _atomic_write(path, save(state, metadata={"name": name, "source": "stitch_nas.mini_zoo"}))
+    atomic_write(path, save(state, metadata={"name": name, "source": "stitch_nas.mini_zoo"}))
     record["sha256"] = sha256_file(path)
     _write_record(folder, name, record)
     return record["sha256"]

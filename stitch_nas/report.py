@@ -12,7 +12,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from .atomic import atomic_write
 from .pareto import (
     _MAX,
     _MIN,
@@ -273,22 +273,6 @@ def _jsonable(obj: Any) -> Any:
     return _number(obj) if isinstance(obj, (float, np.number)) else obj
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    # Temp file in the same folder, then os.replace: readers see the old file or the new one,
-    # never half of one, even if the process dies mid-write.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read by others
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> ReportSummary:
     """Write ``trials.csv``, ``pareto.json`` and ``pareto.png`` into ``out_dir``.
 
@@ -335,8 +319,8 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
         "counts": counts,
     }
     text = json.dumps(_jsonable(payload), indent=2, default=str, allow_nan=False)
-    _atomic_write(paths[0], _trials_csv(study, objectives, {r["number"] for r in front}))
-    _atomic_write(paths[1], text.encode())
-    _atomic_write(paths[2], _plot_png(study, objectives, refs, hv["hypervolume"]))
+    atomic_write(paths[0], _trials_csv(study, objectives, {r["number"] for r in front}))
+    atomic_write(paths[1], text.encode())
+    atomic_write(paths[2], _plot_png(study, objectives, refs, hv["hypervolume"]))
     logger.info("wrote the report of %d trials to %s", len(study.trials), out)
     return summary

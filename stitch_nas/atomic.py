@@ -1,0 +1,41 @@
+"""Atomic file writes: readers see the old file or the new one, never half of one.
+
+Everything stitch_nas writes for a user (zoo weights, cache spills, reports) goes through here:
+a temporary file in the same folder, fsynced, then ``os.replace``d into place, so a crash or a
+concurrent reader never meets a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+__all__ = ["atomic_file", "atomic_write"]
+
+
+@contextmanager
+def atomic_file(path: Path) -> Iterator[IO[bytes]]:
+    """Yield a temporary file next to ``path``; on success fsync it and move it into place."""
+    handle = tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+    )
+    try:
+        with handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(handle.name, 0o644)  # temp files are 0600; what we write is meant to be read
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_file(path) as handle:
+        handle.write(data)
