@@ -21,8 +21,9 @@ import search_spaces
 
 from .config import StitchConfig
 from .context import StitchContext
+from .costs import count_params
 from .errors import BudgetError, ConfigError, LayoutError, StitchNASError
-from .measure import Measurement, config_cka, measure
+from .measure import Measurement, config_cka, fragment_macs, measure
 
 __all__ = ["StitchObjective", "make_objective", "create_study", "run_search", "measure_references"]
 
@@ -33,7 +34,7 @@ BUDGET_KEYS = ("macs", "params")
 
 
 class StitchObjective:
-    """A picklable-free callable ``trial -> tuple of objective values`` for Optuna.
+    """The callable ``trial -> tuple of objective values`` handed to ``study.optimize``.
 
     Attributes:
         directions: Optuna directions matching the returned values, for ``create_study``.
@@ -213,20 +214,25 @@ def measure_references(ctx: StitchContext, models: Sequence[str] | None = None) 
 
 
 def check_budget_reachable(objective: StitchObjective) -> None:
-    """Refuse budgets below the cheapest single fragment pair we could possibly build."""
-    ctx = objective.ctx
-    from .measure import fragment_macs
+    """Refuse a budget below the cheapest network the zoo can make.
 
+    Every network starts with some model's prefix, so the cheapest prefix (MACs or parameters)
+    is a lower bound on any config's cost.
+    """
+    ctx = objective.ctx
     for key, limit in objective.budgets.items():
-        if key != "macs":
-            continue
-        cheapest = min(
-            min(fragment_macs(ctx, n, None, c.name) for c in ctx.cuts(n)) for n in ctx.zoo.names()
-        )
+        costs = []
+        for name in ctx.zoo.names():
+            for cut in ctx.cuts(name):
+                if key == "macs":
+                    costs.append(fragment_macs(ctx, name, None, cut.name))
+                else:
+                    costs.append(count_params(ctx.segment(name, None, cut.name)))
+        cheapest = min(costs)
         if limit < cheapest:
             raise BudgetError(
-                f"MACs budget {limit:.4g} is below the cheapest possible network (the cheapest "
-                f"model prefix alone costs {cheapest:.4g}); raise the budget"
+                f"{key} budget {limit:.4g} is below the cheapest possible network (the cheapest "
+                f"model prefix alone has {cheapest:.4g} {key}); raise the budget"
             )
 
 
@@ -278,7 +284,7 @@ def _tick(bar: Any):
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
             bar.update(1)
-        best = sum(1 for _ in study.best_trials) if study.best_trials else 0
-        bar.set_postfix(pareto=best, refresh=False)
+        if not bar.disable and trial.number % 10 == 0:  # best_trials reads every trial
+            bar.set_postfix(pareto=len(study.best_trials), refresh=False)
 
     return callback

@@ -68,10 +68,11 @@ def test_bad_budgets_are_refused(ctx, budgets, match):
         StitchObjective(ctx, budgets=budgets)
 
 
-def test_unreachable_budget_is_one_clear_error(ctx, tmp_path):
-    objective = StitchObjective(ctx, budgets={"macs": 10})
+@pytest.mark.parametrize("key", ["macs", "params"])
+def test_unreachable_budget_is_one_clear_error(ctx, tmp_path, key):
+    objective = StitchObjective(ctx, budgets={key: 10})
     study = create_study(objective, tmp_path / "run")
-    with pytest.raises(errors.BudgetError, match="raise the budget"):
+    with pytest.raises(errors.BudgetError, match=f"{key} budget 10 .*raise the budget"):
         run_search(objective, study, 3)
 
 
