@@ -139,12 +139,15 @@ def head_accuracy(
 
 def _latency_ms(ctx: StitchContext, net: StitchedNet, repeats: int = 5) -> float:
     x = ctx.split("val").x[:1].to(ctx.device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)  # CUDA runs asynchronously
     with torch.inference_mode():
         net(x)  # warm-up
         times = []
         for _ in range(repeats):
+            sync()
             start = time.perf_counter()
             net(x)
+            sync()
             times.append(time.perf_counter() - start)
     return 1000 * float(np.median(times))
 
