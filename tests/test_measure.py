@@ -133,3 +133,16 @@ def test_one_pass_fill_equals_per_cut_prefixes(ctx):
     for cut in ctx.cuts("vit"):
         one_pass = ctx.activation("vit", cut.name, "probe")
         assert torch.equal(one_pass, per_cut.activation("vit", cut.name, "probe")), cut.name
+
+
+def test_channels_last_changes_speed_not_results():
+    data = load_digits_splits(probe_size=64)
+    fast = StitchContext(tiny_zoo(("resnet", "efficientnet")), data)
+    plain = StitchContext(tiny_zoo(("resnet", "efficientnet")), data, channels_last=False)
+    assert fast._channels_last == {"resnet", "efficientnet"} and not plain._channels_last
+    a = fast.activation("resnet", "layer2.0", "val")
+    assert a.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(a, plain.activation("resnet", "layer2.0", "val"), atol=1e-5)
+    _, m_fast = measure(fast, PAIR)
+    _, m_plain = measure(plain, PAIR)
+    assert m_fast.macs == m_plain.macs and abs(m_fast.accuracy - m_plain.accuracy) <= 0.01
