@@ -7,7 +7,7 @@ samples, and its output is mapped onto what the next model expects at its start 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -93,6 +93,14 @@ def _fit_adapter(
     return fit_lstsq(x, y, src, dst, ridge=float(spec.option("ridge", ridge)))
 
 
+def _first_piece(seg: nn.Module) -> tuple[torch.fx.GraphModule, list[nn.Module]]:
+    """The graph that reads a fragment's input, and the pieces after it."""
+    if isinstance(seg, nn.Sequential):
+        pieces = list(seg)
+        return cast(torch.fx.GraphModule, pieces[0]), pieces[1:]
+    return cast(torch.fx.GraphModule, seg), []
+
+
 def _cut_key(cut: CutPoint) -> tuple[str, tuple[int, ...], int]:
     return (cut.layout, cut.shape, cut.prefix_tokens)
 
@@ -137,8 +145,10 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
         stitch = _fit_adapter(adapter, x, y, x_cut, dst, ctx.ridge)
         seg = ctx.segment(frag.model, frag.start, frag.end)
         stitch_key = ("stitch", type(stitch).__name__, _cut_key(x_cut), _cut_key(dst))
-        if (fuse or adapter.option("fuse", False)) and fusable_consumer(seg) is not None:
-            joint: list[nn.Module] = [fuse_into_segment(stitch, seg)]
+        head, rest = _first_piece(seg)
+        if (fuse or adapter.option("fuse", False)) and fusable_consumer(head) is not None:
+            fused = fuse_into_segment(stitch, head)
+            joint: list[nn.Module] = [nn.Sequential(fused, *rest) if rest else fused]
             info.append((("fused", frag.model, frag.start, frag.end, _cut_key(x_cut)), x_cut.shape))
         else:
             joint = [stitch, seg]

@@ -71,7 +71,7 @@ class StitchContext:
         self.device = torch.device(device)
         self.batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
         self._cuts: dict[str, list[CutPoint]] = {}
-        self._segments: dict[tuple[str, str | None, str | None], fx.GraphModule] = {}
+        self._segments: dict[tuple[str, int], fx.GraphModule] = {}
         self._inputs: dict[tuple[str, str, bool], torch.Tensor] = {}
         self.cache = cache if cache is not None else ActivationCache(memory_gb=2.0)
         self.cost_tables = cost_tables
@@ -104,12 +104,34 @@ class StitchContext:
         self.cuts(model)
         return get_cut(self.entry(model).model, name, input_shape=self.input_shape(model))
 
-    def segment(self, model: str, start: str | None, end: str | None) -> fx.GraphModule:
-        key = (model, start, end)
+    def segment(self, model: str, start: str | None, end: str | None) -> torch.nn.Module:
+        """``model`` from cut ``start`` to cut ``end``, as a chain of its memoised pieces.
+
+        A model is traced into one GraphModule per run between consecutive cuts, once; every
+        fragment is a Sequential of those pieces, so no trial builds or compiles a new graph.
+        Running pieces in sequence is exactly running the model (see ``fragments.split``).
+        """
+        names = [c.name for c in self.cuts(model)]
+        first = 0 if start is None else names.index(self.cut(model, start).name) + 1
+        last = len(names) + 1 if end is None else names.index(self.cut(model, end).name) + 1
+        if last <= first:
+            raise UnknownCutError(
+                f"cut {end!r} does not come after {start!r} in {model!r}; pick a deeper end cut"
+            )
+        pieces = [self.piece(model, i) for i in range(first, last)]
+        return pieces[0] if len(pieces) == 1 else torch.nn.Sequential(*pieces)
+
+    def piece(self, model: str, index: int) -> fx.GraphModule:
+        """The run of ``model`` between cut ``index - 1`` (or the input) and cut ``index``."""
+        key = (model, index)
         if key not in self._segments:
+            bounds: list[str | None] = [None, *(c.name for c in self.cuts(model)), None]
             entry = self.entry(model)
             self._segments[key] = segment(
-                entry.model, start, end, input_shape=self.input_shape(model)
+                entry.model,
+                bounds[index],
+                bounds[index + 1],
+                input_shape=self.input_shape(model),
             )
         return self._segments[key]
 

@@ -63,7 +63,7 @@ def test_fused_network_agrees_with_unfused(ctx):
     # that conv wider, so here fusion costs MACs; it saves them when the source is narrower
     assert network_macs(ctx, fused) != network_macs(ctx, plain)
     assert network_macs(ctx, fused) == count_macs(fused, (1, 3, 32, 32))
-    assert any(hasattr(part, "stitch_fused") for part in fused.parts)
+    assert any(hasattr(m, "stitch_fused") for m in fused.modules())
 
 
 def test_single_model_measures_like_the_model_itself(ctx):
