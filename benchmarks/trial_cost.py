@@ -6,8 +6,8 @@ Samples a fixed set of pairwise configs on the embedded zoo, then evaluates ever
 (CKA score, least-squares fit, accuracy, parameters, MACs) in two ways within this one run:
 
 * with the cache: one StitchContext for all trials (activation cache, Gram and cost tables);
-* without it: a fresh context per trial that keeps nothing (prefixes re-run, Grams recomputed,
-  MACs counted by tracing the whole built network).
+* without it: a fresh context per trial that keeps nothing (each fragment traced as one graph,
+  prefixes re-run, Grams recomputed, MACs counted by tracing the whole built network).
 
 Writes benchmarks/results/trial_cost.json. Ratios are within one run on one machine.
 """
@@ -82,7 +82,12 @@ def main() -> None:
     uncached = []
     for config in configs:
         fresh = StitchContext(
-            zoo, data, cache=ActivationCache(memory_gb=0), cost_tables=False, fill="cut"
+            zoo,
+            data,
+            cache=ActivationCache(memory_gb=0),
+            cost_tables=False,
+            fill="cut",
+            pieces=False,
         )
         uncached.append(trial_seconds(fresh, config))
     val = data.val.x

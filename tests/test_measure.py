@@ -146,3 +146,12 @@ def test_channels_last_changes_speed_not_results():
     _, m_fast = measure(fast, PAIR)
     _, m_plain = measure(plain, PAIR)
     assert m_fast.macs == m_plain.macs and abs(m_fast.accuracy - m_plain.accuracy) <= 0.01
+
+
+def test_fragments_from_pieces_equal_single_graph_fragments(ctx):
+    whole = StitchContext(ctx.zoo, ctx.data, pieces=False)
+    for config in (PAIR, CHAIN):
+        x = ctx.split("val").x[:64]
+        a = ctx.run(build(ctx, config), x)
+        b = whole.run(build(whole, config), x)
+        assert (a - b).abs().max().item() <= 1e-5
