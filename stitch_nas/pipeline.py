@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from .cache import ActivationCache
 from .context import StitchContext
 from .data import DataSplits, load_digits_splits
 from .datasets import load_image_folder, load_torchvision_dataset
@@ -75,7 +76,8 @@ def run_settings(
     start = time.perf_counter()
     zoo = load_zoo(settings.zoo, data, progress=progress)
     echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
-    ctx = StitchContext(zoo, data, device=search.device)
+    cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
+    ctx = StitchContext(zoo, data, device=search.device, cache=cache)
     objective = StitchObjective(
         ctx,
         space=search.space,

@@ -50,6 +50,8 @@ class SearchSettings:
     budgets: dict = field(default_factory=dict)
     fuse: bool = False
     device: str = "cpu"
+    cache_memory_gb: float = 2.0
+    cache_dir: str | None = None
 
 
 @dataclass

@@ -102,3 +102,22 @@ def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir):
     assert code == 0 and "hypervolume" in again
     code, _, err = _run(capsys, "demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir))
     assert code == 2 and "--resume" in err  # an existing study is never overwritten
+
+
+def test_search_with_a_small_activation_cache_spills_to_its_folder(
+    capsys, tmp_path, mini_zoo, mini_zoo_dir
+):
+    spill = tmp_path / "acts"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
+        f"search: {{trials: 4, cache_memory_gb: 0.001, cache_dir: {spill}, sampler: random}}\n"
+    )
+    code, out, err = _run(
+        capsys, "search", str(config), "--out", str(tmp_path / "o"), "--no-progress"
+    )
+    assert code == 0, err
+    assert list(spill.glob("*.npy")) and "hypervolume" in out
+    config.write_text("search: {cache_memory_gb: lots}\n")
+    code, _, err = _run(capsys, "search", str(config))
+    assert code == 2 and "search.cache_memory_gb must be float" in err
