@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,7 +100,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    os.environ.setdefault("TQDM_DISABLE", "0")
     handlers = {"demo": _run_search, "search": _run_search, "report": _report, "zoo": _zoo}
     try:
         return handlers[args.command](args)
