@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.fx as fx
 
 from . import similarity
 from .cache import ActivationCache, ActivationKey, weights_fingerprint
 from .data import DataSplits
 from .errors import ConfigError, UnknownCutError
-from .fragments import CutPoint, cut_points, get_cut, segment
+from .fragments import CutPoint, segment
 from .lstsq import check_finite
+from .pieces import PieceChain
 from .zoo import Zoo, ZooEntry
 
 __all__ = ["StitchContext"]
@@ -74,8 +74,7 @@ class StitchContext:
         self.zoo, self.data = zoo, data
         self.device = torch.device(device)
         self.batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
-        self._cuts: dict[str, list[CutPoint]] = {}
-        self._segments: dict[tuple[str, int], fx.GraphModule] = {}
+        self._chains: dict[str, PieceChain] = {}
         self._inputs: dict[tuple[str, str, bool], torch.Tensor] = {}
         self.cache = cache if cache is not None else ActivationCache(memory_gb=2.0)
         self.cost_tables = cost_tables
@@ -85,8 +84,7 @@ class StitchContext:
         self._channels_last: set[str] = set()
         for name in zoo.names():
             model = zoo[name].model.to(self.device).eval()
-            convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-            if channels_last and self.device.type == "cpu" and convs >= 3:
+            if channels_last and self.device.type == "cpu" and is_convolutional(model):
                 model.to(memory_format=torch.channels_last)
                 self._channels_last.add(name)
 
@@ -98,15 +96,17 @@ class StitchContext:
         h, w = self.entry(model).input_spec.size
         return (1, 3, h, w)
 
+    def chain(self, model: str) -> PieceChain:
+        """``model`` traced once into its pieces between cut points (see :mod:`.pieces`)."""
+        if model not in self._chains:
+            self._chains[model] = PieceChain(self.entry(model).model, self.input_shape(model))
+        return self._chains[model]
+
     def cuts(self, model: str) -> list[CutPoint]:
-        if model not in self._cuts:
-            entry = self.entry(model)
-            self._cuts[model] = cut_points(entry.model, input_shape=self.input_shape(model))
-        return self._cuts[model]
+        return self.chain(model).cuts
 
     def cut(self, model: str, name: str) -> CutPoint:
-        self.cuts(model)
-        return get_cut(self.entry(model).model, name, input_shape=self.input_shape(model))
+        return self.chain(model).cut(name)
 
     def segment(self, model: str, start: str | None, end: str | None) -> torch.nn.Module:
         """``model`` from cut ``start`` to cut ``end``, as a chain of its memoised pieces.
@@ -114,33 +114,12 @@ class StitchContext:
         A model is traced into one GraphModule per run between consecutive cuts, once; every
         fragment is a Sequential of those pieces, so no trial builds or compiles a new graph.
         Running pieces in sequence is exactly running the model (see ``fragments.split``).
+        With ``pieces=False`` the fragment is traced as one graph instead.
         """
-        names = [c.name for c in self.cuts(model)]
-        first = 0 if start is None else names.index(self.cut(model, start).name) + 1
-        last = len(names) + 1 if end is None else names.index(self.cut(model, end).name) + 1
-        if last <= first:
-            raise UnknownCutError(
-                f"cut {end!r} does not come after {start!r} in {model!r}; pick a deeper end cut"
-            )
+        chain = self.chain(model)
         if not self.pieces:
-            shape = self.input_shape(model)
-            return segment(self.entry(model).model, start, end, input_shape=shape)
-        pieces = [self.piece(model, i) for i in range(first, last)]
-        return pieces[0] if len(pieces) == 1 else torch.nn.Sequential(*pieces)
-
-    def piece(self, model: str, index: int) -> fx.GraphModule:
-        """The run of ``model`` between cut ``index - 1`` (or the input) and cut ``index``."""
-        key = (model, index)
-        if key not in self._segments:
-            bounds: list[str | None] = [None, *(c.name for c in self.cuts(model)), None]
-            entry = self.entry(model)
-            self._segments[key] = segment(
-                entry.model,
-                bounds[index],
-                bounds[index + 1],
-                input_shape=self.input_shape(model),
-            )
-        return self._segments[key]
+            return segment(chain.model, start, end, input_shape=chain.input_shape)
+        return chain.fragment(start, end)
 
     # -- data and activations ----------------------------------------------------------------
     def split(self, name: str) -> Any:
@@ -148,6 +127,10 @@ class StitchContext:
         if name not in splits:
             raise UnknownCutError(f"unknown split {name!r}; use one of {sorted(splits)}")
         return splits[name]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.data.label_names)
 
     def labels(self, split: str) -> torch.Tensor:
         return self.split(split).y
@@ -269,6 +252,11 @@ class StitchContext:
 
 
 _GRIDS = ("nchw", "nhwc")
+
+
+def is_convolutional(model: torch.nn.Module) -> bool:
+    """Three or more Conv2d layers: such models run faster channels-last on the CPU."""
+    return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules()) >= 3
 
 
 def _const(value: torch.Tensor) -> Callable[[], torch.Tensor]:

@@ -39,7 +39,7 @@ from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import DataError, UnknownModelError
 from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
 
-__all__ = ["MINI_ZOO_NAMES", "build_model", "default_cache_dir", "load_mini_zoo"]
+__all__ = ["MINI_ZOO_NAMES", "architecture_of", "build_model", "default_cache_dir", "load_mini_zoo"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,20 +100,24 @@ def build_model(name: str, *, num_classes: int = 10, img_size: int = 32) -> nn.M
     Raises:
         UnknownModelError: If ``name`` is not a mini zoo model.
     """
-    import timm
+    from stitch_nas.architectures import create_architecture
 
     recipe = _recipe_of(name)
-    kwargs = dict(recipe["kwargs"])
-    if recipe["architecture"] == "test_vit":
-        kwargs["img_size"] = img_size
-    model = timm.create_model(
-        recipe["architecture"], pretrained=False, num_classes=num_classes, **kwargs
-    )
+    model = create_architecture(architecture_of(name, num_classes=num_classes, img_size=img_size))
     if "pos_embed_std" in recipe:
         std = recipe["pos_embed_std"]
         pos_embed = cast(nn.Parameter, model.pos_embed)  # Module.__getattr__ is untyped
         nn.init.trunc_normal_(pos_embed, std=std, a=-2 * std, b=2 * std)
     return model
+
+
+def architecture_of(name: str, *, num_classes: int = 10, img_size: int = 32) -> dict[str, Any]:
+    """The timm recipe of a mini zoo model's architecture (see ``ZooEntry.architecture``)."""
+    recipe = _recipe_of(name)
+    kwargs = {**recipe["kwargs"], "num_classes": num_classes}
+    if recipe["architecture"] == "test_vit":
+        kwargs["img_size"] = img_size
+    return {"source": "timm", "name": recipe["architecture"], "kwargs": kwargs}
 
 
 def _input_spec(name: str, img_size: tuple[int, int]) -> InputSpec:
@@ -302,6 +306,9 @@ def load_mini_zoo(
                 label_names=data.label_names,
                 source="mini_zoo",
                 info={"architecture": recipes[name]["architecture"], "recipe": recipes[name]},
+                architecture=architecture_of(
+                    name, num_classes=data.num_classes, img_size=data.image_size[0]
+                ),
             )
             if "sha256" not in record:
                 record["val_accuracy"] = _accuracy(entry, data)

@@ -75,6 +75,9 @@ class ZooEntry:
         source: Provenance, e.g. ``"timm:test_resnet"``, ``"mini_zoo"``, ``"user"``.
         weights_sha256: sha256 of the weights file the model was loaded from, if any.
         info: Free-form facts such as ``val_accuracy`` or the training recipe.
+        architecture: How to create the untrained model again (JSON: ``{"source": "timm",
+            "name": ..., "kwargs": {...}}`` or torchvision), so an export can be loaded
+            without the zoo; None for user modules (pass them to ``stitch_nas.load``).
     """
 
     name: str
@@ -84,6 +87,7 @@ class ZooEntry:
     source: str
     weights_sha256: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    architecture: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

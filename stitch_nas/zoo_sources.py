@@ -182,6 +182,7 @@ def from_timm(
         label_names=_labels(label_names, int(cast(int, model.num_classes)), imagenet, name),
         source=f"timm:{name}",
         weights_sha256=sha,
+        architecture={"source": "timm", "name": name, "kwargs": dict(kwargs)},
     )
 
 
@@ -235,6 +236,7 @@ def from_torchvision(
         label_names=_labels(label_names, outputs, categories, name),
         source=f"torchvision:{name}",
         weights_sha256=sha256_file(Path(weights_path).expanduser()),
+        architecture={"source": "torchvision", "name": name, "kwargs": dict(kwargs)},
     )
 
 
