@@ -1,11 +1,23 @@
 """Search spaces: define-by-run functions ``(trial, ctx, **options) -> StitchConfig``.
 
-``pairwise`` (two models, one cut each) and ``chain`` (StitchNet, up to L fragments) ship here;
+``pairwise`` (two models, one cut each), ``chain`` (StitchNet, up to L fragments) and ``gap``
+(Traft & Cheney: bridge a gap within or across models, adapter kind as a choice) ship here;
 register your own with :func:`register_space`.
 """
 
 from . import chain as _chain  # noqa: F401  (registers "chain")
+from . import gap as _gap  # noqa: F401  (registers "gap")
 from . import pairwise as _pairwise  # noqa: F401  (registers "pairwise")
+from ._adapter_choice import ADAPTER_KINDS, AdapterChoices, suggest_adapter
 from ._registry import SpaceFn, get_space, list_spaces, register_space, sample
 
-__all__ = ["SpaceFn", "get_space", "list_spaces", "register_space", "sample"]
+__all__ = [
+    "ADAPTER_KINDS",
+    "AdapterChoices",
+    "SpaceFn",
+    "get_space",
+    "list_spaces",
+    "register_space",
+    "sample",
+    "suggest_adapter",
+]

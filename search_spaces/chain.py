@@ -2,19 +2,24 @@
 
 The first fragment starts at a model's input, the last runs to a model's output, and each
 fragment in between runs from one cut of its model to a deeper one. Every joint is a
-least-squares stitch; the CKA product along the chain (StitchNet's score) prunes bad chains.
+least-squares stitch by default; with ``adapters`` the adapter kind, rescaling, loss and what
+trains are sampled per joint (see :class:`search_spaces.AdapterChoices`). The CKA product along
+the chain (StitchNet's score) prunes bad chains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import optuna
 
+from stitch_nas import adapters as registry
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
 
+from ._adapter_choice import AdapterChoices, suggest_adapter
 from ._registry import register_space
 from .pairwise import zoo_models
 
@@ -27,8 +32,20 @@ def chain(
     models: Sequence[str] | None = None,
     max_fragments: int = 3,
     adapter: str = "lstsq",
+    adapters: Sequence[str] | None = None,
+    resizes: Sequence[str] = registry.RESIZE_MODES,
+    losses: Sequence[str] = ("match",),
+    trains: Sequence[str] = ("adapter",),
+    adapter_options: Mapping[str, Any] | None = None,
 ) -> StitchConfig:
-    """Sample a chain of 1 to ``max_fragments`` fragments (1 = a zoo model on its own)."""
+    """Sample a chain of 1 to ``max_fragments`` fragments (1 = a zoo model on its own).
+
+    Args:
+        adapter: the one adapter kind of every joint, when ``adapters`` is not given.
+        adapters, resizes, losses, trains: per-joint choices (see ``AdapterChoices``).
+        adapter_options: fixed options of every trained adapter (e.g. ``{"steps": 100}``).
+    """
+    choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
     if max_fragments < 1:
         raise ConfigError(f"max_fragments must be >= 1, got {max_fragments}")
     names = zoo_models(ctx, models, 1)
@@ -46,4 +63,16 @@ def chain(
             end_idx = trial.suggest_int(f"end_{k}_{model}", start_idx + 1, len(cuts) - 1)
             end = cuts[end_idx]
         fragments.append(Fragment(model, cuts[start_idx] if k > 0 else None, end))
-    return StitchConfig(tuple(fragments), tuple(AdapterSpec(adapter) for _ in fragments[1:]))
+    if choices.only_lstsq:
+        return StitchConfig(tuple(fragments), tuple(AdapterSpec("lstsq") for _ in fragments[1:]))
+    specs = []
+    for k, (prev, frag) in enumerate(zip(fragments, fragments[1:], strict=False)):
+        if prev.end is None or frag.start is None:  # the loop above always sets both
+            raise ConfigError(f"joint {k} of the sampled chain lacks a cut point")
+        src, dst = ctx.cut(prev.model, prev.end), ctx.cut(frag.model, frag.start)
+        specs.append(
+            suggest_adapter(
+                trial, ctx, choices, src, dst, frag.model, prefix=f"j{k}_", first_joint=k == 0
+            )
+        )
+    return StitchConfig(tuple(fragments), tuple(specs))

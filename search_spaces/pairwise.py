@@ -3,22 +3,27 @@
 The front of one model up to a cut, a least-squares stitch, and the back of another model from a
 cut. The sampled ``route`` ("src>dst") fixes which goes first; ``directions`` restricts routes
 to ``fast_to_slow`` (start with the model of fewer MACs, SN-Net's choice) and/or
-``slow_to_fast`` (start with the larger one, ReStNet's default). Only routes and cuts that a
-least-squares stitch can join are offered, so no trial is spent on an impossible pair.
+``slow_to_fast`` (start with the larger one, ReStNet's default). Only routes and cuts that one
+of the allowed adapters can join are offered, so no trial is spent on an impossible pair. With
+``adapters`` beyond ``["lstsq"]``, the adapter kind, rescaling, loss and what trains are search
+choices too (see :class:`search_spaces.AdapterChoices`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import optuna
 
+from stitch_nas import adapters as registry
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError, LayoutError
 from stitch_nas.fragments import CutPoint
 from stitch_nas.lstsq import check_pair
 
+from ._adapter_choice import AdapterChoices, can_join, suggest_adapter
 from ._registry import register_space
 
 DIRECTIONS = ("fast_to_slow", "slow_to_fast")
@@ -48,36 +53,55 @@ def pairwise(
     models: Sequence[str] | None = None,
     directions: Sequence[str] = DIRECTIONS,
     adapter: str = "lstsq",
+    adapters: Sequence[str] | None = None,
+    resizes: Sequence[str] = registry.RESIZE_MODES,
+    losses: Sequence[str] = ("match",),
+    trains: Sequence[str] = ("adapter",),
+    adapter_options: Mapping[str, Any] | None = None,
 ) -> StitchConfig:
-    """Sample ``A[input:cut_a] -stitch-> B[cut_b:output]`` from two different models."""
+    """Sample ``A[input:cut_a] -stitch-> B[cut_b:output]`` from two different models.
+
+    Args:
+        adapter: the one adapter kind to use, when ``adapters`` is not given.
+        adapters, resizes, losses, trains: per-joint choices (see ``AdapterChoices``).
+        adapter_options: fixed options of every trained adapter (e.g. ``{"steps": 100}``).
+    """
+    choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
     names = zoo_models(ctx, models, 2)
     bad = set(directions) - set(DIRECTIONS)
     if bad:
         raise ConfigError(f"unknown direction(s) {sorted(bad)}; use {DIRECTIONS}")
-    routes = [r for r in _routes(ctx, names) if r[2] in directions]
+    routes = [r for r in _routes(ctx, names, choices.kinds) if r[2] in directions]
     if not routes:
         raise ConfigError(
-            f"no two of {names} can be joined by least squares in directions {list(directions)}; "
-            "add CNN models or allow both directions"
+            f"no two of {names} can be joined by {list(choices.kinds)} in directions "
+            f"{list(directions)}; add CNN models, other adapters, or allow both directions"
         )
     choice = trial.suggest_categorical("route", [f"{src}>{dst}" for src, dst, _ in routes])
     src, dst = choice.split(">")
     trial.set_user_attr("direction", next(r[2] for r in routes if r[:2] == (src, dst)))
-    src_cuts = [c for c in ctx.cuts(src) if any(joinable(c, d) for d in ctx.cuts(dst))]
+    kinds = choices.kinds
+    src_cuts = [c for c in ctx.cuts(src) if any(joins(kinds, c, d) for d in ctx.cuts(dst))]
     src_cut = ctx.cut(src, trial.suggest_categorical(f"src_{src}_to_{dst}", _names(src_cuts)))
     # one parameter per kind of source layout, so each parameter keeps a fixed set of choices
-    dst_cuts = [d for d in ctx.cuts(dst) if joinable(src_cut, d)]
+    dst_cuts = [d for d in ctx.cuts(dst) if joins(kinds, src_cut, d)]
     group = _layout_group(src_cut)
     dst_cut = ctx.cut(dst, trial.suggest_categorical(f"dst_{dst}_from_{group}", _names(dst_cuts)))
+    spec = (
+        AdapterSpec("lstsq")
+        if choices.only_lstsq
+        else suggest_adapter(trial, ctx, choices, src_cut, dst_cut, dst)
+    )
     return StitchConfig(
-        (Fragment(src, None, src_cut.name), Fragment(dst, dst_cut.name, None)),
-        (AdapterSpec(adapter),),
+        (Fragment(src, None, src_cut.name), Fragment(dst, dst_cut.name, None)), (spec,)
     )
 
 
-def _routes(ctx: StitchContext, names: list[str]) -> list[tuple[str, str, str]]:
+def _routes(
+    ctx: StitchContext, names: list[str], kinds: tuple[str, ...] = ("lstsq",)
+) -> list[tuple[str, str, str]]:
     """Ordered (source, destination, direction) pairs with at least one joinable cut pair."""
-    key = ("pairwise_routes", tuple(names))
+    key = ("pairwise_routes", tuple(names), kinds)
     if key in ctx.memo:
         return ctx.memo[key]
     routes = []
@@ -85,7 +109,7 @@ def _routes(ctx: StitchContext, names: list[str]) -> list[tuple[str, str, str]]:
         for dst in names:
             if src == dst:
                 continue
-            if not any(joinable(a, b) for a in ctx.cuts(src) for b in ctx.cuts(dst)):
+            if not any(joins(kinds, a, b) for a in ctx.cuts(src) for b in ctx.cuts(dst)):
                 continue
             fast = (model_macs(ctx, src), src) <= (model_macs(ctx, dst), dst)
             routes.append((src, dst, "fast_to_slow" if fast else "slow_to_fast"))
@@ -101,6 +125,11 @@ def _layout_group(cut: CutPoint) -> str:
     if cut.layout in ("nchw", "nhwc"):
         return "grid"
     return f"tokens{cut.prefix_tokens}" if cut.layout == "tokens" else cut.layout
+
+
+def joins(kinds: Sequence[str], src: CutPoint, dst: CutPoint) -> bool:
+    """Whether any adapter of ``kinds`` can join ``src`` to ``dst``."""
+    return any(joinable(src, dst) if k == "lstsq" else can_join(k, src, dst) for k in kinds)
 
 
 def joinable(src: CutPoint, dst: CutPoint) -> bool:

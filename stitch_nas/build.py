@@ -7,22 +7,22 @@ samples, and its output is mapped onto what the next model expects at its start 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 from torch import nn
 
-from .config import AdapterSpec, StitchConfig
+from . import adapters
+from .config import AdapterSpec, Fragment, StitchConfig
 from .context import StitchContext
-from .errors import ConfigError, UnknownNameError
+from .errors import ConfigError
 from .fragments import CutPoint
 from .lstsq import LinearStitch, fit_lstsq, fusable_consumer, fuse_into_segment
 
-__all__ = ["Preprocess", "StitchedNet", "build", "ADAPTERS"]
+__all__ = ["Preprocess", "StitchedNet", "build"]
 
 logger = logging.getLogger(__name__)
-
-ADAPTERS = ("lstsq",)
 
 
 class Preprocess(nn.Module):
@@ -58,6 +58,8 @@ class StitchedNet(nn.Module):
         preprocess: Preprocess,
         parts: list[nn.Module],
         part_info: list[tuple[tuple[Any, ...], tuple[int, ...]]],
+        *,
+        cached_prefix: bool = True,
     ) -> None:
         super().__init__()
         self.config = config
@@ -66,6 +68,10 @@ class StitchedNet(nn.Module):
         #: per part: a key that determines its cost (the fragment it runs, or the shapes of a
         #: stitch) and its per-sample input shape; equal keys have equal MACs (cost tables).
         self.part_info = part_info
+        #: whether ``parts[0]`` is the zoo's own first fragment, so that its cached activations
+        #: stand for it (False after ``train='all'`` fine-tuned a copy of it)
+        self.cached_prefix = cached_prefix
+        self.eval()  # a new Module starts in train mode; fragments are frozen zoo modules
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_from(0, self.preprocess(x))
@@ -83,14 +89,23 @@ class StitchedNet(nn.Module):
 def _fit_adapter(
     spec: AdapterSpec, x: torch.Tensor, y: torch.Tensor, src: CutPoint, dst: CutPoint, ridge: float
 ) -> LinearStitch:
-    if spec.kind != "lstsq":
-        raise UnknownNameError(f"unknown adapter {spec.kind!r}; available: {', '.join(ADAPTERS)}")
-    unknown = set(dict(spec.options)) - {"ridge", "fuse"}
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {sorted(unknown)} for adapter 'lstsq'; valid: ridge, fuse"
-        )
-    return fit_lstsq(x, y, src, dst, ridge=float(spec.option("ridge", ridge)))
+    """A least-squares stitch, fitted exactly as ``fit_lstsq`` (options checked by the registry)."""
+    opts = adapters.resolve_options(spec.kind, dict(spec.options))
+    return fit_lstsq(x, y, src, dst, ridge=ridge if opts["ridge"] is None else opts["ridge"])
+
+
+def _chain_input(
+    ctx: StitchContext, first: Fragment, parts: list[nn.Module], cached: bool
+) -> Callable[[str], torch.Tensor]:
+    """``split -> output of the network built so far on that split`` (for adapter training)."""
+
+    def run(split: str) -> torch.Tensor:
+        if cached:  # start from the first model's cached activation, as measure does
+            act = ctx.activation(first.model, first.end, split)
+            return ctx.run(nn.Sequential(*parts[1:]), act)
+        return ctx.run(nn.Sequential(*parts), ctx.inputs(first.model, split))
+
+    return run
 
 
 def _first_piece(seg: nn.Module) -> tuple[torch.fx.GraphModule, list[nn.Module]]:
@@ -136,11 +151,33 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
     ]
     x = ctx.activation(first.model, first.end, "probe") if config.is_stitched else None
     x_cut = ctx.cut(first.model, first.end) if first.end else None
+    cached = True  # parts[0] is the zoo's own fragment
     joints = list(zip(config.adapters, config.fragments[1:], strict=True))
     for i, (adapter, frag) in enumerate(joints):
         if x is None or x_cut is None or frag.start is None:  # StitchConfig rules these out
             raise ConfigError(f"joint {i} of {config.describe()} needs a cut point on both sides")
         dst = ctx.cut(frag.model, frag.start)
+        if adapter.kind != "lstsq":  # a trained kind, or one registered by the user
+            link = adapters.Joint(
+                i,
+                x_cut,
+                frag.model,
+                dst,
+                frag.end,
+                x,
+                _chain_input(ctx, first, parts, cached),
+                first,
+            )
+            fit = adapters.fit_joint(ctx, adapter, link)
+            if fit.prefix is not None:
+                parts[0], cached = fit.prefix, False
+            key = ("adapter", adapter.kind, adapter.options, _cut_key(x_cut), _cut_key(dst))
+            info.append((key, x_cut.shape))
+            info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
+            parts.extend([fit.adapter, fit.fragment])
+            if i + 1 < len(joints):
+                x, x_cut = _chain_input(ctx, first, parts, cached)("probe"), _next_cut(ctx, frag)
+            continue
         y = ctx.activation(frag.model, frag.start, "probe")
         stitch = _fit_adapter(adapter, x, y, x_cut, dst, ctx.ridge)
         seg = ctx.segment(frag.model, frag.start, frag.end)
@@ -156,9 +193,13 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
             info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
         parts.extend(joint)
         if i + 1 < len(joints):  # the next joint is fitted on this chain's output
-            if frag.end is None:  # StitchConfig rules this out
-                raise ConfigError(f"fragment {frag} before the last must end at a cut point")
             x = ctx.run(nn.Sequential(*joint), x)
-            x_cut = ctx.cut(frag.model, frag.end)
+            x_cut = _next_cut(ctx, frag)
     preprocess = Preprocess(spec.size, spec.mean, spec.std).to(ctx.device)
-    return StitchedNet(config, preprocess, parts, info)
+    return StitchedNet(config, preprocess, parts, info, cached_prefix=cached)
+
+
+def _next_cut(ctx: StitchContext, frag: Fragment) -> CutPoint:
+    if frag.end is None:  # StitchConfig rules this out
+        raise ConfigError(f"fragment {frag} before the last must end at a cut point")
+    return ctx.cut(frag.model, frag.end)

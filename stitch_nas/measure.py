@@ -19,9 +19,19 @@ from .config import StitchConfig
 from .context import StitchContext
 from .costs import count_macs, count_params_of
 from .errors import ConfigError
+from .heads import fit_head
 from .similarity import chain_score
 
-__all__ = ["Measurement", "measure", "config_cka", "fragment_macs", "network_macs", "head_accuracy"]
+__all__ = [
+    "Measurement",
+    "measure",
+    "config_cka",
+    "fragment_macs",
+    "network_macs",
+    "head_accuracy",
+    "fit_net_head",
+    "net_outputs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -116,25 +126,36 @@ def head_accuracy(
     probe_outputs: torch.Tensor | None,
 ) -> float:
     """Top-1 accuracy: the model's own classifier, or k-NN / linear probe on final features."""
-    if config.head.kind == "native":
-        return float((outputs.argmax(1).cpu() == labels).float().mean())
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.neighbors import KNeighborsClassifier
+    head = None
+    if config.head.kind != "native":
+        if probe_outputs is None:
+            raise ConfigError(
+                f"head kind {config.head.kind!r} is fitted on the network's probe outputs; "
+                "pass probe_outputs"
+            )
+        head = fit_head(config.head, probe_outputs, ctx.labels("probe"), ctx.num_classes)
+    scores = outputs if head is None else ctx.run(head, outputs)
+    return float((scores.argmax(1).cpu() == labels).float().mean())
 
-    if probe_outputs is None:
-        raise ConfigError(
-            f"head kind {config.head.kind!r} is fitted on the network's probe outputs; "
-            "pass probe_outputs"
-        )
-    train_x = probe_outputs.flatten(1).cpu().numpy()
-    train_y = ctx.labels("probe").numpy()
-    test_x = outputs.flatten(1).cpu().numpy()
-    if config.head.kind == "knn":
-        clf = KNeighborsClassifier(n_neighbors=int(config.head.option("k", 5)))
-    else:
-        clf = LogisticRegression(max_iter=int(config.head.option("max_iter", 500)))
-    clf.fit(train_x, train_y)
-    return float(np.mean(clf.predict(test_x) == labels.numpy()))
+
+def net_outputs(ctx: StitchContext, net: StitchedNet, split: str) -> torch.Tensor:
+    """``net``'s outputs on ``split``, continuing from the first model's cached activation.
+
+    When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
+    stands for it, and the whole network runs on the preprocessed images.
+    """
+    first = net.config.fragments[0]
+    if net.cached_prefix:
+        return ctx.run(net.new_parts(), ctx.activation(first.model, first.end, split))
+    return ctx.run(torch.nn.Sequential(*net.parts), ctx.inputs(first.model, split))
+
+
+def fit_net_head(ctx: StitchContext, net: StitchedNet) -> torch.nn.Module | None:
+    """The fitted head of ``net`` (None: native), exactly as :func:`measure` scores it."""
+    if net.config.head.kind == "native":
+        return None
+    probe = net_outputs(ctx, net, "probe")
+    return fit_head(net.config.head, probe, ctx.labels("probe"), ctx.num_classes)
 
 
 def _latency_ms(ctx: StitchContext, net: StitchedNet, repeats: int = 5) -> float:
@@ -165,12 +186,10 @@ def measure(
     start = time.perf_counter()
     net = build(ctx, config, fuse=fuse)
     fitted = time.perf_counter()
-    first = config.fragments[0]
-    act = ctx.activation(first.model, first.end, split)
-    outputs = ctx.run(net.new_parts(), act)
+    outputs = net_outputs(ctx, net, split)
     probe_outputs = None
     if config.head.kind != "native":
-        probe_outputs = ctx.run(net.new_parts(), ctx.activation(first.model, first.end, "probe"))
+        probe_outputs = net_outputs(ctx, net, "probe")
     accuracy = head_accuracy(ctx, config, outputs, ctx.labels(split), probe_outputs)
     evaluated = time.perf_counter()
     result = Measurement(

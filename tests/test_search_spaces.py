@@ -64,3 +64,91 @@ def test_unknown_model_in_space_options(ctx):
     study = optuna.create_study()
     with pytest.raises(errors.UnknownModelError, match="resnet"):
         search_spaces.sample("pairwise", study.ask(), ctx, models=["resnet", "nope"])
+
+
+def _spec_values(configs, key):
+    return {dict(c.adapters[0].options).get(key) for c in configs if c.adapters[0].kind != "lstsq"}
+
+
+def test_gap_samples_every_adapter_choice_and_bridges_forward(ctx):
+    configs = _sample("gap", ctx, n=120, adapter_options={"steps": 5})
+    assert {c.adapters[0].kind for c in configs} == set(search_spaces.ADAPTER_KINDS)
+    assert _spec_values(configs, "resize") == {"bilinear", "none", "integrated"}
+    assert _spec_values(configs, "loss") == {"none", "match", "task"}
+    assert _spec_values(configs, "train") == {"adapter", "suffix", "all"}
+    assert _spec_values(configs, "steps") == {5}
+    same = {c.fragments[0].model == c.fragments[1].model for c in configs}
+    assert same == {True, False}  # within one model and across models
+    for config in configs:
+        src, dst = config.fragments
+        a, b = ctx.cut(src.model, src.end), ctx.cut(dst.model, dst.start)
+        assert b.index > a.index if src.model == dst.model else b.depth > a.depth
+        assert StitchConfig.from_json(config.to_json()) == config
+
+
+def test_gap_offers_only_combinations_that_build(ctx):
+    from stitch_nas import adapters
+
+    for config in _sample("gap", ctx, n=60, seed=1):
+        src, dst = config.fragments
+        spec = config.adapters[0]
+        a, b = ctx.cut(src.model, src.end), ctx.cut(dst.model, dst.start)
+        adapters.create(spec.kind, a, b, **dict(spec.options))  # never raises LayoutError
+
+
+def test_pairwise_samples_adapter_choices_when_asked(ctx):
+    kinds = ["lstsq", "linear", "bottleneck"]
+    configs = _sample("pairwise", ctx, n=60, adapters=kinds, losses=["none", "match"])
+    assert {c.adapters[0].kind for c in configs} == set(kinds)
+    assert _spec_values(configs, "loss") == {"none", "match"}
+
+
+def test_gap_trials_run_through_the_objective(ctx):
+    from stitch_nas.runner import StitchObjective
+
+    objective = StitchObjective(
+        ctx,
+        space="gap",
+        space_options={"adapters": ["linear", "conv3x3"], "adapter_options": {"steps": 3}},
+    )
+    study = optuna.create_study(
+        directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    study.optimize(objective, n_trials=3)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 3
+    assert all(t.user_attrs["macs"] > 0 for t in study.trials)
+
+
+def test_diverging_adapter_training_fails_the_trial_not_the_study(ctx):
+    from stitch_nas.runner import StitchObjective
+
+    options = {"init": "random", "lr": 1e30, "weight_decay": 0.0, "steps": 20}
+    objective = StitchObjective(
+        ctx,
+        space="gap",
+        space_options={"adapters": ["linear"], "losses": ["match"], "adapter_options": options},
+    )
+    study = optuna.create_study(directions=objective.directions)
+    study.optimize(objective, n_trials=2)
+    assert all(t.state == optuna.trial.TrialState.FAIL for t in study.trials)
+    assert all("NonFiniteError" in t.user_attrs["fail_reason"] for t in study.trials)
+
+
+def test_chain_samples_adapter_choices_per_joint(ctx):
+    kinds = ["linear", "conv3x3"]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    configs = []
+    for _ in range(40):  # a vector cut cannot feed a grid: the runner prunes such trials
+        try:
+            trial = study.ask()
+            configs.append(
+                search_spaces.sample(
+                    "chain", trial, ctx, max_fragments=3, adapters=kinds, trains=["adapter", "all"]
+                )
+            )
+        except errors.LayoutError as exc:
+            assert "can join" in str(exc)
+    joints = [(i, a) for c in configs for i, a in enumerate(c.adapters)]
+    assert {a.kind for _, a in joints} == set(kinds)
+    assert all(dict(a.options)["train"] != "all" for i, a in joints if i > 0)  # first joint only

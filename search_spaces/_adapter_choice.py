@@ -1,0 +1,135 @@
+"""Adapter choices shared by the search spaces: kind, rescaling, loss and what trains.
+
+Only combinations that can join the sampled pair of cut points are offered, so no trial is
+spent on a layout error. Optuna needs a parameter to keep one set of choices, so when the
+feasible set is a subset of what the user allowed, the subset is part of the parameter's name
+(``resize[bilinear/none]``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from stitch_nas import adapters as registry
+from stitch_nas.config import AdapterSpec
+from stitch_nas.context import StitchContext
+from stitch_nas.errors import ConfigError, LayoutError
+from stitch_nas.fragments import CutPoint
+
+__all__ = ["ADAPTER_KINDS", "AdapterChoices", "suggest_adapter", "can_join"]
+
+ADAPTER_KINDS = ("lstsq", "linear", "linear_relu", "conv3x3", "bottleneck", "transformer_block")
+
+
+class AdapterChoices:
+    """What a space may choose per joint; checked once against the adapter registry.
+
+    Args:
+        adapters: adapter kinds to choose from.
+        resizes: spatial rescaling modes (trained kinds).
+        losses: training losses ("none" = least-squares initialisation only).
+        trains: what trains ("adapter", "suffix", "all").
+        options: fixed options for every trained adapter (e.g. ``{"steps": 100}``).
+    """
+
+    def __init__(
+        self,
+        adapters: Sequence[str] = ("lstsq",),
+        resizes: Sequence[str] = registry.RESIZE_MODES,
+        losses: Sequence[str] = ("match",),
+        trains: Sequence[str] = ("adapter",),
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.kinds = tuple(adapters)
+        self.resizes, self.losses, self.trains = tuple(resizes), tuple(losses), tuple(trains)
+        self.options = dict(options or {})
+        if not self.kinds:
+            raise ConfigError("give at least one adapter kind, e.g. ['lstsq']")
+        for kind in self.kinds:
+            registry.get_adapter(kind)  # unknown names raise here, before any trial
+        for label, given, valid in (
+            ("resize", self.resizes, registry.RESIZE_MODES),
+            ("loss", self.losses, registry.LOSSES),
+            ("train", self.trains, registry.TRAINS),
+        ):
+            bad = sorted(set(given) - set(valid)) or ([] if given else ["(empty)"])
+            if bad:
+                raise ConfigError(f"unknown {label} choice(s) {bad}; use some of {valid}")
+
+    @property
+    def only_lstsq(self) -> bool:
+        return self.kinds == ("lstsq",)
+
+
+def can_join(kind: str, src: CutPoint, dst: CutPoint, resize: str | None = None) -> bool:
+    """Whether adapter ``kind`` (with rescaling ``resize`` if given) joins ``src`` to ``dst``."""
+    return _can_join(kind, src, dst, resize)
+
+
+@functools.lru_cache(maxsize=65536)
+def _can_join(kind: str, src: CutPoint, dst: CutPoint, resize: str | None) -> bool:
+    try:  # building the (small, unfitted) module runs exactly the checks a trial would
+        registry.create(kind, src, dst, **({} if resize is None else {"resize": resize}))
+    except LayoutError:
+        return False
+    return True
+
+
+def _pick(trial: optuna.Trial, base: str, allowed: tuple[str, ...], feasible: list[str]) -> str:
+    if len(feasible) == 1:
+        return feasible[0]
+    name = base if tuple(feasible) == allowed else f"{base}[{'/'.join(feasible)}]"
+    return str(trial.suggest_categorical(name, feasible))
+
+
+def suggest_adapter(
+    trial: optuna.Trial,
+    ctx: StitchContext,
+    choices: AdapterChoices,
+    src: CutPoint,
+    dst: CutPoint,
+    dst_model: str,
+    *,
+    prefix: str = "",
+    first_joint: bool = True,
+) -> AdapterSpec:
+    """Sample an adapter spec for the joint ``src -> dst`` (``dst`` a cut of ``dst_model``).
+
+    ``train='all'`` fine-tunes the network's first fragment, so only the first joint offers it.
+    """
+    key = ("adapter_choices", choices.kinds, choices.resizes, src, dst)
+    if key not in ctx.memo:
+        ctx.memo[key] = {
+            kind: [r for r in choices.resizes if can_join(kind, src, dst, resize=r)]
+            if kind != "lstsq"
+            else ["-"] * can_join(kind, src, dst)
+            for kind in choices.kinds
+        }
+    feasible: dict[str, list[str]] = ctx.memo[key]
+    kinds = [k for k in choices.kinds if feasible[k]]
+    if not kinds:
+        raise LayoutError(
+            f"none of the adapters {list(choices.kinds)} can join {src.name!r} to {dst.name!r}"
+        )
+    kind = _pick(trial, f"{prefix}adapter", choices.kinds, kinds)
+    if kind == "lstsq":
+        return AdapterSpec("lstsq")
+    resize = _pick(trial, f"{prefix}resize", choices.resizes, feasible[kind])
+    native = tuple(ctx.entry(dst_model).label_names) == tuple(ctx.data.label_names)
+    losses = [x for x in choices.losses if x != "task" or native]
+    if not losses:
+        raise ConfigError(
+            f"loss choices {list(choices.losses)} need labels {dst_model!r} does not predict; "
+            "allow loss 'match' or 'none'"
+        )
+    loss = _pick(trial, f"{prefix}loss", choices.losses, losses)
+    usable = {"none": ("adapter",), "match": ("adapter", "all"), "task": registry.TRAINS}[loss]
+    trains = [t for t in choices.trains if t in usable and (first_joint or t != "all")]
+    trains = trains or ["adapter"]
+    what = _pick(trial, f"{prefix}train_{loss}", choices.trains, trains)
+    options = {**choices.options, "resize": resize, "loss": loss, "train": what}
+    return AdapterSpec(kind, tuple(sorted(options.items())))

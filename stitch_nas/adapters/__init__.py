@@ -1,0 +1,50 @@
+"""Adapters: the layers that join a fragment's output to the next fragment's input.
+
+One registry holds every kind: ``lstsq`` (closed form, fusable into the next layer) and the
+trained kinds of Traft & Cheney (``linear``, ``linear_relu``, ``conv3x3``, ``bottleneck``,
+``transformer_block``), each between norm layers, with spatial rescaling and layout conversion
+between CNN (NCHW), Swin (NHWC) and ViT (tokens) cut points. Register your own kind with
+:func:`register_adapter`; list them with :func:`list_adapters` and build one with
+:func:`create`. Fitting (:func:`initialise`) and training (:func:`fit_joint`) change weight
+values only: ``create`` with the same arguments always gives the same ``state_dict`` layout.
+"""
+
+from . import _bodies as _bodies  # registers the trained kinds
+from . import _closed_form as _closed_form  # registers "lstsq"
+from ._bodies import StitchAdapter
+from ._convert import CLS_MODES, RESIZE_MODES
+from ._init import INIT_MODES, fit_conv, initialise
+from ._joint import Joint, JointFit, fit_joint
+from ._registry import (
+    AdapterKind,
+    Option,
+    create,
+    get_adapter,
+    list_adapters,
+    register_adapter,
+    resolve_options,
+)
+from ._train import LOSSES, TRAIN_OPTIONS, TRAINS, TrainReport
+
+__all__ = [
+    "AdapterKind",
+    "CLS_MODES",
+    "INIT_MODES",
+    "Joint",
+    "JointFit",
+    "LOSSES",
+    "Option",
+    "RESIZE_MODES",
+    "StitchAdapter",
+    "TRAIN_OPTIONS",
+    "TRAINS",
+    "TrainReport",
+    "create",
+    "fit_conv",
+    "fit_joint",
+    "get_adapter",
+    "initialise",
+    "list_adapters",
+    "register_adapter",
+    "resolve_options",
+]

@@ -1,0 +1,240 @@
+"""Trained adapter kinds (Traft & Cheney): linear, linear_relu, conv3x3, bottleneck, transformer.
+
+Each is ``ToGrid -> norm -> body -> norm -> FromGrid`` (see :mod:`._convert`). ``norm="batch"``
+(the default, for every layout) puts BatchNorm before and after the body, as Traft & Cheney do;
+on tokens it normalises each channel over all tokens, which keeps every token's own scale, so a
+least-squares initialisation stays exact. ``norm="layer"`` puts a LayerNorm over channels in
+front instead (what a ViT block does per token) and nothing behind, where a LayerNorm would
+erase the per-token scale the destination's residual stream carries; the transformer block
+also has its own two LayerNorms inside. Every body has one linear part (``linear_part``) that
+least squares initialises; residual branches start at zero, so an adapter initialised with
+``norm="batch"`` or ``"none"`` computes its least-squares map exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from timm.layers import LayerNorm2d
+from timm.models.vision_transformer import Block
+from torch import nn
+
+from ..errors import LayoutError
+from ..fragments import CutPoint
+from ._convert import CLS_MODES, RESIZE_MODES, FromGrid, ToGrid, folds, plan, prefix
+from ._registry import Option, choice, integer, number, register_adapter
+from ._train import TRAIN_OPTIONS
+
+__all__ = ["StitchAdapter", "COMMON_OPTIONS"]
+
+COMMON_OPTIONS: dict[str, Option] = {
+    "resize": choice("bilinear", *RESIZE_MODES, structural=True),
+    "norm": choice("batch", "batch", "layer", "none", structural=True),
+    "cls": choice("fold", *CLS_MODES, structural=True),
+    "pos": choice("learned", "learned", "none", structural=True),
+    **TRAIN_OPTIONS,
+}
+
+
+class StitchAdapter(nn.Module):
+    """A trained adapter: layout conversion, normalised body, conversion to the destination."""
+
+    def __init__(
+        self,
+        src: CutPoint,
+        dst: CutPoint,
+        body: nn.Module,
+        *,
+        size: tuple[int, int],
+        stride: int,
+        cls: str,
+        pos: bool,
+        pre: nn.Module,
+        post: nn.Module,
+    ) -> None:
+        super().__init__()
+        self.src, self.dst = src, dst
+        self.to_grid = ToGrid(src, size, stride, cls, pool=dst.layout == "vector")
+        self.pre, self.body, self.post = pre, body, post
+        self.from_grid = FromGrid(dst, src, pos)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.post(self.body(self.pre(self.to_grid(x))))
+        return self.from_grid(z, prefix(x, self.src))
+
+
+def _build(
+    src: CutPoint,
+    dst: CutPoint,
+    make_body: Any,
+    *,
+    resize: str,
+    norm: str,
+    cls: str,
+    pos: str,
+) -> StitchAdapter:
+    """Shared assembly: plan the geometry, then make the body for (c_in, c_out, stride)."""
+    size, stride = plan(src, dst, resize)
+    c_in = src.channels * (2 if folds(src, cls) else 1)
+    c_out = dst.channels
+    body = make_body(c_in, c_out, stride)
+    pre: nn.Module = nn.Identity()
+    post: nn.Module = nn.Identity()
+    if norm == "batch":
+        pre, post = nn.BatchNorm2d(c_in), nn.BatchNorm2d(c_out)
+    elif norm == "layer":
+        pre = LayerNorm2d(c_in)
+    return StitchAdapter(
+        src, dst, body, size=size, stride=stride, cls=cls, pos=pos == "learned", pre=pre, post=post
+    )
+
+
+class LinearBody(nn.Module):
+    """A 1x1 convolution (a Linear per position), optionally followed by a ReLU."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, relu: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 1, stride=stride)
+        self.act = nn.ReLU() if relu else nn.Identity()
+
+    def linear_part(self) -> nn.Conv2d:
+        return self.conv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x))
+
+
+class Conv3x3Body(nn.Module):
+    """A 3x3 convolution and a ReLU (least squares fits all nine taps)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
+        self.act = nn.ReLU()
+
+    def linear_part(self) -> nn.Conv2d:
+        return self.conv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv(x))
+
+
+class BottleneckBody(nn.Module):
+    """ResNet's bottleneck block (1x1 reduce, 3x3, 1x1 expand) with a 1x1 projection shortcut.
+
+    The last BatchNorm starts at zero (timm's ``zero_init_last``), so the block starts as
+    ``ReLU(shortcut(x))``; least squares fits the shortcut.
+    """
+
+    def __init__(self, c_in: int, c_out: int, stride: int, width: int) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, c_out, 1, bias=False), nn.BatchNorm2d(c_out)
+        nn.init.zeros_(self.bn3.weight)
+        self.shortcut = nn.Conv2d(c_in, c_out, 1, stride=stride)
+        self.act = nn.ReLU()
+
+    def linear_part(self) -> nn.Conv2d:
+        return self.shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn1(self.conv1(x)))
+        y = self.act(self.bn2(self.conv2(y)))
+        return self.act(self.bn3(self.conv3(y)) + self.shortcut(x))
+
+
+class TransformerBody(nn.Module):
+    """A 1x1 projection to the destination width, then one pre-norm ViT block over positions.
+
+    The block's two residual branches start at zero, so it starts as the identity.
+    """
+
+    def __init__(self, c_in: int, c_out: int, heads: int, mlp_ratio: float) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(c_in, c_out, 1)
+        self.block = Block(c_out, heads, mlp_ratio=mlp_ratio, qkv_bias=True)
+        for layer in (cast(nn.Linear, self.block.attn.proj), cast(nn.Linear, self.block.mlp.fc2)):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def linear_part(self) -> nn.Conv2d:
+        return self.proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.proj(x)
+        n, c, h, w = z.shape
+        tokens = self.block(z.flatten(2).transpose(1, 2))
+        return tokens.transpose(1, 2).reshape(n, c, h, w)
+
+
+def _heads(c_out: int, heads: int | None) -> int:
+    if heads is None:  # widest split that keeps heads of at least 16 channels
+        return next(h for h in (8, 4, 2, 1) if (c_out % h == 0 and c_out // h >= 16) or h == 1)
+    if c_out % heads:
+        raise LayoutError(
+            f"heads={heads} does not divide the destination's {c_out} channels; use a divisor"
+        )
+    return heads
+
+
+_LINEAR_DOC = "1x1 convolution (Linear per position); least-squares initialised"
+
+
+@register_adapter("linear", options=COMMON_OPTIONS, description=_LINEAR_DOC)
+def _linear(src: CutPoint, dst: CutPoint, **opts: Any) -> nn.Module:
+    return _build(src, dst, lambda i, o, s: LinearBody(i, o, s, relu=False), **opts)
+
+
+@register_adapter("linear_relu", options=COMMON_OPTIONS, description=_LINEAR_DOC + ", then ReLU")
+def _linear_relu(src: CutPoint, dst: CutPoint, **opts: Any) -> nn.Module:
+    return _build(src, dst, lambda i, o, s: LinearBody(i, o, s, relu=True), **opts)
+
+
+@register_adapter(
+    "conv3x3", options=COMMON_OPTIONS, description="3x3 convolution + ReLU; least squares init"
+)
+def _conv3x3(src: CutPoint, dst: CutPoint, **opts: Any) -> nn.Module:
+    return _build(src, dst, Conv3x3Body, **opts)
+
+
+@register_adapter(
+    "bottleneck",
+    options={**COMMON_OPTIONS, "width": integer(None, 1, optional=True, structural=True)},
+    description="ResNet bottleneck block (width: destination channels / 4 by default)",
+)
+def _bottleneck(src: CutPoint, dst: CutPoint, *, width: int | None, **opts: Any) -> nn.Module:
+    return _build(
+        src, dst, lambda i, o, s: BottleneckBody(i, o, s, width or max(o // 4, 8)), **opts
+    )
+
+
+_BLOCK_OPTIONS = {
+    **COMMON_OPTIONS,
+    "heads": integer(None, 1, optional=True, structural=True),
+    "mlp_ratio": number(4.0, 0.25, structural=True),
+}
+
+
+@register_adapter(
+    "transformer_block",
+    options=_BLOCK_OPTIONS,
+    description="1x1 projection + one ViT block over positions (for token layouts)",
+)
+def _transformer_block(
+    src: CutPoint, dst: CutPoint, *, heads: int | None, mlp_ratio: float, **opts: Any
+) -> nn.Module:
+    if opts["resize"] == "integrated":
+        raise LayoutError(
+            "transformer_block has no strided convolution for resize='integrated'; "
+            "use resize='bilinear' or 'none'"
+        )
+    n_heads = _heads(dst.channels, heads)
+    return _build(
+        src,
+        dst,
+        lambda i, o, s: TransformerBody(i, o, n_heads, float(mlp_ratio)),
+        **opts,
+    )

@@ -1,0 +1,211 @@
+"""Training adapters: AdamW with a cosine schedule, a step or time budget, early stopping.
+
+Defaults are Traft & Cheney's (AdamW, lr 2e-3, weight decay 0.05, cosine annealing to 0).
+Two losses: ``match`` (mean squared error to the destination model's own activations at its
+cut: label-free, nothing runs after the adapter) and ``task`` (cross-entropy through the
+destination's frozen suffix). Early stopping watches the same loss on a held-out set (the probe
+split, which no accuracy is measured on) and restores the best weights seen. A NaN or Inf loss
+raises :class:`~stitch_nas.errors.NonFiniteError`, which the runner records as a failed trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import NonFiniteError
+from ._registry import Option, choice, integer, number
+
+__all__ = ["TRAIN_OPTIONS", "LOSSES", "TRAINS", "TrainData", "TrainReport", "train"]
+
+logger = logging.getLogger(__name__)
+
+LOSSES = ("none", "match", "task")
+TRAINS = ("adapter", "suffix", "all")
+
+TRAIN_OPTIONS: dict[str, Option] = {
+    "init": choice("lstsq", "lstsq", "identity", "random"),
+    "ridge": number(None, 0.0, optional=True),
+    "loss": choice("match", *LOSSES),
+    "train": choice("adapter", *TRAINS),
+    "steps": integer(200, 1),
+    "seconds": number(None, 0.0, optional=True),
+    "lr": number(2e-3, 0.0),
+    "weight_decay": number(0.05, 0.0),
+    "batch_size": integer(64, 1),
+    "patience": integer(5, 0),
+    "eval_every": integer(20, 1),
+    "split": choice("train", "train", "probe"),
+    "device": Option(
+        "auto", lambda v: isinstance(v, str), "'auto' or a device name ('cpu', 'cuda')"
+    ),
+    "seed": integer(0, 0),
+}
+
+
+@dataclass
+class TrainData:
+    """Training and held-out pairs: inputs of the trained chain and what its output should be.
+
+    Targets are destination activations (``match``) or class labels (``task``).
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    val_inputs: torch.Tensor
+    val_targets: torch.Tensor
+
+
+@dataclass
+class TrainReport:
+    """What one training run did, each figure measured during the run."""
+
+    steps: int  #: optimiser steps taken
+    seconds: float  #: wall time of the loop
+    first_loss: float  #: mean training loss over the first evaluation interval
+    last_loss: float  #: mean training loss over the last evaluation interval
+    initial_val: float  #: held-out loss before training
+    best_val: float  #: best held-out loss seen (its weights are the ones kept)
+    stopped: str  #: "steps", "seconds" or "patience"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _loss(loss: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out, target) if loss == "match" else F.cross_entropy(out, target)
+
+
+def _batches(x: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
+    for i in range(0, x.shape[0], size):
+        yield x[i : i + size]
+
+
+def _held_out(
+    model: nn.Module, data: TrainData, loss: str, size: int, device: torch.device
+) -> float:
+    """Mean held-out loss, in eval mode (running BatchNorm statistics)."""
+    was = model.training
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for xb, yb in zip(
+            _batches(data.val_inputs, size), _batches(data.val_targets, size), strict=True
+        ):
+            out = model(xb.to(device))
+            total += float(_loss(loss, out, yb.to(device))) * xb.shape[0]
+    model.train(was)
+    return total / max(data.val_inputs.shape[0], 1)
+
+
+@contextlib.contextmanager
+def _only_training(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None]:
+    """Freeze every parameter of ``model`` but ``params`` for the duration, then restore.
+
+    The frozen parts may be the zoo's shared modules: their weights are never stepped, and
+    freezing them also keeps gradients from piling up on them.
+    """
+    keep = {id(p) for p in params}
+    frozen = [p for p in model.parameters() if id(p) not in keep and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def _snapshot(modules: list[nn.Module]) -> list[dict[str, torch.Tensor]]:
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
+
+
+def train(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    modules: list[nn.Module],
+    data: TrainData,
+    opts: dict[str, Any],
+    *,
+    device: torch.device,
+    what: str = "adapter",
+) -> TrainReport:
+    """Train ``params`` of ``model`` on ``data`` with the loss and budget in ``opts``.
+
+    Args:
+        model: the chain the loss is computed on (prefix copy?, adapter, frozen suffix?).
+        params: the parameters that train; every other parameter of ``model`` stays frozen.
+        modules: modules whose state is snapshotted for early stopping; the adapter among
+            them runs in train mode (batch statistics), all else in eval mode.
+        opts: resolved adapter options (loss, steps, seconds, lr, weight_decay, batch_size,
+            patience, eval_every, seed).
+    """
+    loss_name, steps = str(opts["loss"]), int(opts["steps"])
+    optimiser = torch.optim.AdamW(params, lr=float(opts["lr"]), weight_decay=opts["weight_decay"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps))
+    )
+    model.eval()
+    modules[0].train()
+    generator = torch.Generator().manual_seed(int(opts["seed"]))
+    size, n = int(opts["batch_size"]), data.inputs.shape[0]
+    every, patience = int(opts["eval_every"]), int(opts["patience"])
+    best = initial = _held_out(model, data, loss_name, size, device)
+    best_state, stale, stopped = _snapshot(modules), 0, "steps"
+    losses: list[float] = []
+    start = time.perf_counter()
+    order, cursor = torch.arange(n), n  # the first step draws a fresh order
+    # enable_grad: a caller may build networks under no_grad, training needs gradients anyway
+    with _only_training(model, params), torch.enable_grad():
+        for step in range(steps):
+            if opts["seconds"] is not None and time.perf_counter() - start > opts["seconds"]:
+                stopped = "seconds"
+                break
+            if cursor + min(size, n) > n:  # a new epoch: a new order
+                order, cursor = torch.randperm(n, generator=generator), 0
+            index = order[cursor : cursor + size]
+            cursor += size
+            out = model(data.inputs[index].to(device))
+            loss = _loss(loss_name, out, data.targets[index].to(device))
+            if not torch.isfinite(loss):
+                raise NonFiniteError(
+                    f"training loss of {what} became {float(loss.detach())} at step {step}; "
+                    f"lower lr (now {opts['lr']}) or use init='lstsq'"
+                )
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            schedule.step()
+            losses.append(float(loss.detach()))
+            if (step + 1) % every == 0 or step + 1 == steps:
+                val = _held_out(model, data, loss_name, size, device)
+                if val < best:
+                    best, best_state, stale = val, _snapshot(modules), 0
+                else:
+                    stale += 1
+                if patience and stale >= patience:
+                    stopped = "patience"
+                    break
+    for module, state in zip(modules, best_state, strict=True):
+        module.load_state_dict(state)
+    model.eval()
+    window = losses[:every] or [initial]
+    tail = losses[-every:] or [initial]
+    return TrainReport(
+        steps=len(losses),
+        seconds=time.perf_counter() - start,
+        first_loss=sum(window) / len(window),
+        last_loss=sum(tail) / len(tail),
+        initial_val=initial,
+        best_val=best,
+        stopped=stopped,
+    )

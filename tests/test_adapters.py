@@ -1,0 +1,289 @@
+"""Adapters: every kind joins every layout pair, least squares initialises exactly, training helps.
+
+Parametrized over the registry, so a newly registered kind is tested by being registered.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import timm
+import torch
+from timm.models.swin_transformer import SwinTransformer
+
+from stitch_nas import adapters, errors
+from stitch_nas.build import build
+from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
+from stitch_nas.context import StitchContext
+from stitch_nas.costs import count_macs
+from stitch_nas.fragments import CutPoint, cut_points, segment
+from stitch_nas.measure import measure, network_macs
+from tests._tiny import tiny_context
+
+SHAPE = (1, 3, 32, 32)
+TRAINED = ["linear", "linear_relu", "conv3x3", "bottleneck", "transformer_block"]
+
+
+def _models() -> dict[str, torch.nn.Module]:
+    torch.manual_seed(0)
+    swin = SwinTransformer(
+        img_size=32,
+        patch_size=2,
+        window_size=4,
+        embed_dim=16,
+        depths=(1, 1, 1),
+        num_heads=(1, 2, 2),
+        num_classes=10,
+    )
+    return {
+        "resnet": timm.create_model("test_resnet", num_classes=10).eval(),
+        "vit": timm.create_model("test_vit", img_size=32, patch_size=4, num_classes=10).eval(),
+        "swin": swin.eval(),
+    }
+
+
+# (source model, cut) -> (destination model, cut): one of each layout pair the issue names
+PAIRS = {
+    "cnn->cnn": (("resnet", "layer1.0"), ("resnet", "layer3.0")),
+    "cnn->vit": (("resnet", "layer1.0"), ("vit", "blocks.2")),
+    "vit->cnn": (("vit", "blocks.1"), ("resnet", "layer2.0")),
+    "cnn->swin": (("resnet", "layer1.0"), ("swin", "layers.1.blocks.0")),
+    "swin->vit": (("swin", "layers.0.blocks.0"), ("vit", "blocks.3")),
+    "vit->vit": (("vit", "blocks.0"), ("vit", "blocks.3")),
+}
+LSTSQ_JOINS = {"cnn->cnn", "cnn->swin", "vit->vit"}  # least squares keeps its layout rules
+
+
+@pytest.fixture(scope="module")
+def activations():
+    """Real activations of tiny timm models at every cut used in PAIRS, on 24 random images."""
+    models, x = _models(), torch.rand(24, 3, 32, 32)
+    acts: dict[tuple[str, str], tuple[CutPoint, torch.Tensor]] = {}
+    for (a, ca), (b, cb) in PAIRS.values():
+        for model, name in ((a, ca), (b, cb)):
+            cut = next(c for c in cut_points(models[model], input_shape=SHAPE) if c.name == name)
+            with torch.no_grad():
+                acts[(model, name)] = cut, segment(models[model], None, name)(x)
+    return acts
+
+
+def test_registry_lists_every_kind_and_refuses_bad_input():
+    assert set(adapters.list_adapters()) >= {"lstsq", *TRAINED}
+    assert adapters.list_adapters("linear*") == ["linear", "linear_relu"]
+    src, dst = CutPoint("a", 0, "nchw", (4, 8, 8)), CutPoint("b", 1, "nchw", (6, 4, 4))
+    with pytest.raises(errors.UnknownNameError, match="'linaer'.*available: bottleneck"):
+        adapters.create("linaer", src, dst)
+    with pytest.raises(errors.ConfigError, match=r"unknown option\(s\) \['widht'\].*valid:"):
+        adapters.create("bottleneck", src, dst, widht=4)
+    with pytest.raises(errors.ConfigError, match="resize='nearest'.*one of"):
+        adapters.create("linear", src, dst, resize="nearest")
+    with pytest.raises(errors.ConfigError, match="steps=0.*int >= 1"):
+        adapters.create("conv3x3", src, dst, steps=0)
+    with pytest.raises(errors.ConfigError, match="already registered"):
+        adapters.register_adapter("linear", options={})(lambda src, dst: torch.nn.Identity())
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+@pytest.mark.parametrize("kind", adapters.list_adapters())
+def test_every_adapter_joins_every_layout_pair(kind, pair, activations):
+    (a, ca), (b, cb) = PAIRS[pair]
+    (src, x), (dst, y) = activations[(a, ca)], activations[(b, cb)]
+    if kind == "lstsq" and pair not in LSTSQ_JOINS:
+        with pytest.raises(errors.LayoutError, match="least squares cannot join.*supported"):
+            adapters.create(kind, src, dst)
+        return
+    module = adapters.create(kind, src, dst)
+    adapters.initialise(module, x, y, src=src, dst=dst)
+    with torch.no_grad():
+        out = module.eval()(x)
+    assert out.shape == y.shape
+    assert torch.isfinite(out).all()
+    again = adapters.create(kind, src, dst)  # what export relies on: same keys, same shapes
+    assert {k: v.shape for k, v in again.state_dict().items()} == {
+        k: v.shape for k, v in module.state_dict().items()
+    }
+
+
+@pytest.mark.parametrize(
+    "kind, src, dst, options, match",
+    [
+        ("linear", ("vector", (8,)), ("nchw", (4, 2, 2)), {}, "no positions"),
+        ("linear", ("nchw", (4, 8, 8)), ("nchw", (4, 4, 4)), {"resize": "none"}, "resize='none'"),
+        ("conv3x3", ("nchw", (4, 6, 6)), ("nchw", (4, 4, 4)), {"resize": "integrated"}, "multiple"),
+        (
+            "transformer_block",
+            ("nchw", (4, 8, 8)),
+            ("nchw", (16, 4, 4)),
+            {"resize": "integrated"},
+            "no strided",
+        ),
+        ("linear", ("tokens", (11, 8)), ("nchw", (4, 2, 2)), {}, "not a square grid"),
+    ],
+)
+def test_layouts_that_cannot_be_joined_are_refused_with_the_reason(kind, src, dst, options, match):
+    with pytest.raises(errors.LayoutError, match=match):
+        adapters.create(kind, CutPoint("s", 0, *src), CutPoint("d", 1, *dst), **options)
+
+
+def test_fit_conv_recovers_a_strided_3x3_convolution():
+    torch.manual_seed(0)
+    true = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    x = torch.randn(32, 3, 8, 8)
+    fitted = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    with torch.no_grad():
+        adapters.fit_conv(fitted, x, true(x), 0.0, "test")
+    assert torch.allclose(fitted.weight, true.weight, atol=1e-4)
+    assert torch.allclose(fitted.bias, true.bias, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["linear", "transformer_block"])  # no ReLU at the output
+def test_lstsq_init_recovers_a_known_affine_map_exactly(kind):
+    torch.manual_seed(0)
+    src, dst = CutPoint("a", 0, "nchw", (6, 4, 4)), CutPoint("b", 1, "nhwc", (4, 4, 5))
+    x = torch.randn(64, 6, 4, 4)
+    a, b = torch.randn(5, 6), torch.randn(5)
+    y = torch.einsum("kj,njhw->nhwk", a, x) + b
+    module = adapters.create(kind, src, dst, init="lstsq")
+    adapters.initialise(module, x, y, src=src, dst=dst, ridge=0.0)
+    with torch.no_grad():
+        assert torch.allclose(module.eval()(x), y, atol=1e-3)
+
+
+def test_class_token_is_fitted_and_folded(activations):
+    (src, x), (dst, y) = activations[("vit", "blocks.0")], activations[("vit", "blocks.0")]
+    module = adapters.create("linear", src, dst)
+    adapters.initialise(module, x, y, src=src, dst=dst, ridge=0.0)
+    with torch.no_grad():
+        out = module.eval()(x)
+    assert torch.allclose(out, y, atol=1e-3)  # class token and patches, via least squares
+    dropped = adapters.create("linear", src, dst, cls="drop")
+    assert dropped.to_grid.channels == src.channels
+    assert module.to_grid.channels == 2 * src.channels  # folded: class token on every token
+
+
+@pytest.fixture(scope="module")
+def mini_ctx(mini_zoo, digits):
+    return StitchContext(mini_zoo, digits)
+
+
+SAME_CUT = [("resnet", "layer2.0", kind) for kind in TRAINED] + [
+    ("vit", "blocks.1", "linear"),
+    ("vit", "blocks.1", "transformer_block"),
+]
+
+
+@pytest.mark.parametrize("model, cut, kind", SAME_CUT)
+def test_lstsq_initialised_adapter_at_the_same_cut_keeps_accuracy(mini_ctx, model, cut, kind):
+    alone = measure(mini_ctx, StitchConfig.single(model))[1].accuracy
+    config = StitchConfig(
+        (Fragment(model, None, cut), Fragment(model, cut, None)),
+        (AdapterSpec(kind, {"loss": "none"}),),
+    )
+    net, result = measure(mini_ctx, config)
+    assert abs(result.accuracy - alone) <= 0.01, (alone, result.accuracy)
+    assert result.macs > measure(mini_ctx, StitchConfig.single(model))[1].macs  # adapter counted
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return tiny_context()
+
+
+GAP = (("resnet", "layer1.0"), ("resnet", "layer3.0"))
+
+
+def _fit(ctx, spec, src=GAP[0], dst=GAP[1]):
+    x_cut, dst_cut = ctx.cut(*src), ctx.cut(*dst)
+    first = Fragment(src[0], None, src[1])
+    joint = adapters.Joint(
+        0,
+        x_cut,
+        dst[0],
+        dst_cut,
+        None,
+        ctx.activation(*src, "probe"),
+        lambda split: ctx.activation(*src, split),
+        first,
+    )
+    return adapters.fit_joint(ctx, spec, joint)
+
+
+@pytest.mark.parametrize("loss", ["match", "task"])
+def test_a_few_training_steps_lower_the_loss(ctx, loss):
+    options = {"loss": loss, "init": "random", "steps": 30, "eval_every": 10, "patience": 0}
+    fit = _fit(ctx, AdapterSpec("linear", options))
+    report = fit.report
+    assert report is not None and report.steps == 30 and report.stopped == "steps"
+    assert report.last_loss < report.first_loss
+    assert report.best_val < report.initial_val
+
+
+@pytest.mark.parametrize("what", ["suffix", "all"])
+def test_fine_tuning_trains_copies_and_leaves_the_zoo_alone(ctx, what):
+    zoo_model = ctx.entry("resnet").model
+    before = {k: v.clone() for k, v in zoo_model.state_dict().items()}
+    options = {"loss": "task", "train": what, "steps": 5, "eval_every": 5, "lr": 1e-2}
+    config = StitchConfig(
+        (Fragment(*GAP[0][:1], None, GAP[0][1]), Fragment(GAP[1][0], GAP[1][1], None)),
+        (AdapterSpec("conv3x3", options),),
+    )
+    net = build(ctx, config)
+    after = zoo_model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the shared zoo is untouched
+    assert net.cached_prefix is (what != "all")
+    tail_weight = next(v for k, v in net.state_dict().items() if k.endswith("fc.weight"))
+    assert not torch.equal(tail_weight, before["fc.weight"])  # the trained copy is in the net
+    _, result = measure(ctx, config)
+    assert 0.0 <= result.accuracy <= 1.0
+
+
+def test_diverging_training_is_a_non_finite_error(ctx):
+    options = {"loss": "match", "init": "random", "lr": 1e30, "steps": 20, "weight_decay": 0.0}
+    with pytest.raises(errors.NonFiniteError, match="lower lr"):
+        _fit(ctx, AdapterSpec("linear", options))
+
+
+def test_bad_training_combinations_are_refused(ctx):
+    with pytest.raises(errors.ConfigError, match="never reaches the suffix"):
+        _fit(ctx, AdapterSpec("linear", {"loss": "match", "train": "suffix"}))
+    with pytest.raises(errors.ConfigError, match="trains nothing"):
+        _fit(ctx, AdapterSpec("linear", {"loss": "none", "train": "all"}))
+
+
+def test_adapter_macs_count_and_depend_on_the_kind(ctx):
+    macs = {}
+    for kind in ("linear", "bottleneck", "conv3x3"):
+        config = StitchConfig(
+            (Fragment("resnet", None, "layer1.0"), Fragment("vit", "blocks.2", None)),
+            (AdapterSpec(kind, {"loss": "none"}),),
+        )
+        net = build(ctx, config)
+        macs[kind] = network_macs(ctx, net)
+        adapter = net.parts[1]
+        direct = count_macs(adapter, (1, *ctx.cut("resnet", "layer1.0").shape))
+        fragments = macs[kind] - direct
+        assert direct > 0 and fragments > 0
+    assert macs["linear"] < macs["bottleneck"] < macs["conv3x3"]
+    assert not math.isnan(sum(macs.values()))
+
+
+def test_device_option_is_checked(ctx):
+    with pytest.raises(errors.ConfigError, match="device='nowhere'"):
+        _fit(ctx, AdapterSpec("linear", {"device": "nowhere", "steps": 1}))
+    fit = _fit(ctx, AdapterSpec("linear", {"device": "cpu", "steps": 2, "eval_every": 1}))
+    assert fit.report is not None and fit.report.steps == 2
+    assert next(fit.adapter.parameters()).device == ctx.device  # back beside the fragments
+
+
+@pytest.mark.parametrize("dst", [("resnet", "layer4.0"), ("resnet", "global_pool")])
+def test_linear_without_training_is_the_lstsq_map(ctx, dst):
+    """Same rescaling (bilinear, or pooling into a vector) and the same least-squares fit."""
+    src = ctx.cut("resnet", "layer1.0")
+    x, y = ctx.activation("resnet", src.name, "probe"), ctx.activation(*dst, "probe")
+    closed = adapters.create("lstsq", src, ctx.cut(*dst))
+    linear = adapters.create("linear", src, ctx.cut(*dst), loss="none")
+    for module in (closed, linear):
+        adapters.initialise(module, x, y, src=src, dst=ctx.cut(*dst))
+    with torch.no_grad():
+        assert torch.allclose(closed(x), linear.eval()(x), atol=1e-3, rtol=1e-3)
