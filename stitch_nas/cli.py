@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import StitchNASError
+from .errors import ConfigError, StitchNASError
 
 __all__ = ["main"]
 
@@ -49,6 +49,14 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampler seed")
     parser.add_argument("--cache-dir", default=None, help="where the mini zoo is cached")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--executor", choices=["local", "ray"], default=None, help="where trials run (local)"
+    )
+    parser.add_argument("--workers", type=int, default=None, help="Ray workers (default 2)")
+    parser.add_argument("--ray-address", default=None, help="Ray cluster to join (e.g. auto)")
+    parser.add_argument(
+        "--storage", default=None, help="Optuna RDB URL shared by several drivers (PostgreSQL)"
+    )
 
 
 def _run_search(args: argparse.Namespace) -> int:
@@ -68,6 +76,13 @@ def _run_search(args: argparse.Namespace) -> int:
         settings.search.seed = args.seed
     if args.cache_dir is not None:
         settings.zoo.cache_dir = args.cache_dir
+    for option in ("executor", "workers", "ray_address", "storage"):
+        if getattr(args, option) is not None:
+            setattr(settings.search, option, getattr(args, option))
+    if args.workers is not None or args.ray_address is not None:
+        if args.executor == "local":
+            raise ConfigError("--workers and --ray-address need --executor ray; drop them")
+        settings.search.executor = "ray"
     summary = run_settings(
         settings, Path(args.out), resume=args.resume, progress=not args.no_progress, echo=print
     )
@@ -100,7 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    handlers = {"demo": _run_search, "search": _run_search, "report": _report, "zoo": _zoo}
+    handlers = {
+        "demo": _run_search,
+        "search": _run_search,
+        "report": _report,
+        "zoo": _zoo,
+    }
     try:
         return handlers[args.command](args)
     except StitchNASError as exc:

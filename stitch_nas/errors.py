@@ -20,6 +20,7 @@ __all__ = [
     "DataError",
     "BudgetError",
     "TraceError",
+    "MissingDependencyError",
 ]
 
 
@@ -72,3 +73,7 @@ class BudgetError(StitchNASError, ValueError):
 
 class TraceError(StitchNASError, RuntimeError):
     """torch.fx (or an exporter) could not trace a model."""
+
+
+class MissingDependencyError(StitchNASError, ImportError):
+    """An optional dependency (Ray, ONNX...) is needed and not installed."""

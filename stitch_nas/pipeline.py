@@ -69,9 +69,11 @@ def run_settings(
     echo: Callable[[str], Any] = logger.info,
 ):
     """Run the whole search described by ``settings`` and write its report to ``out_dir``."""
+    from .ray_executor import executor_from_settings
     from .report import write_report
 
     search = settings.search
+    executor = executor_from_settings(search)  # a bad executor fails before any work
     data = load_data(settings.data)
     start = time.perf_counter()
     zoo = load_zoo(settings.zoo, data, progress=progress)
@@ -88,10 +90,15 @@ def run_settings(
         fuse=search.fuse,
     )
     study = create_study(
-        objective, out_dir, sampler=search.sampler, seed=search.seed, resume=resume
+        objective,
+        out_dir,
+        sampler=search.sampler,
+        seed=search.seed,
+        resume=resume,
+        storage=search.storage,
     )
     start = time.perf_counter()
-    run_search(objective, study, search.trials, progress=progress)
+    run_search(objective, study, search.trials, progress=progress, executor=executor)
     echo(f"{search.trials} trials in {time.perf_counter() - start:.1f} s")
     return write_report(study, out_dir)
 

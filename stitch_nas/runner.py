@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 
@@ -25,7 +26,16 @@ from .costs import count_params
 from .errors import BudgetError, ConfigError, LayoutError, StitchNASError
 from .measure import Measurement, config_cka, fragment_macs, measure
 
-__all__ = ["StitchObjective", "make_objective", "create_study", "run_search", "measure_references"]
+__all__ = [
+    "Executor",
+    "StitchObjective",
+    "TrialOutcome",
+    "create_study",
+    "evaluate_config",
+    "make_objective",
+    "measure_references",
+    "run_search",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,26 +88,59 @@ class StitchObjective:
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
         config = self.sample(trial)
+        values = self.duplicate(trial, config)
+        if values is not None:
+            return values
+        outcome = self.evaluate(config)
+        state, values = self.finish(trial, config, outcome)
+        if state == optuna.trial.TrialState.PRUNED:
+            raise optuna.TrialPruned(outcome.reason)
+        if values is None:  # a failed trial: NaN values make Optuna record FAIL
+            return tuple(math.nan for _ in self.objectives)
+        return values
+
+    def evaluation_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`evaluate_config` for this objective (JSON types)."""
+        return {"cka_threshold": self.cka_threshold, "fuse": self.fuse, "latency": self.latency}
+
+    def evaluate(self, config: StitchConfig) -> TrialOutcome:
+        """Score, prune or measure ``config`` in this process (what a Ray worker does remotely)."""
+        return evaluate_config(self.ctx, config, **self.evaluation_options())
+
+    def duplicate(self, trial: optuna.Trial, config: StitchConfig) -> tuple[float, ...] | None:
+        """The earlier measurement's values if ``config`` was measured before, else None.
+
+        Samplers do propose the same config twice; it is not refitted, and the trial records
+        ``duplicate_of``.
+        """
         seen = self._seen.get(config.stable_hash())
-        if seen is not None:  # samplers do propose the same config twice: don't refit it
-            trial.set_user_attr("duplicate_of", seen[0])
-            return self.record(trial, seen[1])
-        cka = config_cka(self.ctx, config)
-        trial.set_user_attr("cka", cka)
-        if config.is_stitched and cka < self.cka_threshold:
-            trial.set_user_attr("prune_reason", f"cka {cka:.3f} < {self.cka_threshold}")
-            raise optuna.TrialPruned(f"CKA {cka:.3f} below threshold {self.cka_threshold}")
-        try:
-            _, result = measure(self.ctx, config, fuse=self.fuse, latency=self.latency, cka=cka)
-        except LayoutError as exc:  # a structural mismatch, not a broken trial
-            trial.set_user_attr("prune_reason", f"layout: {exc}")
-            raise optuna.TrialPruned(str(exc)) from exc
-        except (StitchNASError, RuntimeError, ValueError) as exc:
-            logger.warning("trial %d failed: %s", trial.number, exc)
-            trial.set_user_attr("fail_reason", f"{type(exc).__name__}: {exc}")
-            return tuple(math.nan for _ in self.objectives)  # Optuna records FAIL
+        if seen is None:
+            return None
+        trial.set_user_attr("duplicate_of", seen[0])
+        return self.record(trial, seen[1])
+
+    def finish(
+        self, trial: optuna.Trial, config: StitchConfig, outcome: TrialOutcome
+    ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None]:
+        """Record ``outcome`` on ``trial``; return the state to tell and, if COMPLETE, the values.
+
+        This is the one place where both executors do the trial bookkeeping: CKA, prune and
+        fail reasons, measurements as user attributes, budget constraints, duplicates.
+        """
+        if outcome.cka is not None:
+            trial.set_user_attr("cka", outcome.cka)
+        if outcome.status == "pruned":
+            trial.set_user_attr("prune_reason", outcome.reason)
+            return optuna.trial.TrialState.PRUNED, None
+        if outcome.status != "complete" or outcome.measurement is None:
+            trial.set_user_attr("fail_reason", outcome.reason or "no measurement")
+            return optuna.trial.TrialState.FAIL, None
+        result = Measurement(**outcome.measurement)
+        values = self.record(trial, result)
+        if not all(math.isfinite(v) for v in values):  # record() wrote the fail_reason
+            return optuna.trial.TrialState.FAIL, None
         self._seen[config.stable_hash()] = (trial.number, result)
-        return self.record(trial, result)
+        return optuna.trial.TrialState.COMPLETE, values
 
     def record(self, trial: optuna.Trial, result: Measurement) -> tuple[float, ...]:
         for key, value in result.to_dict().items():
@@ -108,6 +151,51 @@ class StitchObjective:
         if any(math.isnan(v) or math.isinf(v) for v in values):
             trial.set_user_attr("fail_reason", f"non-finite objective values {values}")
         return values
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What evaluating one config gave, in JSON types so it can cross process boundaries.
+
+    Attributes:
+        status: "complete", "pruned" (CKA below threshold, layout mismatch) or "fail".
+        measurement: ``Measurement.to_dict()`` when complete.
+        cka: the config's CKA score when it was computed.
+        reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
+    """
+
+    status: str
+    measurement: dict[str, Any] | None = None
+    cka: float | None = None
+    reason: str | None = None
+
+
+def evaluate_config(
+    ctx: StitchContext,
+    config: StitchConfig,
+    *,
+    cka_threshold: float = 0.0,
+    fuse: bool = False,
+    latency: bool = False,
+) -> TrialOutcome:
+    """CKA-prune, fit and measure ``config``; any exception becomes a "fail" outcome.
+
+    A trial that raises is recorded as FAIL with its reason rather than stopping the study;
+    the runners stop a study whose trials all fail.
+    """
+    cka: float | None = None
+    try:
+        cka = config_cka(ctx, config)
+        if config.is_stitched and cka < cka_threshold:
+            return TrialOutcome("pruned", cka=cka, reason=f"cka {cka:.3f} < {cka_threshold}")
+        _, result = measure(ctx, config, fuse=fuse, latency=latency, cka=cka)
+    except LayoutError as exc:  # a structural mismatch, not a broken trial
+        return TrialOutcome("pruned", cka=cka, reason=f"layout: {exc}")
+    except Exception as exc:  # noqa: BLE001 - failure isolation: the study goes on
+        known = isinstance(exc, (StitchNASError, RuntimeError, ValueError))
+        logger.warning("config %s failed: %s", config.describe(), exc, exc_info=not known)
+        return TrialOutcome("fail", cka=cka, reason=f"{type(exc).__name__}: {exc}")
+    return TrialOutcome("complete", measurement=result.to_dict(), cka=cka)
 
 
 def _check_budgets(budgets: Mapping[str, float]) -> dict[str, float]:
@@ -164,31 +252,46 @@ def create_study(
     sampler: str = "tpe",
     seed: int | None = 0,
     resume: bool = False,
+    storage: str | None = None,
 ) -> optuna.Study:
-    """The study stored in ``out_dir/study.db``; ``resume=True`` continues an existing one."""
+    """The study stored in ``out_dir/study.db``; ``resume=True`` continues an existing one.
+
+    With ``storage``, an Optuna RDB URL such as ``postgresql://user@host/db``, the study lives
+    there instead and several drivers can work on it at once: a driver joins the study if it
+    exists. Only ``resume=True`` marks trials left RUNNING as FAIL, so pass it only when no other
+    driver is running.
+    """
     out = Path(out_dir)
     db = out / "study.db"
-    if db.exists() and not resume:
-        raise ConfigError(
-            f"{out} already holds a study; pass --resume to continue it or choose another --out"
-        )
-    if resume and not db.exists():
-        raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
+    if storage is None:
+        if db.exists() and not resume:
+            raise ConfigError(
+                f"{out} already holds a study; pass --resume to continue it or choose another --out"
+            )
+        if resume and not db.exists():
+            raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
     out.mkdir(parents=True, exist_ok=True)
-    study = optuna.create_study(
-        storage=f"sqlite:///{db}",
-        study_name="stitch_nas",
-        directions=objective.directions,
-        sampler=_sampler(sampler, seed),
-        load_if_exists=resume,
-    )
+    load = resume or storage is not None
+    try:
+        study = optuna.create_study(
+            storage=storage or f"sqlite:///{db}",
+            study_name="stitch_nas",
+            directions=objective.directions,
+            sampler=_sampler(sampler, seed),
+            load_if_exists=load,
+        )
+    except Exception as exc:
+        if storage is None:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"cannot open the study at storage {storage!r}: {first}") from exc
     if resume:
         _fail_stale_running(study)
-        if list(study.user_attrs.get("objectives", objective.names)) != objective.names:
-            raise ConfigError(
-                f"the study in {out} optimises {study.user_attrs['objectives']}, not "
-                f"{objective.names}; resume with the same objectives"
-            )
+    if load and list(study.user_attrs.get("objectives", objective.names)) != objective.names:
+        raise ConfigError(
+            f"the study in {storage or out} optimises {study.user_attrs['objectives']}, not "
+            f"{objective.names}; resume with the same objectives"
+        )
     study.set_user_attr("objectives", objective.names)
     study.set_user_attr("space", objective.space_name)
     study.set_user_attr("budgets", objective.budgets)
@@ -236,6 +339,14 @@ def check_budget_reachable(objective: StitchObjective) -> None:
             )
 
 
+class Executor(Protocol):
+    """Runs trials of ``objective`` until ``study`` holds ``n_trials`` finished ones."""
+
+    def run(
+        self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
+    ) -> optuna.Study: ...
+
+
 def completed_count(study: optuna.Study) -> int:
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     return len(study.get_trials(deepcopy=False, states=states))
@@ -247,14 +358,26 @@ def run_search(
     n_trials: int,
     *,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> optuna.Study:
-    """Run until the study holds ``n_trials`` finished (complete or pruned) trials."""
+    """Run until the study holds ``n_trials`` finished (complete or pruned) trials.
+
+    Args:
+        objective: The objective (search space, objectives, budgets) to run.
+        study: The study to add trials to; finished trials already in it count.
+        n_trials: Total number of finished trials to reach.
+        progress: Show a progress bar.
+        executor: Where trials run; None runs them one by one in this process, a
+            :class:`~stitch_nas.ray_executor.RayExecutor` runs them on Ray workers.
+    """
     if n_trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {n_trials}")
     if "references" not in study.user_attrs:
         refs = measure_references(objective.ctx)
         study.set_user_attr("references", refs)
     check_budget_reachable(objective)
+    if executor is not None:
+        return executor.run(objective, study, n_trials, progress=progress)
     from tqdm.auto import tqdm
 
     done = completed_count(study)

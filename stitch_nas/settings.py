@@ -52,6 +52,12 @@ class SearchSettings:
     device: str = "cpu"
     cache_memory_gb: float = 2.0
     cache_dir: str | None = None
+    executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
+    workers: int = 2  #: Ray workers, i.e. trials in flight (executor "ray")
+    ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = -1.0  #: -1: share the visible GPUs when device is CUDA, else 0
+    storage: str | None = None  #: Optuna RDB URL (e.g. PostgreSQL) instead of DIR/study.db
 
 
 @dataclass

@@ -1,0 +1,233 @@
+"""The Ray executor: parallel trials, shared activations, failure isolation, kill-and-resume.
+
+One local Ray (2 CPUs, no dashboard) serves the module; models are timm's tiny test models.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import ray
+import timm
+import torch
+from safetensors.torch import save_file
+
+from stitch_nas import errors
+from stitch_nas.config import StitchConfig
+from stitch_nas.ray_executor import TEST_HOOKS_ENV, RayExecutor
+from stitch_nas.report import write_report
+from stitch_nas.runner import (
+    StitchObjective,
+    TrialOutcome,
+    completed_count,
+    create_study,
+    evaluate_config,
+    run_search,
+)
+from tests._tiny import tiny_context
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+ROOT = Path(__file__).resolve().parents[1]
+Complete, Fail = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return tiny_context()
+
+
+def _states(study: optuna.Study) -> list[str]:
+    return [t.state.name for t in study.trials]
+
+
+def test_ray_trials_match_the_local_executor(ray_session, ctx, tmp_path):
+    objective = StitchObjective(ctx)
+    local = create_study(objective, tmp_path / "local", sampler="random", seed=1)
+    run_search(objective, local, 4)
+    executor = RayExecutor(workers=2)
+    remote_objective = StitchObjective(ctx)
+    remote = create_study(remote_objective, tmp_path / "ray", sampler="random", seed=2)
+    run_search(remote_objective, remote, 6, executor=executor)
+
+    assert completed_count(remote) == 6, _states(remote)
+    assert executor.last_run["complete"] + executor.last_run["pruned"] >= 1
+    # every worker read its activations from the object store and computed none itself
+    for stats in executor.last_run["worker_cache"]:
+        assert stats["shared_fetches"] > 0 and stats["misses"] == 0, stats
+    # a config measured on a worker measures the same in this process
+    done = [t for t in remote.trials if t.state == Complete and "duplicate_of" not in t.user_attrs]
+    assert done
+    for trial in done:
+        config = StitchConfig.from_dict(trial.user_attrs["config"])
+        here = evaluate_config(ctx, config)
+        assert here.measurement is not None
+        assert math.isclose(here.measurement["accuracy"], trial.values[0], abs_tol=1e-6)
+        assert here.measurement["macs"] == trial.values[1] == trial.user_attrs["macs"]
+    # same report files, same columns, same user attributes as the local executor
+    local_report, remote_report = write_report(local, tmp_path / "local"), None
+    remote_report = write_report(remote, tmp_path / "ray")
+    assert local_report.objectives == remote_report.objectives
+    heads = []
+    for folder in ("local", "ray"):
+        with open(tmp_path / folder / "trials.csv") as handle:
+            heads.append(next(csv.reader(handle)))
+        pareto = json.loads((tmp_path / folder / "pareto.json").read_text())
+        heads.append(sorted(pareto))
+    assert heads[0] == heads[2] and heads[1] == heads[3]
+    local_keys = {k for t in local.trials if t.state == Complete for k in t.user_attrs}
+    remote_keys = {k for t in done for k in t.user_attrs}
+    assert local_keys - {"duplicate_of"} <= remote_keys
+
+
+def test_a_crashing_worker_and_a_raising_trial_do_not_stop_the_study(
+    ray_session, ctx, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(TEST_HOOKS_ENV, json.dumps({"crash_on_trials": [1], "raise_on_trials": [2]}))
+    objective = StitchObjective(ctx)
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=3)
+    executor = RayExecutor(workers=2)
+    run_search(objective, study, 5, executor=executor)
+    assert completed_count(study) == 5, _states(study)
+    crashed, raised = study.trials[1], study.trials[2]
+    assert crashed.state == Fail and "worker died" in crashed.user_attrs["fail_reason"]
+    assert raised.state == Fail and "trial 2 raises" in raised.user_attrs["fail_reason"]
+    assert executor.last_run["worker_restarts"] == 1
+    assert executor.last_run["failed"] == 2
+
+
+def test_a_nan_result_is_recorded_as_failed_with_its_reason(ctx):
+    objective = StitchObjective(ctx)
+    study = optuna.create_study(directions=objective.directions)
+    trial = study.ask()
+    config = objective.sample(trial)
+    nan = {"accuracy": math.nan, "macs": 10, "params": 5, "cka": 0.5}
+    state, values = objective.finish(trial, config, TrialOutcome("complete", measurement=nan))
+    assert state == Fail and values is None
+    assert "non-finite" in trial.user_attrs["fail_reason"]
+
+
+def test_bad_executor_options_are_one_line_errors():
+    with pytest.raises(errors.ConfigError, match="workers must be an integer >= 1, got 0"):
+        RayExecutor(workers=0)
+    with pytest.raises(errors.ConfigError, match="cpus_per_worker"):
+        RayExecutor(cpus_per_worker=0)
+
+
+TINY_SEARCH = """
+zoo:
+  mini_zoo: false
+  models:
+    - {{source: timm, model: test_resnet, weights: {dir}/resnet.safetensors, img_size: 32}}
+    - {{source: timm, model: test_efficientnet, weights: {dir}/effnet.safetensors, img_size: 32}}
+search:
+  sampler: random
+  cka_threshold: 0.0
+"""
+
+
+def _write_tiny_search(folder: Path) -> Path:
+    """A search file over two seeded timm test models, so every run loads the same weights."""
+    for name, arch in [("resnet", "test_resnet"), ("effnet", "test_efficientnet")]:
+        torch.manual_seed(0)
+        model = timm.create_model(arch, pretrained=False, num_classes=10)
+        save_file(model.state_dict(), folder / f"{name}.safetensors")
+    path = folder / "search.yaml"
+    path.write_text(TINY_SEARCH.format(dir=folder))
+    return path
+
+
+def _count(db: Path, state: str) -> int:
+    try:
+        with sqlite3.connect(db, timeout=1) as conn:
+            row = conn.execute("SELECT count(*) FROM trials WHERE state = ?", (state,)).fetchone()
+    except sqlite3.Error:  # not created yet, or locked by the writer
+        return 0
+    return int(row[0])
+
+
+def test_killed_driver_resumes_keeping_completed_trials(tmp_path):
+    config = _write_tiny_search(tmp_path)
+    out, total = tmp_path / "run", 10
+    command = [sys.executable, "-m", "stitch_nas.cli", "search", str(config), "--out", str(out)]
+    command += ["--trials", str(total), "--executor", "ray", "--workers", "2", "--no-progress"]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    slow = {**env, TEST_HOOKS_ENV: json.dumps({"delay_s": 0.5})}  # time to kill it mid-search
+    # its own session, so that what the killed driver's Ray leaves behind can be cleaned up
+    driver = subprocess.Popen(
+        command, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while _count(out / "study.db", "COMPLETE") < 3:
+            if driver.poll() is not None:
+                output = driver.stdout.read().decode() if driver.stdout else ""
+                pytest.fail(f"the driver ended before it was killed: {output[-2000:]}")
+            assert time.monotonic() < deadline, "no trial completed in time"
+            time.sleep(0.1)
+        driver.send_signal(signal.SIGKILL)  # the driver only, as an OOM kill would
+        driver.wait()
+    finally:
+        try:  # Ray's node agents outlive a SIGKILLed driver: end them
+            os.killpg(driver.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    before = optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{out}/study.db")
+    kept = {t.number: t.values for t in before.trials if t.state == Complete}
+    running = [t.number for t in before.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert 3 <= len(kept) < total
+
+    resumed = subprocess.run(command + ["--resume"], env=env, capture_output=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    after = optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{out}/study.db")
+    assert completed_count(after) == total
+    for number, values in kept.items():
+        assert after.trials[number].state == Complete and after.trials[number].values == values
+    for number in running:
+        assert after.trials[number].state == Fail
+        assert after.trials[number].user_attrs["fail_reason"] == "driver stopped mid-trial"
+    assert b"Pareto front" in resumed.stdout
+
+
+def test_a_second_driver_joins_a_study_in_shared_storage(ctx, tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = StitchObjective(ctx)
+    study = create_study(first, tmp_path / "a", sampler="random", storage=url)
+    run_search(first, study, 2)
+    second = StitchObjective(ctx)
+    joined = create_study(second, tmp_path / "b", sampler="random", seed=5, storage=url)
+    assert completed_count(joined) == 2  # joined, without --resume, nothing marked FAIL
+    run_search(second, joined, 4)
+    assert completed_count(study) == 4
+    with pytest.raises(errors.ConfigError, match="cannot open the study at storage"):
+        create_study(first, tmp_path / "c", storage="nosuchdb://x")
+
+
+def test_cli_executor_options_are_checked_before_any_work(capsys, tmp_path):
+    from stitch_nas.cli import main
+
+    out = str(tmp_path / "o")
+    assert main(["demo", "--executor", "local", "--workers", "2", "--out", out]) == 2
+    assert "--workers and --ray-address need --executor ray" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("search: {executor: dask}\n")
+    assert main(["search", str(bad), "--out", out]) == 2
+    assert "unknown executor 'dask'; use one of ('local', 'ray')" in capsys.readouterr().err

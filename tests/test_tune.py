@@ -1,0 +1,85 @@
+"""Ray Tune integration: the searcher's bookkeeping (constraints, pruning) and the example run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from stitch_nas.config import StitchConfig
+from stitch_nas.runner import StitchObjective, evaluate_config
+from stitch_nas.tune import CONFIG_KEY, StitchOptunaSearch, StitchTuneSpace, outcome_metrics
+from tests._tiny import tiny_context
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+ROOT = Path(__file__).resolve().parents[1]
+State = optuna.trial.TrialState
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return tiny_context()
+
+
+def _run_one(searcher, objective, trial_id: str) -> optuna.trial.FrozenTrial:
+    """What Tune does for one trial: suggest, evaluate in the trainable, complete."""
+    config = searcher.suggest(trial_id)
+    stitch = StitchConfig.from_dict(json.loads(config[CONFIG_KEY]))
+    outcome = evaluate_config(objective.ctx, stitch, **objective.evaluation_options())
+    searcher.on_trial_complete(trial_id, outcome_metrics(outcome, objective.names))
+    return searcher.study.trials[-1]
+
+
+def test_searcher_carries_budgets_to_optuna_as_constraints(ctx):
+    objective = StitchObjective(ctx, budgets={"macs": 1_000_000})
+    searcher = StitchOptunaSearch(objective, sampler=optuna.samplers.RandomSampler(seed=0))
+    trials = [_run_one(searcher, objective, f"t{i}") for i in range(5)]
+    complete = [t for t in trials if t.state == State.COMPLETE]
+    assert complete, [t.user_attrs for t in trials]
+    for trial in complete:
+        assert trial.constraints == {"macs": trial.user_attrs["macs"] - 1_000_000}
+        assert trial.values[1] == trial.user_attrs["macs"]
+    assert any(t.user_attrs["macs"] > 1_000_000 for t in complete)  # some are over budget
+    # best_trials holds feasible networks only: the budget reached Optuna
+    assert all(t.user_attrs["macs"] <= 1_000_000 for t in searcher.study.best_trials)
+
+
+def test_searcher_records_pruned_and_failed_trials(ctx):
+    objective = StitchObjective(ctx, cka_threshold=1.0)  # nothing stitched reaches CKA 1
+    searcher = StitchOptunaSearch(objective, sampler=optuna.samplers.RandomSampler(seed=1))
+    trial = _run_one(searcher, objective, "pruned")
+    assert trial.state == State.PRUNED and trial.user_attrs["prune_reason"].startswith("cka")
+    searcher.suggest("crashed")
+    searcher.on_trial_complete("crashed", None, error=True)
+    crashed = searcher.study.trials[-1]
+    assert crashed.state == State.FAIL and "raised" in crashed.user_attrs["fail_reason"]
+
+
+def test_space_works_with_plain_optuna_search(ctx):
+    from ray.tune.search.optuna import OptunaSearch
+
+    objective = StitchObjective(ctx)
+    searcher = OptunaSearch(
+        space=StitchTuneSpace(objective), metric=objective.names, mode=["max", "min"]
+    )
+    config = searcher.suggest("a")
+    assert StitchConfig.from_dict(json.loads(config[CONFIG_KEY])).is_stitched
+
+
+def test_tune_example_runs_and_prints_the_front(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "examples" / "ray_tune_optuna.py"), "--tiny"]
+    command += ["--trials", "6", "--results", str(tmp_path)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = re.search(r"6 Tune trials: (\d+) complete", run.stdout)
+    assert counts and int(counts.group(1)) >= 1, run.stdout
+    front = re.search(r"Pareto front \(MACs budget [\d,]+\): (\d+) networks", run.stdout)
+    assert front and int(front.group(1)) >= 1, run.stdout
+    assert len(re.findall(r"^#\s*\d+\s+accuracy", run.stdout, flags=re.M)) == int(front.group(1))
