@@ -7,17 +7,23 @@ from .build import StitchedNet, build
 from .config import AdapterSpec, Fragment, HeadSpec, StitchConfig
 from .context import StitchContext
 from .costs import count_macs, count_params
+from .deploy import ElasticNet, ExportedNet, load
 from .errors import StitchNASError
+from .export import ExportItem, export_elastic, export_network
 from .fragments import CutPoint, cut_points, segment, split
 from .measure import Measurement, measure
 from .runner import make_objective
 from .similarity import cka_matrix, linear_cka, minibatch_cka
+from .study_export import export_study
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AdapterSpec",
     "CutPoint",
+    "ElasticNet",
+    "ExportItem",
+    "ExportedNet",
     "Fragment",
     "HeadSpec",
     "Measurement",
@@ -30,7 +36,11 @@ __all__ = [
     "count_macs",
     "count_params",
     "cut_points",
+    "export_elastic",
+    "export_network",
+    "export_study",
     "linear_cka",
+    "load",
     "make_objective",
     "measure",
     "minibatch_cka",

@@ -1,4 +1,4 @@
-"""``stitch-nas``: demo, search, report and zoo commands.
+"""``stitch-nas``: demo, search, report, export and zoo commands.
 
 Every error a user can cause ends in one line on stderr and exit code 2, never a traceback.
 """
@@ -35,6 +35,19 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write and print the report of a search folder")
     report.add_argument("dir", help="a folder written by demo or search")
 
+    export = sub.add_parser("export", help="export networks of a search folder to DIR/models")
+    export.add_argument("dir", help="a folder written by demo or search")
+    export.add_argument(
+        "--trials", default="pareto", help="'pareto' (default) or trial numbers, e.g. 12,40"
+    )
+    export.add_argument(
+        "--format",
+        default="safetensors,onnx,torchscript",
+        help="comma-separated: safetensors (always written), onnx, torchscript",
+    )
+    export.add_argument("--elastic", action="store_true", help="also write one elastic package")
+    export.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
     zoo = sub.add_parser("zoo", help="list or build the embedded mini zoo")
     zoo.add_argument("action", choices=["list", "build"])
     zoo.add_argument("--cache-dir", default=None, help="where the zoo is cached")
@@ -49,6 +62,9 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampler seed")
     parser.add_argument("--cache-dir", default=None, help="where the mini zoo is cached")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--no-export", action="store_true", help="do not export the Pareto front to OUT/models"
+    )
     parser.add_argument(
         "--executor", choices=["local", "ray"], default=None, help="where trials run (local)"
     )
@@ -76,6 +92,8 @@ def _run_search(args: argparse.Namespace) -> int:
         settings.search.seed = args.seed
     if args.cache_dir is not None:
         settings.zoo.cache_dir = args.cache_dir
+    if args.no_export:
+        settings.search.export = False
     for option in ("executor", "workers", "ray_address", "storage"):
         if getattr(args, option) is not None:
             setattr(settings.search, option, getattr(args, option))
@@ -87,6 +105,30 @@ def _run_search(args: argparse.Namespace) -> int:
         settings, Path(args.out), resume=args.resume, progress=not args.no_progress, echo=print
     )
     print(summary.table())
+    return 0
+
+
+def _trial_numbers(text: str) -> str | list[int]:
+    if text == "pareto":
+        return text
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--trials {text!r}: use 'pareto' or trial numbers like 12,40") from None
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .pipeline import export_folder
+
+    formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    summary = export_folder(
+        Path(args.dir),
+        trials=_trial_numbers(args.trials),
+        formats=formats,
+        elastic=args.elastic,
+        progress=not args.no_progress,
+    )
+    print(summary.describe())
     return 0
 
 
@@ -115,10 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # one INFO line per trial drowns the progress bar
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
     handlers = {
         "demo": _run_search,
         "search": _run_search,
         "report": _report,
+        "export": _export,
         "zoo": _zoo,
     }
     try:

@@ -20,6 +20,8 @@ __all__ = [
     "DataError",
     "BudgetError",
     "TraceError",
+    "ExportError",
+    "IntegrityError",
     "MissingDependencyError",
 ]
 
@@ -73,6 +75,14 @@ class BudgetError(StitchNASError, ValueError):
 
 class TraceError(StitchNASError, RuntimeError):
     """torch.fx (or an exporter) could not trace a model."""
+
+
+class ExportError(StitchNASError, ValueError):
+    """A trial or network cannot be exported as asked (failed trial, unknown format, ...)."""
+
+
+class IntegrityError(StitchNASError, ValueError):
+    """An exported file is missing or does not match the sha256 recorded beside it."""
 
 
 class MissingDependencyError(StitchNASError, ImportError):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,18 @@ from .data import DataSplits, load_digits_splits
 from .datasets import load_image_folder, load_torchvision_dataset
 from .errors import ConfigError
 from .runner import StitchObjective, create_study, run_search
-from .settings import DataSettings, Settings, ZooSettings
+from .settings import DataSettings, Settings, ZooSettings, settings_from_dict
+from .study_export import FORMATS, ExportSummary, export_study
 from .zoo import Zoo
 
-__all__ = ["load_data", "load_zoo", "run_settings", "report_folder"]
+__all__ = [
+    "load_data",
+    "load_zoo",
+    "run_settings",
+    "report_folder",
+    "export_folder",
+    "load_folder_study",
+]
 
 logger = logging.getLogger(__name__)
 DATA_KINDS = ("digits", "image_folder", "torchvision")
@@ -97,18 +106,64 @@ def run_settings(
         resume=resume,
         storage=search.storage,
     )
+    study.set_user_attr("settings", asdict(settings))  # what `stitch-nas export` rebuilds from
     start = time.perf_counter()
     run_search(objective, study, search.trials, progress=progress, executor=executor)
     echo(f"{search.trials} trials in {time.perf_counter() - start:.1f} s")
-    return write_report(study, out_dir)
+    summary = write_report(study, out_dir)
+    if search.export:
+        models = Path(out_dir) / "models"
+        export = export_study(study, ctx, models, elastic=True, fuse=search.fuse, progress=progress)
+        echo(export.describe())
+    return summary
+
+
+def load_folder_study(out_dir: Path) -> optuna.Study:
+    """The study a search wrote to ``out_dir``."""
+    db = Path(out_dir) / "study.db"
+    if not db.is_file():
+        raise ConfigError(f"{out_dir} holds no study ({db} is missing); run a search there first")
+    return optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{db}")
 
 
 def report_folder(out_dir: Path):
     """Rewrite and return the report of the study stored in ``out_dir``."""
     from .report import write_report
 
-    db = Path(out_dir) / "study.db"
-    if not db.is_file():
-        raise ConfigError(f"{out_dir} holds no study ({db} is missing); run a search there first")
-    study = optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{db}")
-    return write_report(study, out_dir)
+    return write_report(load_folder_study(out_dir), out_dir)
+
+
+def export_folder(
+    out_dir: Path,
+    *,
+    trials: str | Sequence[int] = "pareto",
+    formats: Sequence[str] = FORMATS,
+    elastic: bool = False,
+    progress: bool = True,
+) -> ExportSummary:
+    """Export trials of the search in ``out_dir`` to ``out_dir/models``.
+
+    The zoo and data are rebuilt from the settings the search stored in its study, so the
+    exported networks are the ones it measured (the export checks their accuracy again).
+    """
+    study = load_folder_study(out_dir)
+    raw = study.user_attrs.get("settings")
+    if raw is None:
+        raise ConfigError(
+            f"the study in {out_dir} does not record its settings (written by an older "
+            "stitch_nas); run the search again to export from it"
+        )
+    settings = settings_from_dict(raw)
+    data = load_data(settings.data)
+    zoo = load_zoo(settings.zoo, data, progress=progress)
+    ctx = StitchContext(zoo, data, device=settings.search.device)
+    return export_study(
+        study,
+        ctx,
+        Path(out_dir) / "models",
+        trials=trials,
+        formats=formats,
+        elastic=elastic,
+        fuse=settings.search.fuse,
+        progress=progress,
+    )

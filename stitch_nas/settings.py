@@ -52,6 +52,7 @@ class SearchSettings:
     device: str = "cpu"
     cache_memory_gb: float = 2.0
     cache_dir: str | None = None
+    export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
     executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
     workers: int = 2  #: Ray workers, i.e. trials in flight (executor "ray")
     ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray

@@ -100,6 +100,12 @@ def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir):
     assert len(rows) >= 51 and "state" in rows[0]
     code, again, _ = _run(capsys, "report", str(out))
     assert code == 0 and "hypervolume" in again
+    # the demo ends by exporting its front: one folder per front network and an elastic package
+    exported = sorted(p.name for p in (out / "models").iterdir())
+    assert "elastic" in exported and f"trial_{report['front'][0]['number']}" in exported
+    assert "exported" in stdout
+    code, stdout, _ = _run(capsys, "export", str(out), "--trials", "0,zero")
+    assert code == 2
     code, _, err = _run(capsys, "demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir))
     assert code == 2 and "--resume" in err  # an existing study is never overwritten
 

@@ -1,0 +1,268 @@
+"""Export and load: the loaded network is the measured one, files are checked, nothing half-made."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import optuna
+import pytest
+import torch
+
+from stitch_nas import errors, load
+from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
+from stitch_nas.context import StitchContext
+from stitch_nas.costs import count_macs, count_params
+from stitch_nas.deploy import ElasticNet, ExportedNet
+from stitch_nas.export import ExportItem, export_elastic, export_network
+from stitch_nas.measure import measure
+from stitch_nas.study_export import select_trials
+from stitch_nas.zoo import Zoo, ZooEntry
+
+CONFIGS = {
+    "grid": StitchConfig(
+        (Fragment("efficientnet", None, "bn1"), Fragment("byobnet", "stages.0.0", None)),
+        (AdapterSpec("lstsq"),),
+    ),
+    "fused": StitchConfig(
+        (Fragment("resnet", None, "layer1.0"), Fragment("convnext", "stages.1.blocks.0", None)),
+        (AdapterSpec("lstsq", {"fuse": True}),),
+    ),
+    "chain": StitchConfig(
+        (
+            Fragment("resnet", None, "layer1.0"),
+            Fragment("efficientnet", "blocks.2.0", "blocks.3.0"),
+            Fragment("byobnet", "stages.2.0", None),
+        ),
+        (AdapterSpec("lstsq"), AdapterSpec("lstsq", {"fuse": True})),
+    ),
+    "tokens_knn": StitchConfig(
+        (Fragment("vit", None, "blocks.1"), Fragment("vit", "blocks.2", "blocks.3")),
+        (AdapterSpec("lstsq"),),
+        HeadSpec("knn"),
+    ),
+    "linear_probe": StitchConfig(
+        (
+            Fragment("resnet", None, "layer1.0"),
+            Fragment("efficientnet", "blocks.2.0", "blocks.3.0"),
+        ),
+        (AdapterSpec("lstsq"),),
+        HeadSpec("linear_probe"),
+    ),
+    # a trained adapter across architectures, with a fine-tuned copy of the ViT suffix
+    "trained_cnn_to_vit": StitchConfig(
+        (Fragment("resnet", None, "layer2.0"), Fragment("vit", "blocks.1", None)),
+        (AdapterSpec("linear", {"steps": 5, "loss": "task", "train": "suffix"}),),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ctx(mini_zoo, digits):
+    return StitchContext(mini_zoo, digits)
+
+
+@pytest.fixture(scope="module")
+def items(ctx):
+    out = {}
+    for name, config in CONFIGS.items():
+        _, m = measure(ctx, config)
+        out[name] = ExportItem(f"trial_{len(out)}", config, m.to_dict(), len(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(ctx, items, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("exports")
+    formats = ["safetensors", "onnx", "torchscript"]
+    return {name: export_network(ctx, item, dest, formats=formats) for name, item in items.items()}
+
+
+def _in_memory(ctx, item) -> ExportedNet:
+    from stitch_nas.measure import fit_net_head
+
+    net, _ = measure(ctx, item.config)
+    return ExportedNet(net, fit_net_head(ctx, net), tuple(ctx.data.label_names))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_loaded_network_equals_the_measured_one(ctx, items, exported, name):
+    folder = exported[name]
+    loaded = load(folder)
+    x = ctx.split("val").x[:64]
+    with torch.no_grad():
+        expected = _in_memory(ctx, items[name])(x)
+        got = loaded(x)
+    assert (got - expected).abs().max() <= 1e-5
+    meta = json.loads((folder / "meta.json").read_text())
+    assert count_params(loaded.net) == meta["metrics"]["params"]
+    assert count_macs(loaded.net, (1, 3, 32, 32)) == meta["metrics"]["macs"]
+    accuracy = float((got.argmax(1) == ctx.labels("val")[:64]).float().mean())
+    assert accuracy >= 0.0 and meta["metrics"]["accuracy"] == items[name].metrics["accuracy"]
+    assert set(meta["files"]) >= {"model.safetensors", "stitch.json", "model.onnx", "model.pt"}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_onnx_and_torchscript_match(ctx, exported, name):
+    ort = pytest.importorskip("onnxruntime")
+    folder = exported[name]
+    x = ctx.split("val").x[:8]
+    with torch.no_grad():
+        expected = load(folder)(x)
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    (onnx_out,) = session.run(None, {"images": x.numpy()})
+    assert abs(onnx_out - expected.numpy()).max() <= 1e-4
+    script = torch.jit.load(str(folder / "model.pt"))
+    assert (script(x) - expected).abs().max() <= 1e-5
+
+
+def test_loaded_accuracy_is_the_recorded_accuracy(ctx, items, exported):
+    loaded = load(exported["grid"])
+    with torch.no_grad():
+        scores = loaded(ctx.split("val").x)
+    accuracy = float((scores.argmax(1) == ctx.labels("val")).float().mean())
+    assert accuracy == pytest.approx(items["grid"].metrics["accuracy"], abs=1e-9)
+
+
+def test_tampered_or_missing_files_are_refused(exported, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(exported["grid"], copy)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(errors.IntegrityError, match="sha256"):
+        load(copy)
+    weights.unlink()
+    with pytest.raises(errors.IntegrityError, match="missing"):
+        load(copy)
+    with pytest.raises(errors.IntegrityError, match="meta.json"):
+        load(tmp_path)
+
+
+def test_elastic_package_selects_the_individual_networks_and_is_smaller(
+    ctx, items, exported, tmp_path
+):
+    chosen = [items[n] for n in ("grid", "fused", "chain")]
+    folder = export_elastic(ctx, chosen, tmp_path / "elastic")
+    elastic = load(folder)
+    assert isinstance(elastic, ElasticNet)
+    x = ctx.split("val").x[:16]
+    for item, name in zip(chosen, ("grid", "fused", "chain"), strict=True):
+        assert elastic.select(trial=item.trial) == item.name
+        with torch.no_grad():
+            assert (elastic(x) - load(exported[name])(x)).abs().max() <= 1e-6
+    names = ("grid", "fused", "chain")
+    together = sum((exported[n] / "model.safetensors").stat().st_size for n in names)
+    package = (folder / "model.safetensors").stat().st_size
+    print(f"elastic package {package} bytes, individual exports {together} bytes")
+    assert package < together  # resnet's prefix and the byobnet suffix are stored once
+    rows = elastic.configs()
+    assert {r["name"] for r in rows} == {i.name for i in chosen}
+    budget = sorted(r["macs"] for r in rows)[1]
+    name = elastic.select(max_macs=budget)
+    fits = [r for r in rows if r["macs"] <= budget]
+    assert name == max(fits, key=lambda r: r["accuracy"])["name"]
+    with pytest.raises(errors.BudgetError, match="cheapest"):
+        elastic.select(max_macs=1)
+
+
+def test_a_network_that_does_not_measure_as_recorded_is_refused(ctx, items, tmp_path):
+    item = items["grid"]
+    wrong = ExportItem("wrong", item.config, {**item.metrics, "accuracy": 0.01}, 0)
+    with pytest.raises(errors.ExportError, match="recorded 0.0100"):
+        export_network(ctx, wrong, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no folder, no temporary left behind
+
+
+def test_unknown_format_is_refused(ctx, items, tmp_path):
+    with pytest.raises(errors.ExportError, match="unknown export format 'tflite'"):
+        export_network(ctx, items["grid"], tmp_path, formats=["tflite"])
+
+
+def test_a_part_that_cannot_be_traced_is_named_and_the_rest_exported(
+    ctx, items, tmp_path, monkeypatch
+):
+    from stitch_nas import traced_formats
+    from stitch_nas.lstsq import LinearStitch
+
+    real = traced_formats._WRITERS["onnx"]
+
+    def refuse_stitches(module, x, path):
+        if isinstance(module, LinearStitch) or any(
+            isinstance(m, LinearStitch) for m in module.modules()
+        ):
+            raise RuntimeError("unsupported operator")
+        real(module, x, path)
+
+    monkeypatch.setitem(traced_formats._WRITERS, "onnx", refuse_stitches)
+    folder = export_network(ctx, items["grid"], tmp_path, formats=["onnx", "torchscript"])
+    meta = json.loads((folder / "meta.json").read_text())
+    assert "part 1 (stitch" in meta["formats_failed"]["onnx"]
+    assert not (folder / "model.onnx").exists() and (folder / "model.pt").is_file()
+    assert not list(folder.glob(".probe-*"))
+
+
+def test_failed_export_keeps_the_previous_folder(ctx, items, tmp_path, monkeypatch):
+    from stitch_nas import export
+
+    folder = export_network(ctx, items["grid"], tmp_path)
+    before = (folder / "meta.json").read_bytes()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "save_weights", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_network(ctx, items["grid"], tmp_path)
+    assert (folder / "meta.json").read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+
+
+def test_user_modules_must_be_passed_to_load(ctx, items, digits, tmp_path):
+    entry = ctx.entry("efficientnet")
+    user = ZooEntry("mine", entry.model, entry.input_spec, entry.label_names, source="user")
+    zoo = Zoo([user, ctx.entry("byobnet")])
+    user_ctx = StitchContext(zoo, digits)
+    config = StitchConfig(
+        (Fragment("mine", None, "bn1"), Fragment("byobnet", "stages.0.0", None)),
+        (AdapterSpec("lstsq"),),
+    )
+    _, m = measure(user_ctx, config)
+    folder = export_network(user_ctx, ExportItem("user", config, m.to_dict()), tmp_path)
+    with pytest.raises(errors.ConfigError, match="modules="):
+        load(folder)
+    import timm
+
+    fresh = timm.create_model("test_efficientnet", pretrained=False, num_classes=10)
+    loaded = load(folder, modules={"mine": fresh})
+    assert loaded(digits.val.x[:4]).shape == (4, 10)
+
+
+def _study_with_states() -> optuna.Study:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    config = CONFIGS["grid"].to_dict()
+    for state in ("complete", "pruned", "fail"):
+        trial = study.ask()
+        trial.set_user_attr("config", config)
+        if state == "complete":
+            study.tell(trial, [0.9, 1e6])
+        elif state == "pruned":
+            trial.set_user_attr("prune_reason", "cka 0.1 < 0.3")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial, [math.nan, math.nan])
+    return study
+
+
+def test_only_completed_trials_can_be_exported():
+    study = _study_with_states()
+    assert [t.number for t in select_trials(study, [0])] == [0]
+    with pytest.raises(errors.ExportError, match="trial 1 is PRUNED .cka 0.1"):
+        select_trials(study, [1])
+    with pytest.raises(errors.ExportError, match="trial 2 is FAIL"):
+        select_trials(study, [2])
+    with pytest.raises(errors.ExportError, match="does not exist"):
+        select_trials(study, [7])
