@@ -34,7 +34,9 @@ __all__ = ["ActivationKey", "ActivationCache", "weights_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 1  # bump when the digest recipe or the file layout changes, to orphan old files
+# bump when the digest recipe, the file layout or how activations are computed changes, to
+# orphan old files (2: activations at a cut followed by an in-place op were overwritten)
+_FORMAT = 2
 
 
 @dataclass(frozen=True)

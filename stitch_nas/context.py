@@ -194,7 +194,9 @@ class StitchContext:
         bounds: list[str | None] = [None, *(c.name for c in self.cuts(model)), None]
         x, acts = self.inputs(model, split), {}
         for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            x = self.run(self.segment(model, start, end), x)
+            # a copy in: a piece may open with an in-place op (ReLU(inplace=True) after a
+            # norm cut), which would overwrite the activation just cached for the previous cut
+            x = self.run(self.segment(model, start, end), x.clone())
             check_finite(x, f"activations of {model!r} at {end or 'output'!r} on {split}")
             acts[end] = x
         return acts

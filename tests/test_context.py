@@ -5,6 +5,7 @@ from __future__ import annotations
 import runpy
 
 import pytest
+import torch
 
 from stitch_nas import similarity
 from tests._tiny import tiny_context
@@ -42,3 +43,17 @@ def test_own_study_example_runs(monkeypatch, mini_zoo, mini_zoo_dir, capsys):
     study = module["main"](n_trials=6)
     assert len(study.trials) == 6
     assert study.best_trials and "accuracy" in capsys.readouterr().out
+
+
+def test_cached_activations_survive_in_place_ops_after_the_cut():
+    """test_resnet's ReLU after bn1 is in place: the cached bn1 output must stay pre-ReLU."""
+    from stitch_nas.fragments import segment
+
+    ctx = tiny_context()
+    model = ctx.entry("resnet").model
+    inputs = ctx.inputs("resnet", "probe")
+    with torch.no_grad():
+        direct = segment(model, None, "bn1", input_shape=(1, 3, 32, 32))(inputs.clone())
+    cached = ctx.activation("resnet", "bn1", "probe")
+    assert (cached < 0).any()  # not clipped by the ReLU that follows
+    assert torch.allclose(cached, direct, atol=1e-6)
