@@ -10,6 +10,7 @@ saved state dict loads strictly and the outputs are those of the measured networ
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping
@@ -184,9 +185,16 @@ def _fused_joint(stitch: LinearStitch, seg: nn.Module, bias_map: list[int] | Non
 def assemble(recipe: Mapping[str, Any], chains: Mapping[str, PieceChain]) -> StitchedNet:
     """The empty network ``recipe`` describes, built from the source models in ``chains``."""
     config = StitchConfig.from_dict(recipe["config"])
+    copies = set(recipe.get("own_copies", ()))
+
+    def fragment(chain: PieceChain, start: str | None, end: str | None, index: int) -> nn.Module:
+        # fine-tuned fragments get pieces of their own; the others share the source model
+        seg = chain.fragment(start, end)
+        return copy.deepcopy(seg) if index in copies else seg
+
     first = config.fragments[0]
     chain = chains[first.model]
-    parts: list[nn.Module] = [chain.fragment(None, first.end)]
+    parts: list[nn.Module] = [fragment(chain, None, first.end, 0)]
     info: list[tuple[tuple[Any, ...], tuple[int, ...]]] = [
         (("fragment", first.model, None, first.end), chain.input_shape[1:])
     ]
@@ -198,7 +206,7 @@ def assemble(recipe: Mapping[str, Any], chains: Mapping[str, PieceChain]) -> Sti
         chain = chains[frag.model]
         dst = chain.cut(frag.start)
         stitch = _empty_adapter(adapter, x_cut, dst)
-        seg = chain.fragment(frag.start, frag.end)
+        seg = fragment(chain, frag.start, frag.end, len(parts) + 1)  # index after the adapter
         src_key = (x_cut.layout, x_cut.shape, x_cut.prefix_tokens)
         if joint["fused"]:
             if not isinstance(stitch, LinearStitch):

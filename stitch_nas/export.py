@@ -24,6 +24,7 @@ from torch import nn
 
 from .architectures import check_architecture
 from .artifacts import atomic_folder, checksums, save_weights
+from .build import StitchedNet
 from .config import StitchConfig
 from .context import StitchContext
 from .deploy import FORMAT_VERSION, ElasticNet, ExportedNet, joint_recipes, load
@@ -72,9 +73,31 @@ def _recipe(ctx: StitchContext, exported: ExportedNet) -> dict[str, Any]:
         "input_spec": {"size": list(spec.size), "mean": list(spec.mean), "std": list(spec.std)},
         "label_names": list(exported.label_names),
         "joints": joint_recipes(exported.net),
+        "own_copies": _own_copies(ctx, exported.net),
         "head": head_recipe(exported.head),
         "metrics": exported.metrics,
     }
+
+
+def _own_copies(ctx: StitchContext, net: StitchedNet) -> list[int]:
+    """Parts that are fine-tuned copies of a fragment rather than the zoo's own pieces.
+
+    A loader shares one instance of each source model among all fragments (and all networks
+    of an elastic package); a trained copy must get pieces of its own, or its weights and
+    those of the zoo fragment it overlaps would land in the same tensors.
+    """
+    copies = []
+    for i, (part, (key, _)) in enumerate(zip(net.parts, net.part_info, strict=True)):
+        if key[0] != "fragment":
+            continue
+        zoo = ctx.segment(*key[1:4])
+        pieces = list(part) if isinstance(part, nn.Sequential) else [part]
+        zoo_pieces = list(zoo) if isinstance(zoo, nn.Sequential) else [zoo]
+        if len(pieces) != len(zoo_pieces) or any(
+            a is not b for a, b in zip(pieces, zoo_pieces, strict=True)
+        ):
+            copies.append(i)
+    return copies
 
 
 def _sources(ctx: StitchContext, models: Sequence[str]) -> dict[str, Any]:

@@ -52,7 +52,11 @@ CONFIGS = {
     # a trained adapter across architectures, with a fine-tuned copy of the ViT suffix
     "trained_cnn_to_vit": StitchConfig(
         (Fragment("resnet", None, "layer2.0"), Fragment("vit", "blocks.1", None)),
-        (AdapterSpec("linear", {"steps": 5, "loss": "task", "train": "suffix"}),),
+        (
+            AdapterSpec(
+                "linear", {"steps": 30, "eval_every": 10, "loss": "task", "train": "suffix"}
+            ),
+        ),
     ),
 }
 
@@ -145,20 +149,25 @@ def test_tampered_or_missing_files_are_refused(exported, tmp_path):
 def test_elastic_package_selects_the_individual_networks_and_is_smaller(
     ctx, items, exported, tmp_path
 ):
-    chosen = [items[n] for n in ("grid", "fused", "chain")]
+    # the ViT pair overlaps: a fine-tuned copy of vit[blocks.1:] and the zoo's vit[blocks.2:3]
+    names = ("grid", "fused", "chain", "tokens_knn", "trained_cnn_to_vit")
+    chosen = [items[n] for n in names]
     folder = export_elastic(ctx, chosen, tmp_path / "elastic")
     elastic = load(folder)
     assert isinstance(elastic, ElasticNet)
     x = ctx.split("val").x[:16]
-    for item, name in zip(chosen, ("grid", "fused", "chain"), strict=True):
+    trained, _ = measure(ctx, items["trained_cnn_to_vit"].config)
+    zoo_vit = ctx.segment("vit", "blocks.1", None).state_dict()
+    copy_vit = trained.parts[2].state_dict()
+    assert any(not torch.equal(zoo_vit[k], copy_vit[k]) for k in zoo_vit)  # it did train
+    for item, name in zip(chosen, names, strict=True):
         assert elastic.select(trial=item.trial) == item.name
         with torch.no_grad():
             assert (elastic(x) - load(exported[name])(x)).abs().max() <= 1e-6
-    names = ("grid", "fused", "chain")
     together = sum((exported[n] / "model.safetensors").stat().st_size for n in names)
     package = (folder / "model.safetensors").stat().st_size
     print(f"elastic package {package} bytes, individual exports {together} bytes")
-    assert package < together  # resnet's prefix and the byobnet suffix are stored once
+    assert package < together  # e.g. resnet's prefix and byobnet's suffix are stored once
     rows = elastic.configs()
     assert {r["name"] for r in rows} == {i.name for i in chosen}
     budget = sorted(r["macs"] for r in rows)[1]
