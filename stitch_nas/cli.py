@@ -26,7 +26,12 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="search the embedded digits zoo (no downloads)")
     _search_options(demo, default_out="stitch_nas_demo")
-    demo.add_argument("--space", default="pairwise", help="search space (pairwise, chain)")
+    demo.add_argument(
+        "--space",
+        default="pairwise",
+        help="search space: pairwise, chain, gap, or a seed preset (stitchnet, restnet, snnet, "
+        "traft)",
+    )
 
     search = sub.add_parser("search", help="search as described by a YAML config file")
     search.add_argument("config", help="YAML file (see examples/search.yaml)")
@@ -75,6 +80,17 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     )
 
 
+_DEMO_SPACE_OPTIONS: dict[str, dict] = {
+    "chain": {"max_fragments": 3},
+    # StitchNet's recursion is O(K^L): one stitch per chain keeps it to seconds on the mini zoo
+    "stitchnet": {"max_joints": 1},
+    # trained adapters: a short budget per trial
+    "gap": {"adapter_options": {"steps": 50}},
+    "restnet": {"adapter_options": {"steps": 50}},
+    "traft": {"adapter_options": {"steps": 50}},
+}
+
+
 def _run_search(args: argparse.Namespace) -> int:
     from .pipeline import run_settings
     from .settings import Settings, load_settings
@@ -82,8 +98,8 @@ def _run_search(args: argparse.Namespace) -> int:
     settings = load_settings(args.config) if args.command == "search" else Settings()
     if args.command == "demo":
         settings.search.space = args.space
-        if args.space == "chain":
-            settings.search.space_options = {"max_fragments": 3}
+        # options that keep the demo to minutes on a laptop; the YAML file sets any of them
+        settings.search.space_options = _DEMO_SPACE_OPTIONS.get(args.space, {})
     if args.trials is not None:
         settings.search.trials = args.trials
     if args.sampler is not None:
