@@ -1,0 +1,233 @@
+"""How close each search gets to the exhaustive Pareto front of a small, enumerable space.
+
+    python benchmarks/search_quality.py [--models resnet,convnext,...] [--seeds 3]
+
+The space is ``pairwise`` with least-squares stitches on the embedded mini zoo (two different
+models, one cut each, both directions): every config in it is measured once (accuracy on the
+validation split, MACs, CKA) to get the exhaustive front. Then TPE, NSGA-II and random search
+(the runner's samplers, CKA pruning at ``--cka-threshold`` before fitting, as in a real study)
+and the StitchNet recursion (Alg. 1, K=2, T=0.5, L=16, one stitch so its networks lie in the
+same space; evaluated best score first) run at budgets of 5 %, 10 % and 25 % of the space.
+Least-squares stitches are deterministic, so a search's trial reads the exhaustive
+measurement of the config it sampled instead of refitting it (same numbers, less time).
+
+Reported: hypervolume (accuracy up, MACs down; reference point accuracy 0 and 1.1 x the
+largest MACs in the space) of each found front as a fraction of the exhaustive front's, median
+and range over seeds; the share of trials CKA pruning answered without fitting; the Spearman
+correlation between CKA score and accuracy over the whole space. Writes
+benchmarks/results/search_quality.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import torch
+from scipy.stats import spearmanr
+
+import search_spaces
+from search_spaces.pairwise import joinable
+from search_spaces.stitchnet import stitchnet_search
+from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
+from stitch_nas.context import StitchContext
+from stitch_nas.data import load_digits_splits
+from stitch_nas.mini_zoo import load_mini_zoo
+from stitch_nas.pareto import hypervolume
+from stitch_nas.runner import _sampler, evaluate_config
+
+RESULTS = Path(__file__).parent / "results" / "search_quality.json"
+BUDGETS = (0.05, 0.10, 0.25)
+DIRECTIONS = ("maximize", "minimize")
+
+
+def enumerate_pairwise(ctx: StitchContext, models: list[str]) -> list[StitchConfig]:
+    """Every config of the ``pairwise`` space with least squares over ``models``."""
+    configs = []
+    for a in models:
+        for b in models:
+            if a == b:
+                continue
+            for ca in ctx.cuts(a):
+                for cb in ctx.cuts(b):
+                    if joinable(ca, cb):
+                        frags = (Fragment(a, None, ca.name), Fragment(b, cb.name, None))
+                        configs.append(StitchConfig(frags, (AdapterSpec("lstsq"),)))
+    return configs
+
+
+def front_hv(points: list[tuple[float, float]], ref: list[float]) -> float:
+    return hypervolume(points, DIRECTIONS, ref) if points else 0.0
+
+
+def run_sampler(
+    name: str,
+    seed: int,
+    n: int,
+    ctx: StitchContext,
+    table: dict[str, dict],
+    models: list[str],
+    threshold: float,
+) -> tuple[list[tuple[float, float]], int]:
+    """``n`` trials of the pairwise space; returns measured points and how many were pruned."""
+    study = optuna.create_study(directions=list(DIRECTIONS), sampler=_sampler(name, seed))
+    points, pruned = [], 0
+    for _ in range(n):
+        trial = study.ask()
+        config = search_spaces.sample("pairwise", trial, ctx, models=models)
+        row = table[config.stable_hash()]
+        if row["cka"] < threshold:  # the runner prunes here, before any fitting
+            pruned += 1
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        values = (row["accuracy"], row["macs"])
+        points.append(values)
+        study.tell(trial, values)
+    return points, pruned
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated zoo models (default: all)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--cka-threshold", type=float, default=0.3)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    data = load_digits_splits()
+    zoo = load_mini_zoo(data)
+    ctx = StitchContext(zoo, data)
+    models = [m for m in args.models.split(",") if m] or sorted(zoo.names())
+
+    start = time.perf_counter()
+    configs = enumerate_pairwise(ctx, models)
+    table: dict[str, dict[str, Any]] = {}
+    for config in configs:
+        outcome = evaluate_config(ctx, config)
+        if outcome.status != "complete" or outcome.measurement is None:
+            raise SystemExit(f"{config.describe()} did not measure: {outcome.reason}")
+        m = outcome.measurement
+        table[config.stable_hash()] = {
+            "accuracy": m["accuracy"],
+            "macs": m["macs"],
+            "cka": m["cka"],
+        }
+    exhaustive_seconds = time.perf_counter() - start
+    rows = list(table.values())
+    ref = [0.0, 1.1 * max(r["macs"] for r in rows)]
+    all_points = [(r["accuracy"], r["macs"]) for r in rows]
+    full = front_hv(all_points, ref)
+    rho = float(spearmanr([r["cka"] for r in rows], [r["accuracy"] for r in rows]).statistic)
+    below = [r for r in rows if r["cka"] < args.cka_threshold]
+    front_keys = _front(table)
+    front_pruned = sum(table[k]["cka"] < args.cka_threshold for k in front_keys)
+
+    results: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    ranked = stitchnet_search(ctx, models=models, max_joints=1, fuse=False)
+    stitchnet_seconds = time.perf_counter() - start
+    in_space = [r.config for r in ranked if r.config.stable_hash() in table]
+    for fraction in BUDGETS:
+        n = max(1, round(fraction * len(configs)))
+        for name in ("tpe", "nsga2", "random"):
+            fracs, pruned_share = [], []
+            for seed in range(args.seeds):
+                points, pruned = run_sampler(name, seed, n, ctx, table, models, args.cka_threshold)
+                fracs.append(front_hv(points, ref) / full)
+                pruned_share.append(pruned / n)
+            results.append(_row(name, fraction, n, fracs, pruned_share))
+        chosen = in_space[:n]
+        points = [
+            (table[c.stable_hash()]["accuracy"], table[c.stable_hash()]["macs"]) for c in chosen
+        ]
+        results.append(
+            _row("stitchnet", fraction, len(chosen), [front_hv(points, ref) / full], [0.0])
+        )
+
+    out = {
+        "space": "pairwise (lstsq), both directions",
+        "models": models,
+        "space_size": len(configs),
+        "exhaustive_seconds": round(exhaustive_seconds, 2),
+        "exhaustive_front_size": len(front_keys),
+        "cka_threshold": args.cka_threshold,
+        "share_of_space_below_threshold": len(below) / len(rows),
+        "front_configs_below_threshold": front_pruned,
+        "spearman_cka_accuracy": rho,
+        "stitchnet_networks": len(ranked),
+        "stitchnet_networks_in_space": len(in_space),
+        "stitchnet_seconds": round(stitchnet_seconds, 2),
+        "seeds": args.seeds,
+        "results": results,
+        "machine": {
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "optuna": optuna.__version__,
+            "platform": platform.platform(),
+        },
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    _print(out)
+
+
+def _front(table: dict[str, dict[str, Any]]) -> list[str]:
+    keys = list(table)
+    pts = np.asarray([(-table[k]["accuracy"], table[k]["macs"]) for k in keys], dtype=float)
+    return [
+        k
+        for k, p in zip(keys, pts, strict=True)
+        if not np.any(np.all(pts <= p, axis=1) & np.any(pts < p, axis=1))
+    ]
+
+
+def _row(method: str, fraction: float, n: int, fracs: list[float], pruned: list[float]) -> dict:
+    return {
+        "method": method,
+        "budget": fraction,
+        "evaluations": n,
+        "hv_fraction_median": statistics.median(fracs),
+        "hv_fraction_min": min(fracs),
+        "hv_fraction_max": max(fracs),
+        "pruned_share_median": statistics.median(pruned),
+    }
+
+
+def _print(out: dict[str, Any]) -> None:
+    print(
+        f"space: {out['space']} over {len(out['models'])} models, {out['space_size']} configs, "
+        f"exhaustive front {out['exhaustive_front_size']} configs "
+        f"({out['exhaustive_seconds']} s to measure all)"
+    )
+    print(f"Spearman(CKA, accuracy) over the space: {out['spearman_cka_accuracy']:.3f}")
+    print(
+        f"CKA < {out['cka_threshold']}: {100 * out['share_of_space_below_threshold']:.1f} % of "
+        f"the space, {out['front_configs_below_threshold']} of the front's configs"
+    )
+    print(
+        f"StitchNet recursion: {out['stitchnet_networks']} networks "
+        f"({out['stitchnet_networks_in_space']} in the space) in {out['stitchnet_seconds']} s"
+    )
+    print(
+        f"{'method':<10} {'budget':>6} {'evals':>5} {'HV/exhaustive (median, range)':>30} "
+        f"{'pruned':>7}"
+    )
+    for r in out["results"]:
+        span = (
+            f"{r['hv_fraction_median']:.3f} ({r['hv_fraction_min']:.3f}-{r['hv_fraction_max']:.3f})"
+        )
+        print(
+            f"{r['method']:<10} {100 * r['budget']:>5.0f}% {r['evaluations']:>5} {span:>30} "
+            f"{100 * r['pruned_share_median']:>6.1f}%"
+        )
+
+
+if __name__ == "__main__":
+    main()
