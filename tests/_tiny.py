@@ -18,6 +18,21 @@ ARCHS = {
 }
 
 
+def tiny_swin() -> torch.nn.Module:
+    """A Swin small enough for tests: 32x32 input, NHWC cut points, three stages."""
+    from timm.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(
+        img_size=32,
+        patch_size=2,
+        window_size=4,
+        embed_dim=16,
+        depths=(1, 1, 1),
+        num_heads=(1, 2, 2),
+        num_classes=10,
+    )
+
+
 def tiny_zoo(names=tuple(ARCHS)) -> Zoo:
     zoo = Zoo()
     for name in names:

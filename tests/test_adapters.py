@@ -10,7 +10,6 @@ import math
 import pytest
 import timm
 import torch
-from timm.models.swin_transformer import SwinTransformer
 
 from stitch_nas import adapters, errors
 from stitch_nas.build import build
@@ -19,7 +18,7 @@ from stitch_nas.context import StitchContext
 from stitch_nas.costs import count_macs
 from stitch_nas.fragments import CutPoint, cut_points, segment
 from stitch_nas.measure import measure, network_macs
-from tests._tiny import tiny_context
+from tests._tiny import tiny_context, tiny_swin
 
 SHAPE = (1, 3, 32, 32)
 TRAINED = ["linear", "linear_relu", "conv3x3", "bottleneck", "transformer_block"]
@@ -27,15 +26,7 @@ TRAINED = ["linear", "linear_relu", "conv3x3", "bottleneck", "transformer_block"
 
 def _models() -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
-    swin = SwinTransformer(
-        img_size=32,
-        patch_size=2,
-        window_size=4,
-        embed_dim=16,
-        depths=(1, 1, 1),
-        num_heads=(1, 2, 2),
-        num_classes=10,
-    )
+    swin = tiny_swin()
     return {
         "resnet": timm.create_model("test_resnet", num_classes=10).eval(),
         "vit": timm.create_model("test_vit", img_size=32, patch_size=4, num_classes=10).eval(),

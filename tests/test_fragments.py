@@ -6,23 +6,10 @@ import pytest
 import timm
 import torch
 import torchvision
-from timm.models.swin_transformer import SwinTransformer
 
 from stitch_nas import errors
 from stitch_nas.fragments import LAYOUTS, cut_points, get_cut, segment, split
-
-
-def _tiny_swin() -> torch.nn.Module:
-    return SwinTransformer(
-        img_size=32,
-        patch_size=2,
-        window_size=4,
-        embed_dim=16,
-        depths=(1, 1, 1),
-        num_heads=(1, 2, 2),
-        num_classes=10,
-    )
-
+from tests._tiny import tiny_swin
 
 MODELS = {
     "test_resnet": (lambda: timm.create_model("test_resnet", num_classes=10), 32),
@@ -32,7 +19,7 @@ MODELS = {
         lambda: timm.create_model("test_vit", img_size=32, patch_size=4, num_classes=10),
         32,
     ),
-    "swin": (_tiny_swin, 32),
+    "swin": (tiny_swin, 32),
     "torchvision_resnet18": (lambda: torchvision.models.resnet18(weights=None), 64),
 }
 
@@ -73,7 +60,7 @@ def test_layouts_of_known_architectures():
     assert layouts["blocks.0"].layout == "tokens"
     assert layouts["blocks.0"].prefix_tokens == 1
     assert layouts["blocks.0"].spatial == (8, 8)
-    swin = _tiny_swin().eval()
+    swin = tiny_swin().eval()
     swin_cuts = cut_points(swin, input_shape=(1, 3, 32, 32))
     # C == H == W == 16 at the first stage: the consumer (LayerNorm) must decide NHWC
     assert all(c.layout == "nhwc" for c in swin_cuts), swin_cuts
