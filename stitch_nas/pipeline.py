@@ -113,7 +113,17 @@ def run_settings(
     summary = write_report(study, out_dir)
     if search.export:
         models = Path(out_dir) / "models"
-        export = export_study(study, ctx, models, elastic=True, fuse=search.fuse, progress=progress)
+        # the search itself is done and reported: a network that cannot be exported is
+        # named, not a reason to fail the run
+        export = export_study(
+            study,
+            ctx,
+            models,
+            elastic=True,
+            fuse=search.fuse,
+            progress=progress,
+            skip_failures=True,
+        )
         echo(export.describe())
     return summary
 

@@ -31,10 +31,12 @@ class ExportSummary:
     elastic: Path | None = None
     weights_bytes: int = 0  #: model.safetensors of the individual exports, summed
     elastic_bytes: int = 0  #: model.safetensors of the elastic package
+    skipped: dict[str, str] = field(default_factory=dict)  #: network name -> why not exported
 
     def describe(self) -> str:
+        skipped = "".join(f"\nnot exported: {why}" for why in self.skipped.values())
         if not self.folders:
-            return "nothing exported"
+            return "nothing exported" + skipped
         root = self.folders[0].parent
         weights = _mb(self.weights_bytes)
         line = f"exported {len(self.folders)} networks to {root}/ (weights {weights})"
@@ -43,7 +45,7 @@ class ExportSummary:
                 f"; elastic package {self.elastic.name}/ stores them in "
                 f"{_mb(self.elastic_bytes)}"
             )
-        return line + f"; load one with stitch_nas.load('{self.folders[0]}')"
+        return line + f"; load one with stitch_nas.load('{self.folders[0]}')" + skipped
 
 
 def _mb(size: int) -> str:
@@ -92,19 +94,35 @@ def export_study(
     elastic: bool = False,
     fuse: bool = False,
     progress: bool = False,
+    skip_failures: bool = False,
 ) -> ExportSummary:
-    """Export the chosen trials of ``study`` to ``dest/trial_<n>/`` (and ``dest/elastic/``)."""
+    """Export the chosen trials of ``study`` to ``dest/trial_<n>/`` (and ``dest/elastic/``).
+
+    Args:
+        skip_failures: a network that cannot be exported (it no longer measures as its trial
+            did, e.g. an adapter trained under a ``seconds`` budget) is named in
+            ``summary.skipped`` and the others are exported; otherwise its error is raised.
+    """
     from tqdm.auto import tqdm
 
     items = [_item(t) for t in select_trials(study, trials)]
     if not items:
         raise ExportError("no completed trial to export; run more trials first")
     summary = ExportSummary()
+    exported = []
     for item in tqdm(items, desc="export", unit="net", disable=not progress):
-        folder = export_network(ctx, item, dest, fuse=fuse, formats=formats)
+        try:
+            folder = export_network(ctx, item, dest, fuse=fuse, formats=formats)
+        except ExportError as exc:
+            if not skip_failures:
+                raise
+            summary.skipped[item.name] = str(exc)
+            logger.warning("not exported: %s", exc)
+            continue
+        exported.append(item)
         summary.folders.append(folder)
         summary.weights_bytes += (folder / "model.safetensors").stat().st_size
-    if elastic:
-        summary.elastic = export_elastic(ctx, items, dest / "elastic", fuse=fuse)
+    if elastic and exported:
+        summary.elastic = export_elastic(ctx, exported, dest / "elastic", fuse=fuse)
         summary.elastic_bytes = (summary.elastic / "model.safetensors").stat().st_size
     return summary

@@ -16,7 +16,7 @@ from stitch_nas.costs import count_macs, count_params
 from stitch_nas.deploy import ElasticNet, ExportedNet
 from stitch_nas.export import ExportItem, export_elastic, export_network
 from stitch_nas.measure import measure
-from stitch_nas.study_export import select_trials
+from stitch_nas.study_export import export_study, select_trials
 from stitch_nas.zoo import Zoo, ZooEntry
 
 CONFIGS = {
@@ -275,3 +275,23 @@ def test_only_completed_trials_can_be_exported():
         select_trials(study, [2])
     with pytest.raises(errors.ExportError, match="does not exist"):
         select_trials(study, [7])
+
+
+def test_a_search_export_names_a_network_it_cannot_export_and_exports_the_rest(
+    ctx, items, tmp_path
+):
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    recorded = ((items["grid"], items["grid"].metrics["accuracy"]), (items["fused"], 0.01))
+    for item, accuracy in recorded:
+        trial = study.ask()
+        trial.set_user_attr("config", item.config.to_dict())
+        trial.set_user_attr("accuracy", accuracy)  # the second one does not measure as recorded
+        study.tell(trial, [accuracy, 1e6])
+    with pytest.raises(errors.ExportError, match="trial_1"):
+        export_study(study, ctx, tmp_path / "strict", trials=[0, 1], formats=["safetensors"])
+    summary = export_study(
+        study, ctx, tmp_path, trials=[0, 1], formats=[], elastic=True, skip_failures=True
+    )
+    assert [f.name for f in summary.folders] == ["trial_0"] and list(summary.skipped) == ["trial_1"]
+    assert "not exported: trial_1" in summary.describe()
+    assert load(summary.elastic).configs()[0]["name"] == "trial_0"
