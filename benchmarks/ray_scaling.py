@@ -30,7 +30,8 @@ from stitch_nas.data import load_digits_splits
 from stitch_nas.measure import fragment_macs
 from stitch_nas.mini_zoo import load_mini_zoo
 from stitch_nas.ray_executor import RayExecutor
-from stitch_nas.runner import StitchObjective, create_study, run_search
+from stitch_nas.runner import StitchObjective, run_search
+from stitch_nas.studies import create_study
 
 RESULTS = Path(__file__).parent / "results" / "ray_scaling.json"
 

@@ -42,7 +42,8 @@ from stitch_nas.context import StitchContext
 from stitch_nas.data import load_digits_splits
 from stitch_nas.mini_zoo import load_mini_zoo
 from stitch_nas.pareto import hypervolume
-from stitch_nas.runner import _sampler, evaluate_config
+from stitch_nas.runner import evaluate_config
+from stitch_nas.studies import make_sampler
 
 RESULTS = Path(__file__).parent / "results" / "search_quality.json"
 BUDGETS = (0.05, 0.10, 0.25)
@@ -78,7 +79,7 @@ def run_sampler(
     threshold: float,
 ) -> tuple[list[tuple[float, float]], int]:
     """``n`` trials of the pairwise space; returns measured points and how many were pruned."""
-    study = optuna.create_study(directions=list(DIRECTIONS), sampler=_sampler(name, seed))
+    study = optuna.create_study(directions=list(DIRECTIONS), sampler=make_sampler(name, seed))
     points, pruned = [], 0
     for _ in range(n):
         trial = study.ask()

@@ -13,15 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 from .cache import ActivationCache
 from .context import StitchContext
 from .data import DataSplits, load_digits_splits
 from .datasets import load_image_folder, load_torchvision_dataset
 from .errors import ConfigError
-from .runner import StitchObjective, create_study, run_search
+from .runner import StitchObjective, run_search
 from .settings import DataSettings, Settings, ZooSettings, settings_from_dict
+from .studies import create_study, load_folder_study
 from .study_export import FORMATS, ExportSummary, export_study
 from .zoo import Zoo
 
@@ -31,7 +30,6 @@ __all__ = [
     "run_settings",
     "report_folder",
     "export_folder",
-    "load_folder_study",
 ]
 
 logger = logging.getLogger(__name__)
@@ -126,14 +124,6 @@ def run_settings(
         )
         echo(export.describe())
     return summary
-
-
-def load_folder_study(out_dir: Path) -> optuna.Study:
-    """The study a search wrote to ``out_dir``."""
-    db = Path(out_dir) / "study.db"
-    if not db.is_file():
-        raise ConfigError(f"{out_dir} holds no study ({db} is missing); run a search there first")
-    return optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{db}")
 
 
 def report_folder(out_dir: Path):

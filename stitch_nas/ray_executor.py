@@ -35,8 +35,9 @@ from .config import StitchConfig
 from .errors import ConfigError, StitchNASError
 from .measure import fragment_macs
 from .ray_shared import SharedContext, import_ray, share_context
-from .runner import StitchObjective, TrialOutcome, completed_count, evaluate_config
+from .runner import StitchObjective, TrialOutcome, evaluate_config
 from .settings import SearchSettings
+from .studies import completed_count
 
 __all__ = ["RayExecutor", "TrialWorker", "TEST_HOOKS_ENV", "executor_from_settings"]
 

@@ -1,4 +1,4 @@
-"""The Optuna side: an objective that plugs into any study, and a runner that owns one.
+"""The Optuna side: an objective that plugs into any study, and the loop that runs a study.
 
 ``make_objective`` returns a callable for ``study.optimize``: it samples a StitchConfig from a
 search space, prunes it on CKA before any fitting, fits and measures it, records everything as
@@ -12,7 +12,6 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import optuna
@@ -25,12 +24,12 @@ from .context import StitchContext
 from .costs import count_params
 from .errors import BudgetError, ConfigError, LayoutError, StitchNASError
 from .measure import Measurement, config_cka, fragment_macs, measure
+from .studies import completed_count
 
 __all__ = [
     "Executor",
     "StitchObjective",
     "TrialOutcome",
-    "create_study",
     "evaluate_config",
     "make_objective",
     "measure_references",
@@ -39,7 +38,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("tpe", "nsga2", "random")
 BUDGET_KEYS = ("macs", "params")
 
 
@@ -235,78 +233,6 @@ def make_objective(
     return StitchObjective(ctx, space=space, objectives=objectives, **options)
 
 
-def _sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ConfigError(f"unknown sampler {name!r}; use one of {SAMPLERS}")
-
-
-def create_study(
-    objective: StitchObjective,
-    out_dir: str | Path,
-    *,
-    sampler: str = "tpe",
-    seed: int | None = 0,
-    resume: bool = False,
-    storage: str | None = None,
-) -> optuna.Study:
-    """The study stored in ``out_dir/study.db``; ``resume=True`` continues an existing one.
-
-    With ``storage``, an Optuna RDB URL such as ``postgresql://user@host/db``, the study lives
-    there instead and several drivers can work on it at once: a driver joins the study if it
-    exists. Only ``resume=True`` marks trials left RUNNING as FAIL, so pass it only when no other
-    driver is running.
-    """
-    out = Path(out_dir)
-    db = out / "study.db"
-    if storage is None:
-        if db.exists() and not resume:
-            raise ConfigError(
-                f"{out} already holds a study; pass --resume to continue it or choose another --out"
-            )
-        if resume and not db.exists():
-            raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
-    out.mkdir(parents=True, exist_ok=True)
-    load = resume or storage is not None
-    try:
-        study = optuna.create_study(
-            storage=storage or f"sqlite:///{db}",
-            study_name="stitch_nas",
-            directions=objective.directions,
-            sampler=_sampler(sampler, seed),
-            load_if_exists=load,
-        )
-    except Exception as exc:
-        if storage is None:
-            raise
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"cannot open the study at storage {storage!r}: {first}") from exc
-    if resume:
-        _fail_stale_running(study)
-    if load and list(study.user_attrs.get("objectives", objective.names)) != objective.names:
-        raise ConfigError(
-            f"the study in {storage or out} optimises {study.user_attrs['objectives']}, not "
-            f"{objective.names}; resume with the same objectives"
-        )
-    study.set_user_attr("objectives", objective.names)
-    study.set_user_attr("space", objective.space_name)
-    study.set_user_attr("budgets", objective.budgets)
-    return study
-
-
-def _fail_stale_running(study: optuna.Study) -> None:
-    """Trials left RUNNING by a killed driver are marked FAIL so their slots are re-sampled."""
-    storage = study._storage
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        storage.set_trial_user_attr(trial._trial_id, "fail_reason", "driver stopped mid-trial")
-        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-        logger.info("marked stale running trial %d as FAIL", trial.number)
-
-
 def measure_references(ctx: StitchContext, models: Sequence[str] | None = None) -> list[dict]:
     """Each zoo model on its own, measured like a trial: the reference stars of the report."""
     rows = []
@@ -345,11 +271,6 @@ class Executor(Protocol):
     def run(
         self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
     ) -> optuna.Study: ...
-
-
-def completed_count(study: optuna.Study) -> int:
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    return len(study.get_trials(deepcopy=False, states=states))
 
 
 def run_search(

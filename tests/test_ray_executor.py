@@ -27,14 +27,8 @@ from stitch_nas import errors
 from stitch_nas.config import StitchConfig
 from stitch_nas.ray_executor import TEST_HOOKS_ENV, RayExecutor
 from stitch_nas.report import write_report
-from stitch_nas.runner import (
-    StitchObjective,
-    TrialOutcome,
-    completed_count,
-    create_study,
-    evaluate_config,
-    run_search,
-)
+from stitch_nas.runner import StitchObjective, TrialOutcome, evaluate_config, run_search
+from stitch_nas.studies import completed_count, create_study
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

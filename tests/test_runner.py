@@ -9,7 +9,8 @@ import pytest
 
 import stitch_nas
 from stitch_nas import errors, runner
-from stitch_nas.runner import StitchObjective, create_study, run_search
+from stitch_nas.runner import StitchObjective, run_search
+from stitch_nas.studies import create_study
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
