@@ -109,7 +109,7 @@ def test_from_timm_errors(tmp_path: Path, resnet: nn.Module) -> None:
         from_timm("test_resnet", weights=tmp_path / "cut.safetensors")
     with pytest.raises(DataError, match="do not fit"):
         from_timm("test_convnext", weights=tmp_path / "ok.safetensors")
-    with pytest.raises(ConfigError, match="only one"):
+    with pytest.raises(ConfigError, match="only one"):  # refused before anything is read
         from_timm("test_resnet", weights=tmp_path / "ok.safetensors", pretrained=True)
 
 
@@ -135,6 +135,10 @@ def test_from_timm_pretrained_uses_local_cache_only(
 ) -> None:
     import huggingface_hub.constants
 
+    # pretrained=True here reads only the hub cache this test writes itself; offline mode makes
+    # any attempt to reach the network fail instead of downloading
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "torch_hub"))
     with pytest.raises(CacheError, match=r"not in the local cache.*weights="):
