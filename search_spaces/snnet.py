@@ -36,6 +36,7 @@ from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
 
 from ._adapter_choice import can_join
+from ._procedure import memoised
 from ._registry import register_space
 from .pairwise import DIRECTIONS, joinable, model_macs, zoo_models
 
@@ -169,18 +170,16 @@ def snnet(
     """
     options = dict(adapter_options or {})
     spec = AdapterSpec(adapter, tuple(sorted(options.items())))
-    key = ("snnet", tuple(anchors or ()), kernel, stride, nearest, direction, spec)
-    if key not in ctx.memo:
-        ctx.memo[key] = snnet_stitches(
-            ctx,
-            anchors=anchors,
-            kernel=kernel,
-            stride=stride,
-            nearest=nearest,
-            direction=direction,
-            adapter=spec,
-        )
-    stitches: list[SNStitch] = ctx.memo[key]
+    stitches: list[SNStitch] = memoised(
+        ctx,
+        snnet_stitches,
+        anchors=anchors,
+        kernel=kernel,
+        stride=stride,
+        nearest=nearest,
+        direction=direction,
+        adapter=spec,
+    )
     configs = [s.config for s in stitches]
     if include_anchors:
         names = anchors or ctx.zoo.names()

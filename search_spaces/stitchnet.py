@@ -33,13 +33,12 @@ from dataclasses import dataclass
 import optuna
 import torch
 
-from stitch_nas import similarity
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
 from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments import CutPoint
 from stitch_nas.lstsq import fit_lstsq
 
+from ._procedure import memoised
 from ._registry import register_space
 from .pairwise import joinable, zoo_models
 
@@ -87,25 +86,6 @@ class _Recursion:
         self.nodes = 0
         self.results: list[tuple[tuple[_Run, ...], float]] = []
 
-    def _cka(
-        self,
-        grams: dict[tuple, torch.Tensor],
-        x: torch.Tensor,
-        x_cut: CutPoint,
-        model: str,
-        cut: CutPoint,
-    ) -> float:
-        """``ctx.cka_to(x, x_cut, model, cut)`` with X's Gram computed once per row rule."""
-        rule = self.ctx._row_rule(x_cut, cut)  # noqa: SLF001 - same rule as cka_to, memoised
-        if rule not in grams:
-            grams[rule] = similarity.gram(
-                similarity.to_rows(x, x_cut.layout, spatial=rule[1], mode=rule[0])
-            )
-        return similarity.cka_from_grams(
-            grams[rule],
-            self.ctx._gram(model, cut, *rule),  # noqa: SLF001 - cached Gram of B
-        )
-
     def _bound(self, model: str, index: int) -> str | None:
         cuts = self.ctx.cuts(model)
         return None if index < 0 or index >= len(cuts) else cuts[index].name
@@ -139,7 +119,8 @@ class _Recursion:
                     and (self.same_model_jumps or model != last.model)
                     and joinable(x_cut, cut)
                 ):
-                    candidates.append((self._cka(grams, x, x_cut, model, cut), model, j))
+                    cka = self.ctx.cka_to(x, x_cut, model, cut, x_grams=grams)
+                    candidates.append((cka, model, j))
         # Alg. 1 line 9: the K candidates of highest CKA (ties: model, cut order)
         candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
         for cka, model, j in candidates[: self.k]:
@@ -254,34 +235,20 @@ def stitchnet(
     The recursion (see :func:`stitchnet_search`) runs once per context and options; the trial
     samples ``stitchnet_rank`` (0 = highest CKA score) and records ``stitchnet_score``.
     """
-    key = (
-        "stitchnet",
-        tuple(models or ()),
-        tuple(starts or ()),
-        K,
-        T,
-        L,
-        max_joints,
-        same_model_jumps,
-        fuse,
-        head,
-        k_neighbours,
+    results: list[ScoredConfig] = memoised(
+        ctx,
+        stitchnet_search,
+        models=models,
+        starts=starts,
+        K=K,
+        T=T,
+        L=L,
+        max_joints=max_joints,
+        same_model_jumps=same_model_jumps,
+        fuse=fuse,
+        head=head,
+        k_neighbours=k_neighbours,
     )
-    if key not in ctx.memo:
-        ctx.memo[key] = stitchnet_search(
-            ctx,
-            models=models,
-            starts=starts,
-            K=K,
-            T=T,
-            L=L,
-            max_joints=max_joints,
-            same_model_jumps=same_model_jumps,
-            fuse=fuse,
-            head=head,
-            k_neighbours=k_neighbours,
-        )
-    results: list[ScoredConfig] = ctx.memo[key]
     if not results:
         raise ConfigError(
             f"StitchNet found no network with CKA score above T={T}; lower T or raise K or L"

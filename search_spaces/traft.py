@@ -31,6 +31,7 @@ from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
 
 from ._adapter_choice import can_join
+from ._procedure import memoised
 from ._registry import register_space
 from .pairwise import zoo_models
 
@@ -121,24 +122,15 @@ def traft(
 ) -> StitchConfig:
     """One point of :func:`traft_grid` (``traft_point`` = its index); with Optuna's
     ``GridSampler`` or ``n_trials = len(traft_grid(...))`` a random sampler sweeps it."""
-    key = (
-        "traft",
-        tuple(models or ()),
-        scenario,
-        tuple(adapters),
-        tuple(resizes),
-        tuple(sorted((adapter_options or {}).items())),
+    grid: list[StitchConfig] = memoised(
+        ctx,
+        traft_grid,
+        models=models,
+        scenario=scenario,
+        adapters=adapters,
+        resizes=resizes,
+        adapter_options=adapter_options,
     )
-    if key not in ctx.memo:
-        ctx.memo[key] = traft_grid(
-            ctx,
-            models=models,
-            scenario=scenario,
-            adapters=adapters,
-            resizes=resizes,
-            adapter_options=adapter_options,
-        )
-    grid: list[StitchConfig] = ctx.memo[key]
     if not grid:
         raise ConfigError(f"the Traft grid over {models or 'the zoo'} is empty; allow more models")
     config = grid[trial.suggest_int("traft_point", 0, len(grid) - 1)]

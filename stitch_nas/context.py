@@ -244,13 +244,25 @@ class StitchContext:
                 matrix[i, j] = self.joint_cka(model_a, a.name, model_b, b.name)
         return matrix
 
-    def cka_to(self, x: torch.Tensor, x_cut: CutPoint, model: str, cut: CutPoint) -> float:
-        """CKA between a probe activation ``x`` (laid out as ``x_cut``) and B at ``cut``."""
-        mode, spatial = self._row_rule(x_cut, cut)
-        return similarity.cka_from_grams(
-            similarity.gram(self._rows(x, x_cut, mode, spatial)),
-            self._gram(model, cut, mode, spatial),
-        )
+    def cka_to(
+        self,
+        x: torch.Tensor,
+        x_cut: CutPoint,
+        model: str,
+        cut: CutPoint,
+        *,
+        x_grams: dict[tuple, torch.Tensor] | None = None,
+    ) -> float:
+        """CKA between a probe activation ``x`` (laid out as ``x_cut``) and B at ``cut``.
+
+        Scoring one ``x`` against many cuts, pass the same dict as ``x_grams``: ``x``'s Gram
+        matrix is then computed once per row rule instead of once per cut.
+        """
+        rule = self._row_rule(x_cut, cut)
+        grams = {} if x_grams is None else x_grams
+        if rule not in grams:
+            grams[rule] = similarity.gram(self._rows(x, x_cut, *rule))
+        return similarity.cka_from_grams(grams[rule], self._gram(model, cut, *rule))
 
 
 _GRIDS = ("nchw", "nhwc")
