@@ -1,20 +1,15 @@
-"""Files of an export: weights stored once per tensor, checksums, and folders written atomically.
+"""Files of an export: weights stored once per tensor, and the checksums beside them.
 
 Weights are safetensors (never a pickle). A tensor that several modules share (a fragment used
 by several networks of an elastic package, or twice in one chain) is stored once under its first
 name; the other names are recorded as aliases in the file's metadata and restored on load, so
-``load_state_dict(strict=True)`` still sees every key. An export folder is written under a
-temporary name and renamed into place, so a crash never leaves a half-written folder.
+``load_state_dict(strict=True)`` still sees every key.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -26,7 +21,7 @@ from .atomic import atomic_write
 from .checkpoints import sha256_file
 from .errors import IntegrityError
 
-__all__ = ["save_weights", "load_weights", "checksums", "verify_checksums", "atomic_folder"]
+__all__ = ["save_weights", "load_weights", "checksums", "verify_checksums"]
 
 _ALIASES = "stitch_nas.aliases"
 
@@ -86,24 +81,3 @@ def verify_checksums(folder: Path, expected: Mapping[str, str]) -> None:
                 f"{str(path)!r} does not match the sha256 in meta.json (changed or corrupted "
                 "since export); refusing to load it; export the network again"
             )
-
-
-@contextmanager
-def atomic_folder(target: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside ``target``; on success it replaces ``target``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700 folders; an export is meant to be shared
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -1,4 +1,4 @@
-"""Atomic file writes: readers see the old file or the new one, never half of one.
+"""Atomic writes: readers see the old file (or folder) or the new one, never half of one.
 
 Everything stitch_nas writes for a user (zoo weights, cache spills, reports) goes through here:
 a temporary file in the same folder, fsynced, then ``os.replace``d into place, so a crash or a
@@ -8,13 +8,14 @@ concurrent reader never meets a half-written file.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_file", "atomic_write"]
+__all__ = ["atomic_file", "atomic_folder", "atomic_write"]
 
 
 @contextmanager
@@ -39,3 +40,24 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     with atomic_file(path) as handle:
         handle.write(data)
+
+
+@contextmanager
+def atomic_folder(target: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``target``; on success it replaces ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700 folders; an export is meant to be shared
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

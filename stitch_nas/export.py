@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from .architectures import check_architecture
-from .artifacts import atomic_folder, checksums, save_weights
+from .artifacts import checksums, save_weights
+from .atomic import atomic_folder
 from .build import StitchedNet
 from .config import StitchConfig
 from .context import StitchContext

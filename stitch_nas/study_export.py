@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import optuna
@@ -14,13 +14,15 @@ from .config import StitchConfig
 from .context import StitchContext
 from .errors import ExportError
 from .export import FORMATS, ExportItem, export_elastic, export_network
+from .measure import Measurement
 from .pareto import pareto_trials
 
 __all__ = ["FORMATS", "ExportSummary", "export_study", "select_trials"]
 
 logger = logging.getLogger(__name__)
 
-_METRICS = ("accuracy", "macs", "params", "cka", "latency_ms", "split")
+# a trial records every Measurement field as a user attribute (StitchObjective.record)
+_METRICS = tuple(f.name for f in fields(Measurement))
 
 
 @dataclass
