@@ -18,29 +18,40 @@ least squares) are left out.
 
 **Stitching layer**: least-squares initialised (SN-Net Sec. 3.2's default); ``adapter="lstsq"``
 evaluates each stitch at its least-squares solution ("LS Init", SN-Net Fig. 8), ``"linear"``
-(a 1x1 conv, as in SN-Net) trains it afterwards per stitch. Training all stitching layers
-together with random stitch sampling (SN-Net Alg. 1) is not implemented yet: each stitch is
-fitted on its own, and ``SNStitch.layer`` records which stitches SN-Net would share a layer.
+(a 1x1 conv, as in SN-Net) trains it afterwards per stitch, on its own.
+
+**Joint training** (SN-Net Alg. 1): ``joint={...}`` (or ``joint=True`` for the defaults) trains
+all stitching layers, and by default the anchors, together as one network, drawing a random
+stitch at every step (:mod:`stitch_nas.snnet_joint`); stitches with the same ``SNStitch.layer``
+share a stitching layer. The space then samples stitches of that trained SN-Net; it is trained
+once per search, on the first trial that needs it. ``train_snnet`` is the same as a procedure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import optuna
 
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
+from stitch_nas.snnet_joint import LAYER_OPTIONS, joint_spec, train_snnet
 
 from ._adapter_choice import can_join
 from ._procedure import memoised
 from ._registry import register_space
 from .pairwise import DIRECTIONS, joinable, model_macs, zoo_models
 
-__all__ = ["SNStitch", "paired_stitching", "snnet_stitches", "unpaired_stitching"]
+__all__ = [
+    "SNStitch",
+    "paired_stitching",
+    "snnet_stitches",
+    "train_snnet",
+    "unpaired_stitching",
+]
 
 #: SN-Net Sec. 4 "Implementation details": sliding kernel size 2, stride 1 for paired stitching.
 KERNEL_DEFAULT, STRIDE_DEFAULT = 2, 1
@@ -89,8 +100,10 @@ def unpaired_stitching(front_depth: int, back_depth: int) -> list[tuple[int, int
     ]
 
 
-def _joins(adapter: str, src: Any, dst: Any) -> bool:
-    return joinable(src, dst) if adapter == "lstsq" else can_join(adapter, src, dst)
+def _joins(adapter: AdapterSpec, src: Any, dst: Any) -> bool:
+    if adapter.kind == "lstsq":
+        return joinable(src, dst)
+    return can_join(adapter.kind, src, dst, adapter.option("resize"))
 
 
 def snnet_stitches(
@@ -135,7 +148,7 @@ def snnet_stitches(
         else:
             plan = unpaired_stitching(len(cuts_f), len(cuts_b))
         for i, j, layer in plan:
-            if not _joins(spec.kind, cuts_f[i], cuts_b[j]):
+            if not _joins(spec, cuts_f[i], cuts_b[j]):
                 continue
             config = StitchConfig(
                 (Fragment(front, None, cuts_f[i].name), Fragment(back, cuts_b[j].name, None)),
@@ -158,6 +171,7 @@ def snnet(
     adapter: str = "lstsq",
     adapter_options: Mapping[str, Any] | None = None,
     include_anchors: bool = False,
+    joint: bool | Mapping[str, Any] | None = None,
 ) -> StitchConfig:
     """Sample one stitch of SN-Net's configuration set (``snnet_stitch`` = its index).
 
@@ -166,8 +180,22 @@ def snnet(
         adapter: "lstsq" (the least-squares solution alone) or a trained kind such as
             "linear" (SN-Net's 1x1 conv), least-squares initialised and trained per stitch.
         adapter_options: options of a trained stitching layer (e.g. ``{"steps": 100}``).
-        include_anchors: also offer each anchor on its own (SN-Net counts them as stitches).
+        include_anchors: also offer each anchor on its own (SN-Net counts them as stitches);
+            these are the zoo's models, also with ``joint`` (its fine-tuned anchors are
+            ``train_snnet(...).anchor(name)``).
+        joint: train every stitch together (SN-Net Alg. 1) with these options of
+            :data:`stitch_nas.snnet_joint.JOINT_OPTIONS` (e.g. ``{"steps": 300}``; True: the
+            defaults); the stitching layer is then SN-Net's 1x1 conv, set by ``joint``'s
+            ``norm`` / ``resize``, so ``adapter`` must stay "lstsq" and ``adapter_options`` unset.
     """
+    if joint:
+        if adapter != "lstsq" or adapter_options:
+            raise ConfigError(
+                "snnet with joint training uses SN-Net's 1x1 conv stitching layer; set its "
+                "options in joint (norm, resize, ...), not adapter / adapter_options"
+            )
+        configs = _joint_configs(ctx, anchors, kernel, stride, nearest, direction, joint)
+        return _pick(trial, ctx, anchors, include_anchors, configs, "joint")
     options = dict(adapter_options or {})
     spec = AdapterSpec(adapter, tuple(sorted(options.items())))
     stitches: list[SNStitch] = memoised(
@@ -181,9 +209,40 @@ def snnet(
         adapter=spec,
     )
     configs = [s.config for s in stitches]
+    return _pick(trial, ctx, anchors, include_anchors, configs, repr(adapter))
+
+
+def _joint_configs(
+    ctx: StitchContext,
+    anchors: Sequence[str] | None,
+    kernel: int,
+    stride: int,
+    nearest: bool,
+    direction: str,
+    joint: bool | Mapping[str, Any],
+) -> list[StitchConfig]:
+    """The stitches of the SN-Net ``joint`` describes; nothing is trained to list them."""
+    given = {} if joint is True else dict(cast(Mapping[str, Any], joint))
+    procedure = {"kernel": kernel, "stride": stride, "nearest": nearest, "direction": direction}
+    spec = joint_spec(anchors=list(anchors or ()), **procedure, **given)
+    layer = AdapterSpec("linear", tuple((k, spec.option(k)) for k in LAYER_OPTIONS))
+    stitches: list[SNStitch] = memoised(
+        ctx, snnet_stitches, anchors=anchors, **procedure, adapter=layer
+    )
+    return [StitchConfig(s.config.fragments, (spec,)) for s in stitches]
+
+
+def _pick(
+    trial: optuna.Trial,
+    ctx: StitchContext,
+    anchors: Sequence[str] | None,
+    include_anchors: bool,
+    configs: list[StitchConfig],
+    joined_by: str,
+) -> StitchConfig:
     if include_anchors:
         names = anchors or ctx.zoo.names()
         configs = [StitchConfig.single(n) for n in names] + configs
     if not configs:
-        raise ConfigError(f"no stitch of anchors {anchors} can be joined by {adapter!r}")
+        raise ConfigError(f"no stitch of anchors {anchors} can be joined by {joined_by}")
     return configs[trial.suggest_int("snnet_stitch", 0, len(configs) - 1)]

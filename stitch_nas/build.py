@@ -143,6 +143,10 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
             (also enabled per joint by the adapter option ``fuse=True``).
     """
     check_labels(ctx, config)
+    if config.adapters and config.adapters[0].kind == "snnet":  # a jointly trained SN-Net
+        from .snnet_joint import joint_network
+
+        return joint_network(ctx, config)
     first = config.fragments[0]
     spec = ctx.entry(first.model).input_spec
     parts: list[nn.Module] = [ctx.segment(first.model, None, first.end)]

@@ -166,6 +166,10 @@ def _empty_adapter(spec: AdapterSpec, src: CutPoint, dst: CutPoint) -> nn.Module
     """The adapter's structure: ``create`` with the same arguments gives the same state dict."""
     from . import adapters
 
+    if spec.kind == "snnet":  # a stitching layer of a jointly trained SN-Net
+        from .snnet_joint import joint_layer
+
+        return joint_layer(spec, src, dst)
     return adapters.create(spec.kind, src, dst, **dict(spec.options))
 
 

@@ -24,7 +24,7 @@ from ._registry import (
     register_adapter,
     resolve_options,
 )
-from ._train import LOSSES, TRAIN_OPTIONS, TRAINS, TrainReport
+from ._train import LOSSES, TRAIN_OPTIONS, TRAINS, TrainReport, only_training
 
 __all__ = [
     "AdapterKind",
@@ -45,6 +45,7 @@ __all__ = [
     "get_adapter",
     "initialise",
     "list_adapters",
+    "only_training",
     "register_adapter",
     "resolve_options",
 ]

@@ -25,7 +25,15 @@ from torch import nn
 from ..errors import NonFiniteError
 from ._registry import Option, choice, integer, number
 
-__all__ = ["TRAIN_OPTIONS", "LOSSES", "TRAINS", "TrainData", "TrainReport", "train"]
+__all__ = [
+    "TRAIN_OPTIONS",
+    "LOSSES",
+    "TRAINS",
+    "TrainData",
+    "TrainReport",
+    "only_training",
+    "train",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +116,7 @@ def _held_out(
 
 
 @contextlib.contextmanager
-def _only_training(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None]:
+def only_training(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None]:
     """Freeze every parameter of ``model`` but ``params`` for the duration, then restore.
 
     The frozen parts may be the zoo's shared modules: their weights are never stepped, and
@@ -165,7 +173,7 @@ def train(
     start = time.perf_counter()
     order, cursor = torch.arange(n), n  # the first step draws a fresh order
     # enable_grad: a caller may build networks under no_grad, training needs gradients anyway
-    with _only_training(model, params), torch.enable_grad():
+    with only_training(model, params), torch.enable_grad():
         for step in range(steps):
             if opts["seconds"] is not None and time.perf_counter() - start > opts["seconds"]:
                 stopped = "seconds"
