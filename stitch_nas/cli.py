@@ -88,6 +88,8 @@ _DEMO_SPACE_OPTIONS: dict[str, dict] = {
     "gap": {"adapter_options": {"steps": 50}},
     "restnet": {"adapter_options": {"steps": 50}},
     "traft": {"adapter_options": {"steps": 50}},
+    # SN-Net as the paper trains it: every stitch together (Alg. 1), once, before the search
+    "snnet": {"joint": {"steps": 300}},
 }
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "joint_layer",
     "joint_network",
     "joint_spec",
+    "joint_stitches",
     "train_snnet",
 ]
 
@@ -230,7 +231,8 @@ class JointSNNet:
     def network(self, config: StitchConfig) -> StitchedNet:
         """The network of the stitch ``config`` names (its head is kept)."""
         index = self._index.get(config.fragments)
-        if index is None or config.adapters != (self.spec,):
+        named = [joint_spec(**dict(a.options)) for a in config.adapters if a.kind == JOINT_KIND]
+        if index is None or named != [self.spec]:
             raise ConfigError(f"{config.describe()} is not a stitch of this SN-Net")
         front, back = config.fragments
         src, dst = self._cuts(self.stitches[index])
@@ -359,9 +361,11 @@ def _train(sn: JointSNNet, opts: dict[str, Any], progress: bool) -> JointReport:
     )
 
 
-def _stitches(ctx: StitchContext, opts: dict[str, Any]) -> list[SNStitch]:
+def joint_stitches(ctx: StitchContext, spec: AdapterSpec) -> list[SNStitch]:
+    """The stitches of the SN-Net ``spec`` names (its plan; nothing is built or trained)."""
     from search_spaces.snnet import snnet_stitches
 
+    opts = _resolve(dict(spec.options))
     layer = AdapterSpec("linear", tuple((k, opts[k]) for k in LAYER_OPTIONS))
     return snnet_stitches(
         ctx,
@@ -390,10 +394,11 @@ def train_snnet(ctx: StitchContext, *, progress: bool = False, **options: Any) -
 
 
 def _trained(ctx: StitchContext, spec: AdapterSpec, progress: bool) -> JointSNNet:
+    spec = joint_spec(**dict(spec.options))  # defaults filled in: one SN-Net, one key
     key = ("snnet_joint", spec.options)
     if key not in ctx.memo:
         opts = _resolve(dict(spec.options))
-        sn = JointSNNet(ctx, spec, _stitches(ctx, opts))
+        sn = JointSNNet(ctx, spec, joint_stitches(ctx, spec))
         logger.info(
             "training SN-Net: %d stitches, %d stitching layers, %d steps",
             len(sn.stitches),

@@ -127,3 +127,23 @@ def test_search_with_a_small_activation_cache_spills_to_its_folder(
     config.write_text("search: {cache_memory_gb: lots}\n")
     code, _, err = _run(capsys, "search", str(config))
     assert code == 2 and "search.cache_memory_gb must be float" in err
+
+
+def test_search_with_snnet_joint_training_exports_from_a_fresh_context(
+    capsys, tmp_path, mini_zoo, mini_zoo_dir
+):
+    """`stitch-nas export` rebuilds the zoo and retrains the SN-Net: the same weights, seeded."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
+        "search: {trials: 4, sampler: random, export: false, space: snnet,\n"
+        "         space_options: {joint: {steps: 30}}}\n"
+    )
+    out = tmp_path / "o"
+    code, stdout, err = _run(capsys, "search", str(config), "--out", str(out), "--no-progress")
+    assert code == 0, err
+    assert "-snnet->" in stdout
+    # the export re-measures each network and refuses one that differs from the trial's
+    code, stdout, err = _run(capsys, "export", str(out), "--no-progress")
+    assert code == 0, err
+    assert (out / "models").is_dir() and "exported" in stdout
