@@ -38,7 +38,7 @@ import optuna
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
-from stitch_nas.snnet_joint import LAYER_OPTIONS, joint_spec, train_snnet
+from stitch_nas.snnet_joint import joint_spec, joint_stitches, train_snnet
 
 from ._adapter_choice import can_join
 from ._procedure import memoised
@@ -224,11 +224,11 @@ def _joint_configs(
     """The stitches of the SN-Net ``joint`` describes; nothing is trained to list them."""
     given = {} if joint is True else dict(cast(Mapping[str, Any], joint))
     procedure = {"kernel": kernel, "stride": stride, "nearest": nearest, "direction": direction}
+    twice = sorted(set(given) & {"anchors", *procedure})
+    if twice:
+        raise ConfigError(f"set {', '.join(twice)} as options of the snnet space, not inside joint")
     spec = joint_spec(anchors=list(anchors or ()), **procedure, **given)
-    layer = AdapterSpec("linear", tuple((k, spec.option(k)) for k in LAYER_OPTIONS))
-    stitches: list[SNStitch] = memoised(
-        ctx, snnet_stitches, anchors=anchors, **procedure, adapter=layer
-    )
+    stitches: list[SNStitch] = memoised(ctx, joint_stitches, spec=spec)
     return [StitchConfig(s.config.fragments, (spec,)) for s in stitches]
 
 

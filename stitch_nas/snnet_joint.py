@@ -118,8 +118,11 @@ def joint_spec(**options: Any) -> AdapterSpec:
 
     ``anchors`` may be a list of zoo names (stored joined by commas).
     """
-    if isinstance(options.get("anchors"), (list, tuple)):
-        options["anchors"] = ",".join(options["anchors"])
+    anchors = options.get("anchors")
+    if isinstance(anchors, (list, tuple)):
+        if any("," in str(a) for a in anchors):
+            raise ConfigError(f"anchors {list(anchors)}: a name with a comma cannot be an anchor")
+        options["anchors"] = ",".join(anchors)
     return AdapterSpec(JOINT_KIND, tuple(_resolve(options).items()))
 
 

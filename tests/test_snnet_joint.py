@@ -117,6 +117,8 @@ def test_bad_options_name_the_value(ctx):
         train_snnet(ctx, epochs=3)
     with pytest.raises(errors.ConfigError, match="not adapter / adapter_options"):
         _search(ctx, 1, joint=FAST, adapter="linear")
+    with pytest.raises(errors.ConfigError, match="kernel as options of the snnet space"):
+        _search(ctx, 1, joint={"kernel": 3})
 
 
 def _search(ctx, n, **options):
