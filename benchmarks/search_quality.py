@@ -8,6 +8,8 @@ validation split, MACs, CKA) to get the exhaustive front. Then TPE, NSGA-II and 
 (the runner's samplers, CKA pruning at ``--cka-threshold`` before fitting, as in a real study)
 and the StitchNet recursion (Alg. 1, K=2, T=0.5, L=16, one stitch so its networks lie in the
 same space; evaluated best score first) run at budgets of 5 %, 10 % and 25 % of the space.
+Each sampler runs twice: on the space as it is (cut parameters named by route) and with
+``cut_params="depth"`` (``tpe/depth``, ...: relative depths shared by all routes).
 Least-squares stitches are deterministic, so a search's trial reads the exhaustive
 measurement of the config it sampled instead of refitting it (same numbers, less time).
 
@@ -48,6 +50,8 @@ from stitch_nas.studies import make_sampler
 RESULTS = Path(__file__).parent / "results" / "search_quality.json"
 BUDGETS = (0.05, 0.10, 0.25)
 DIRECTIONS = ("maximize", "minimize")
+#: samplers on the space as it is, and with its cut parameters as relative depths
+METHODS = ("tpe", "nsga2", "random", "tpe/depth", "nsga2/depth", "random/depth")
 
 
 def enumerate_pairwise(ctx: StitchContext, models: list[str]) -> list[StitchConfig]:
@@ -70,7 +74,7 @@ def front_hv(points: list[tuple[float, float]], ref: list[float]) -> float:
 
 
 def run_sampler(
-    name: str,
+    method: str,
     seed: int,
     n: int,
     ctx: StitchContext,
@@ -78,12 +82,18 @@ def run_sampler(
     models: list[str],
     threshold: float,
 ) -> tuple[list[tuple[float, float]], int]:
-    """``n`` trials of the pairwise space; returns measured points and how many were pruned."""
+    """``n`` trials of the pairwise space; returns measured points and how many were pruned.
+
+    ``method`` is a sampler name, with ``/depth`` for the space's ``cut_params="depth"``.
+    """
+    name, _, cut_params = method.partition("/")
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=make_sampler(name, seed))
     points, pruned = [], 0
     for _ in range(n):
         trial = study.ask()
-        config = search_spaces.sample("pairwise", trial, ctx, models=models)
+        config = search_spaces.sample(
+            "pairwise", trial, ctx, models=models, cut_params=cut_params or "named"
+        )
         row = table[config.stable_hash()]
         if row["cka"] < threshold:  # the runner prunes here, before any fitting
             pruned += 1
@@ -137,7 +147,7 @@ def main() -> None:
     in_space = [r.config for r in ranked if r.config.stable_hash() in table]
     for fraction in BUDGETS:
         n = max(1, round(fraction * len(configs)))
-        for name in ("tpe", "nsga2", "random"):
+        for name in METHODS:
             fracs, pruned_share = [], []
             for seed in range(args.seeds):
                 points, pruned = run_sampler(name, seed, n, ctx, table, models, args.cka_threshold)
@@ -217,7 +227,7 @@ def _print(out: dict[str, Any]) -> None:
         f"({out['stitchnet_networks_in_space']} in the space) in {out['stitchnet_seconds']} s"
     )
     print(
-        f"{'method':<10} {'budget':>6} {'evals':>5} {'HV/exhaustive (median, range)':>30} "
+        f"{'method':<13} {'budget':>6} {'evals':>5} {'HV/exhaustive (median, range)':>30} "
         f"{'pruned':>7}"
     )
     for r in out["results"]:
@@ -225,7 +235,7 @@ def _print(out: dict[str, Any]) -> None:
             f"{r['hv_fraction_median']:.3f} ({r['hv_fraction_min']:.3f}-{r['hv_fraction_max']:.3f})"
         )
         print(
-            f"{r['method']:<10} {100 * r['budget']:>5.0f}% {r['evaluations']:>5} {span:>30} "
+            f"{r['method']:<13} {100 * r['budget']:>5.0f}% {r['evaluations']:>5} {span:>30} "
             f"{100 * r['pruned_share_median']:>6.1f}%"
         )
 

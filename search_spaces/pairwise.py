@@ -7,6 +7,13 @@ to ``fast_to_slow`` (start with the model of fewer MACs, SN-Net's choice) and/or
 of the allowed adapters can join are offered, so no trial is spent on an impossible pair. With
 ``adapters`` beyond ``["lstsq"]``, the adapter kind, rescaling, loss and what trains are search
 choices too (see :class:`search_spaces.AdapterChoices`).
+
+Cut parameters: each model has its own cut points, so by default (``cut_params="named"``) the
+cuts are categorical parameters named by route (``src_resnet_to_vit``), which leaves ``route``
+the only parameter every trial shares. That suits TPE, but NSGA-II crosses over shared
+parameters only and mutates each with probability 1 / (their number), so it degenerates into
+random search. ``cut_params="depth"`` samples ``src_depth`` and ``dst_depth`` in [0, 1) instead,
+the relative position among the route's joinable cuts, shared by every route.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from ._adapter_choice import AdapterChoices, can_join, suggest_adapter
 from ._registry import register_space
 
 DIRECTIONS = ("fast_to_slow", "slow_to_fast")
+CUT_PARAMS = ("named", "depth")
 
 
 def model_macs(ctx: StitchContext, name: str) -> int:
@@ -58,6 +66,7 @@ def pairwise(
     losses: Sequence[str] = ("match",),
     trains: Sequence[str] = ("adapter",),
     adapter_options: Mapping[str, Any] | None = None,
+    cut_params: str = "named",
 ) -> StitchConfig:
     """Sample ``A[input:cut_a] -stitch-> B[cut_b:output]`` from two different models.
 
@@ -65,7 +74,11 @@ def pairwise(
         adapter: the one adapter kind to use, when ``adapters`` is not given.
         adapters, resizes, losses, trains: per-joint choices (see ``AdapterChoices``).
         adapter_options: fixed options of every trained adapter (e.g. ``{"steps": 100}``).
+        cut_params: "named" (a categorical per route) or "depth" (relative depth, shared by
+            all routes; lets NSGA-II's crossover work, see the module docstring).
     """
+    if cut_params not in CUT_PARAMS:
+        raise ConfigError(f"unknown cut_params {cut_params!r}; use one of {CUT_PARAMS}")
     choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
     names = zoo_models(ctx, models, 2)
     bad = set(directions) - set(DIRECTIONS)
@@ -82,11 +95,11 @@ def pairwise(
     trial.set_user_attr("direction", next(r[2] for r in routes if r[:2] == (src, dst)))
     kinds = choices.kinds
     src_cuts = [c for c in ctx.cuts(src) if any(joins(kinds, c, d) for d in ctx.cuts(dst))]
-    src_cut = ctx.cut(src, trial.suggest_categorical(f"src_{src}_to_{dst}", _names(src_cuts)))
+    src_cut = _suggest_cut(trial, cut_params, f"src_{src}_to_{dst}", "src_depth", src_cuts)
     # one parameter per kind of source layout, so each parameter keeps a fixed set of choices
     dst_cuts = [d for d in ctx.cuts(dst) if joins(kinds, src_cut, d)]
     group = _layout_group(src_cut)
-    dst_cut = ctx.cut(dst, trial.suggest_categorical(f"dst_{dst}_from_{group}", _names(dst_cuts)))
+    dst_cut = _suggest_cut(trial, cut_params, f"dst_{dst}_from_{group}", "dst_depth", dst_cuts)
     spec = (
         AdapterSpec("lstsq")
         if choices.only_lstsq
@@ -119,6 +132,17 @@ def _routes(
 
 def _names(cuts: list[CutPoint]) -> list[str]:
     return [c.name for c in cuts]
+
+
+def _suggest_cut(
+    trial: optuna.Trial, mode: str, name: str, depth_name: str, cuts: list[CutPoint]
+) -> CutPoint:
+    """One of ``cuts``: by its name, or by a relative depth (equal odds for every cut)."""
+    if mode == "named":
+        chosen = trial.suggest_categorical(name, _names(cuts))
+        return next(c for c in cuts if c.name == chosen)
+    depth = trial.suggest_float(depth_name, 0.0, 1.0)
+    return cuts[min(int(depth * len(cuts)), len(cuts) - 1)]
 
 
 def _layout_group(cut: CutPoint) -> str:

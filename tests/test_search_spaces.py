@@ -50,6 +50,45 @@ def test_pairwise_samples_joinable_two_model_configs(ctx):
     assert directions == {True, False}  # both fast-to-slow and slow-to-fast are sampled
 
 
+def test_pairwise_depth_cut_params_are_shared_by_every_route(ctx):
+    """With relative depths NSGA-II sees the cut parameters of every trial, so it crosses over."""
+    named = _sample("pairwise", ctx, n=40)
+    deep = _sample("pairwise", ctx, n=40, cut_params="depth")
+    for config in deep:
+        src, dst = config.fragments
+        check_pair(ctx.cut(src.model, src.end), ctx.cut(dst.model, dst.start))
+    assert len(set(deep)) > 10  # many cuts reached, not only the ends
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        trial = study.ask()
+        search_spaces.sample("pairwise", trial, ctx, cut_params="depth")
+        study.tell(trial, 0.0)
+    shared = set.intersection(*(set(t.params) for t in study.trials))
+    assert shared == {"route", "src_depth", "dst_depth"}
+    assert {c.fragments[0].model for c in named} == {c.fragments[0].model for c in deep}
+    with pytest.raises(errors.ConfigError, match="cut_params 'deep'"):
+        _sample("pairwise", ctx, n=1, cut_params="deep")
+
+
+def test_nsga2_on_depth_cut_params_is_not_random_search(ctx):
+    def run(sampler, cut_params):
+        study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+        for _ in range(40):
+            trial = study.ask()
+            config = search_spaces.sample("pairwise", trial, ctx, cut_params=cut_params)
+            src = config.fragments[0]
+            study.tell(trial, (len(src.end or ""), fragment_macs(ctx, src.model, None, src.end)))
+        return [t.params for t in study.trials]
+
+    def nsga2():
+        return optuna.samplers.NSGAIISampler(seed=0, population_size=8)
+
+    random = optuna.samplers.RandomSampler
+    # named cut parameters: NSGA-II re-samples every child at random (see pairwise's docstring)
+    assert run(nsga2(), "named") == run(random(seed=0), "named")
+    assert run(nsga2(), "depth")[8:] != run(random(seed=0), "depth")[8:]
+
+
 def test_chain_samples_ordered_fragments_up_to_the_limit(ctx):
     configs = _sample("chain", ctx, n=40, max_fragments=3)
     lengths = {len(c.fragments) for c in configs}
