@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -44,11 +43,12 @@ from torch import nn
 
 from . import adapters
 from .adapters._registry import Option, choice, integer, number
+from .adapters._train import cosine_schedule, take_step
 from .build import Preprocess, StitchedNet
 from .config import AdapterSpec, StitchConfig
 from .context import StitchContext
 from .costs import count_params_of
-from .errors import ConfigError, NonFiniteError
+from .errors import ConfigError
 from .fragments import CutPoint
 from .pieces import PieceChain
 
@@ -324,9 +324,7 @@ def _train(sn: JointSNNet, opts: dict[str, Any], progress: bool) -> JointReport:
     ctx, steps = sn.ctx, int(opts["steps"])
     members = sn.members()
     optimiser = _optimiser(sn, opts)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps))
-    )
+    schedule = cosine_schedule(optimiser, steps)
     trained = [p for group in optimiser.param_groups for p in group["params"]]
     everything = nn.ModuleList([*(c.model for c in sn.chains.values()), *sn.layers.values()])
     generator = torch.Generator().manual_seed(int(opts["seed"]))
@@ -340,17 +338,10 @@ def _train(sn: JointSNNet, opts: dict[str, Any], progress: bool) -> JointReport:
             index = torch.randperm(n, generator=generator)[:size]
             out = _forward(ctx, members[q], index.to(ctx.device))
             loss = F.cross_entropy(out, labels[index].to(out.device))
-            if not torch.isfinite(loss):
-                raise NonFiniteError(
-                    f"SN-Net training loss became {float(loss.detach())} at step {step} on "
-                    f"{members[q].config.describe()}; lower lr (now {opts['lr']})"
-                )
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            schedule.step()
+            what = f"SN-Net member {members[q].config.describe()}"
+            fix = f"lower lr (now {opts['lr']})"
+            losses.append(take_step(loss, optimiser, schedule, what=what, step=step, fix=fix))
             draws[q] += 1
-            losses.append(float(loss.detach()))
     tenth = max(1, steps // 10)
     return JointReport(
         steps=steps,

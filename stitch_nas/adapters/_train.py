@@ -31,7 +31,9 @@ __all__ = [
     "TRAINS",
     "TrainData",
     "TrainReport",
+    "cosine_schedule",
     "only_training",
+    "take_step",
     "train",
 ]
 
@@ -133,6 +135,39 @@ def only_training(model: nn.Module, params: list[nn.Parameter]) -> Iterator[None
             p.requires_grad_(True)
 
 
+def cosine_schedule(
+    optimiser: torch.optim.Optimizer, steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Cosine annealing of every parameter group's learning rate to 0 over ``steps``."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps))
+    )
+
+
+def take_step(
+    loss: torch.Tensor,
+    optimiser: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    what: str,
+    step: int,
+    fix: str,
+) -> float:
+    """One optimiser and schedule step on ``loss``; returns its value.
+
+    Raises:
+        NonFiniteError: the loss is NaN or Inf (the message names ``what`` and ``fix``).
+    """
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise NonFiniteError(f"training loss of {what} became {value} at step {step}; {fix}")
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    optimiser.step()
+    schedule.step()
+    return value
+
+
 def _snapshot(modules: list[nn.Module]) -> list[dict[str, torch.Tensor]]:
     return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in modules]
 
@@ -159,9 +194,7 @@ def train(
     """
     loss_name, steps = str(opts["loss"]), int(opts["steps"])
     optimiser = torch.optim.AdamW(params, lr=float(opts["lr"]), weight_decay=opts["weight_decay"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda k: 0.5 * (1.0 + math.cos(math.pi * min(k, steps) / steps))
-    )
+    schedule = cosine_schedule(optimiser, steps)
     model.eval()
     modules[0].train()
     generator = torch.Generator().manual_seed(int(opts["seed"]))
@@ -184,16 +217,8 @@ def train(
             cursor += size
             out = model(data.inputs[index].to(device))
             loss = _loss(loss_name, out, data.targets[index].to(device))
-            if not torch.isfinite(loss):
-                raise NonFiniteError(
-                    f"training loss of {what} became {float(loss.detach())} at step {step}; "
-                    f"lower lr (now {opts['lr']}) or use init='lstsq'"
-                )
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            schedule.step()
-            losses.append(float(loss.detach()))
+            fix = f"lower lr (now {opts['lr']}) or use init='lstsq'"
+            losses.append(take_step(loss, optimiser, schedule, what=what, step=step, fix=fix))
             if (step + 1) % every == 0 or step + 1 == steps:
                 val = _held_out(model, data, loss_name, size, device)
                 if val < best:
