@@ -36,7 +36,8 @@ from stitch_nas.context import StitchContext
 from stitch_nas.data import load_digits_splits
 from stitch_nas.measure import measure
 from stitch_nas.mini_zoo import load_mini_zoo
-from stitch_nas.snnet_joint import JointSNNet, joint_spec, joint_stitches
+from stitch_nas.snnet_joint import JointSNNet, joint_stitches
+from stitch_nas.snnet_spec import joint_spec
 
 RESULTS = Path(__file__).parent / "results" / "snnet_joint.json"
 
@@ -91,7 +92,7 @@ def separate(ctx: StitchContext, steps: int) -> dict:
     start = time.perf_counter()
     rows, params = [], 0
     for name in anchors:
-        net, m = measure(ctx, StitchConfig.single(name))
+        _, m = measure(ctx, StitchConfig.single(name))
         rows.append({"anchor": True, "accuracy": m.accuracy})
         params += m.params
     for s in stitches:

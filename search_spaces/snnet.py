@@ -38,7 +38,8 @@ import optuna
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
-from stitch_nas.snnet_joint import joint_spec, joint_stitches, train_snnet
+from stitch_nas.snnet_joint import joint_stitches, train_snnet
+from stitch_nas.snnet_spec import joint_spec
 
 from ._adapter_choice import can_join
 from ._procedure import memoised
@@ -184,7 +185,7 @@ def snnet(
             these are the zoo's models, also with ``joint`` (its fine-tuned anchors are
             ``train_snnet(...).anchor(name)``).
         joint: train every stitch together (SN-Net Alg. 1) with these options of
-            :data:`stitch_nas.snnet_joint.JOINT_OPTIONS` (e.g. ``{"steps": 300}``; True: the
+            :data:`stitch_nas.snnet_spec.JOINT_OPTIONS` (e.g. ``{"steps": 300}``; True: the
             defaults); the stitching layer is then SN-Net's 1x1 conv, set by ``joint``'s
             ``norm`` / ``resize``, so ``adapter`` must stay "lstsq" and ``adapter_options`` unset.
     """

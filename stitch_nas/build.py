@@ -19,6 +19,7 @@ from .context import StitchContext
 from .errors import ConfigError
 from .fragments import CutPoint
 from .lstsq import LinearStitch, fit_lstsq, fusable_consumer, fuse_into_segment
+from .snnet_spec import JOINT_KIND
 
 __all__ = ["Preprocess", "StitchedNet", "build"]
 
@@ -143,7 +144,7 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
             (also enabled per joint by the adapter option ``fuse=True``).
     """
     check_labels(ctx, config)
-    if config.adapters and config.adapters[0].kind == "snnet":  # a jointly trained SN-Net
+    if config.adapters and config.adapters[0].kind == JOINT_KIND:  # a jointly trained SN-Net
         from .snnet_joint import joint_network
 
         return joint_network(ctx, config)

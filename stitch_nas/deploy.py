@@ -30,6 +30,7 @@ from .fragments import CutPoint
 from .heads import head_from_recipe
 from .lstsq import FusedStitch, LinearStitch, fuse_into_segment
 from .pieces import PieceChain
+from .snnet_spec import JOINT_KIND, joint_layer
 
 __all__ = ["ExportedNet", "ElasticNet", "assemble", "joint_recipes", "load", "FORMAT_VERSION"]
 
@@ -166,9 +167,7 @@ def _empty_adapter(spec: AdapterSpec, src: CutPoint, dst: CutPoint) -> nn.Module
     """The adapter's structure: ``create`` with the same arguments gives the same state dict."""
     from . import adapters
 
-    if spec.kind == "snnet":  # a stitching layer of a jointly trained SN-Net
-        from .snnet_joint import joint_layer
-
+    if spec.kind == JOINT_KIND:  # a stitching layer of a jointly trained SN-Net
         return joint_layer(spec, src, dst)
     return adapters.create(spec.kind, src, dst, **dict(spec.options))
 

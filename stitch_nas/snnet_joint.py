@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import adapters
-from .adapters._registry import Option, choice, integer, number
 from .adapters._train import cosine_schedule, take_step
 from .build import Preprocess, StitchedNet
 from .config import AdapterSpec, StitchConfig
@@ -51,85 +50,14 @@ from .costs import count_params_of
 from .errors import ConfigError
 from .fragments import CutPoint
 from .pieces import PieceChain
+from .snnet_spec import JOINT_KIND, LAYER_OPTIONS, joint_layer, joint_spec, resolve_joint_options
 
 if TYPE_CHECKING:
     from search_spaces.snnet import SNStitch
 
-__all__ = [
-    "JOINT_KIND",
-    "JOINT_OPTIONS",
-    "JointReport",
-    "JointSNNet",
-    "joint_layer",
-    "joint_network",
-    "joint_spec",
-    "joint_stitches",
-    "train_snnet",
-]
+__all__ = ["JointReport", "JointSNNet", "joint_network", "joint_stitches", "train_snnet"]
 
 logger = logging.getLogger(__name__)
-
-JOINT_KIND = "snnet"
-#: options of the stitching layer itself (the ``linear`` adapter's structural options)
-LAYER_OPTIONS = ("resize", "norm", "cls", "pos")
-
-JOINT_OPTIONS: dict[str, Option] = {
-    "anchors": Option(
-        "", lambda v: isinstance(v, str), "zoo names joined by commas ('' = the zoo by MACs)"
-    ),
-    "kernel": integer(2, 1),
-    "stride": integer(1, 1),
-    "nearest": choice(True, True, False),
-    "direction": choice("fast_to_slow", "fast_to_slow", "slow_to_fast"),
-    "resize": choice("bilinear", *adapters.RESIZE_MODES),
-    "norm": choice("none", "none", "batch", "layer"),
-    "cls": choice("fold", *adapters.CLS_MODES),
-    "pos": choice("learned", "learned", "none"),
-    "train": choice("all", "all", "adapter"),
-    "steps": integer(300, 1),
-    "lr": number(1e-4, 0.0),
-    "anchor_lr_scale": number(1.0, 0.0),
-    "weight_decay": number(0.05, 0.0),
-    "batch_size": integer(64, 1),
-    "seed": integer(0, 0),
-}
-
-
-def _resolve(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(JOINT_OPTIONS))
-    if unknown:
-        raise ConfigError(
-            f"unknown SN-Net joint training option(s) {unknown}; valid: "
-            f"{', '.join(sorted(JOINT_OPTIONS))}"
-        )
-    resolved = {key: opt.default for key, opt in JOINT_OPTIONS.items()}
-    for key, value in options.items():
-        if not JOINT_OPTIONS[key].check(value):
-            raise ConfigError(
-                f"SN-Net joint training option {key}={value!r} is invalid; use "
-                f"{JOINT_OPTIONS[key].expect}"
-            )
-        resolved[key] = value
-    return resolved
-
-
-def joint_spec(**options: Any) -> AdapterSpec:
-    """The adapter spec naming one SN-Net: every option resolved, so equal nets, equal specs.
-
-    ``anchors`` may be a list of zoo names (stored joined by commas).
-    """
-    anchors = options.get("anchors")
-    if isinstance(anchors, (list, tuple)):
-        if any("," in str(a) for a in anchors):
-            raise ConfigError(f"anchors {list(anchors)}: a name with a comma cannot be an anchor")
-        options["anchors"] = ",".join(anchors)
-    return AdapterSpec(JOINT_KIND, tuple(_resolve(options).items()))
-
-
-def joint_layer(spec: AdapterSpec, src: CutPoint, dst: CutPoint) -> nn.Module:
-    """An unfitted stitching layer of the SN-Net ``spec`` from ``src`` to ``dst``."""
-    opts = _resolve(dict(spec.options))
-    return adapters.create("linear", src, dst, **{k: opts[k] for k in LAYER_OPTIONS})
 
 
 def _shape_key(cut: CutPoint) -> tuple[Any, ...]:
@@ -161,7 +89,7 @@ class JointSNNet:
     """
 
     def __init__(self, ctx: StitchContext, spec: AdapterSpec, stitches: Sequence[SNStitch]):
-        opts = _resolve(dict(spec.options))
+        opts = resolve_joint_options(dict(spec.options))
         if not stitches:
             raise ConfigError(f"the SN-Net {spec.option('anchors') or 'zoo'} has no stitch")
         self.ctx, self.spec, self.stitches = ctx, spec, list(stitches)
@@ -300,12 +228,13 @@ class JointSNNet:
         return rows
 
 
-def _forward(ctx: StitchContext, net: StitchedNet, index: torch.Tensor) -> torch.Tensor:
-    """``net`` on train samples ``index``, from the cached prefix where it is the zoo's own."""
+def _train_input(ctx: StitchContext, net: StitchedNet) -> tuple[int, torch.Tensor]:
+    """Where ``net`` starts on the train split: after the zoo's own first fragment, from its
+    cached activation, or else at the top, from the preprocessed images."""
     first = net.config.fragments[0]
     if net.cached_prefix and net.config.is_stitched:
-        return net.forward_from(1, ctx.activation(first.model, first.end, "train")[index])
-    return net.forward_from(0, ctx.inputs(first.model, "train")[index])
+        return 1, ctx.activation(first.model, first.end, "train")
+    return 0, ctx.inputs(first.model, "train")
 
 
 def _optimiser(sn: JointSNNet, opts: dict[str, Any]) -> torch.optim.Optimizer:
@@ -330,13 +259,15 @@ def _train(sn: JointSNNet, opts: dict[str, Any], progress: bool) -> JointReport:
     generator = torch.Generator().manual_seed(int(opts["seed"]))
     labels = ctx.labels("train")
     n, size = labels.shape[0], min(int(opts["batch_size"]), labels.shape[0])
+    sources = [_train_input(ctx, net) for net in members]  # looked up once, not every step
     draws, losses = [0] * len(members), []
     start = time.perf_counter()
     with adapters.only_training(everything, trained), torch.enable_grad():
         for step in tqdm(range(steps), disable=not progress, desc="SN-Net", unit="step"):
             q = int(torch.randint(len(members), (1,), generator=generator))
             index = torch.randperm(n, generator=generator)[:size]
-            out = _forward(ctx, members[q], index.to(ctx.device))
+            part, x = sources[q]
+            out = members[q].forward_from(part, x[index.to(x.device)])
             loss = F.cross_entropy(out, labels[index].to(out.device))
             what = f"SN-Net member {members[q].config.describe()}"
             fix = f"lower lr (now {opts['lr']})"
@@ -359,7 +290,7 @@ def joint_stitches(ctx: StitchContext, spec: AdapterSpec) -> list[SNStitch]:
     """The stitches of the SN-Net ``spec`` names (its plan; nothing is built or trained)."""
     from search_spaces.snnet import snnet_stitches
 
-    opts = _resolve(dict(spec.options))
+    opts = resolve_joint_options(dict(spec.options))
     layer = AdapterSpec("linear", tuple((k, opts[k]) for k in LAYER_OPTIONS))
     return snnet_stitches(
         ctx,
@@ -373,7 +304,7 @@ def joint_stitches(ctx: StitchContext, spec: AdapterSpec) -> list[SNStitch]:
 
 
 def train_snnet(ctx: StitchContext, *, progress: bool = False, **options: Any) -> JointSNNet:
-    """Build and jointly train the SN-Net ``options`` describe (see :data:`JOINT_OPTIONS`).
+    """Build and jointly train the SN-Net ``options`` describe (see ``snnet_spec.JOINT_OPTIONS``).
 
     Trained once per context and options: a second call, or a search over its stitches,
     returns the same object.
@@ -391,7 +322,7 @@ def _trained(ctx: StitchContext, spec: AdapterSpec, progress: bool) -> JointSNNe
     spec = joint_spec(**dict(spec.options))  # defaults filled in: one SN-Net, one key
     key = ("snnet_joint", spec.options)
     if key not in ctx.memo:
-        opts = _resolve(dict(spec.options))
+        opts = resolve_joint_options(dict(spec.options))
         sn = JointSNNet(ctx, spec, joint_stitches(ctx, spec))
         logger.info(
             "training SN-Net: %d stitches, %d stitching layers, %d steps",

@@ -17,7 +17,8 @@ from stitch_nas.data import load_digits_splits
 from stitch_nas.export import ExportItem, export_elastic
 from stitch_nas.measure import measure
 from stitch_nas.runner import evaluate_config, make_objective
-from stitch_nas.snnet_joint import JOINT_OPTIONS, JointSNNet
+from stitch_nas.snnet_joint import JointSNNet
+from stitch_nas.snnet_spec import JOINT_OPTIONS
 from stitch_nas.zoo import ZooEntry
 from tests._tiny import LABELS, SPEC, tiny_context, tiny_zoo
 
@@ -113,7 +114,9 @@ def test_adapter_only_training_keeps_zoo_anchors(ctx):
 def test_bad_options_name_the_value(ctx):
     with pytest.raises(errors.ConfigError, match="steps=0"):
         train_snnet(ctx, steps=0)
-    with pytest.raises(errors.ConfigError, match="unknown SN-Net joint training option"):
+    with pytest.raises(
+        errors.ConfigError, match=r"unknown option\(s\) \['epochs'\] for SN-Net joint training"
+    ):
         train_snnet(ctx, epochs=3)
     with pytest.raises(errors.ConfigError, match="not adapter / adapter_options"):
         _search(ctx, 1, joint=FAST, adapter="linear")

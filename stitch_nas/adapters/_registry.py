@@ -27,6 +27,7 @@ __all__ = [
     "get_adapter",
     "list_adapters",
     "resolve_options",
+    "check_options",
     "create",
 ]
 
@@ -127,19 +128,24 @@ def list_adapters(pattern: str = "*") -> list[str]:
 
 def resolve_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """All options of adapter ``name``: the given ones, checked, and defaults for the rest."""
-    kind = get_adapter(name)
-    unknown = sorted(set(options) - set(kind.options))
+    return check_options(get_adapter(name).options, options, f"adapter {name!r}")
+
+
+def check_options(
+    table: Mapping[str, Option], options: Mapping[str, Any], what: str
+) -> dict[str, Any]:
+    """``options`` checked against ``table`` (unknown keys, bad values: one-line errors naming
+    ``what``), with the table's defaults for the keys not given."""
+    unknown = sorted(set(options) - set(table))
     if unknown:
         raise ConfigError(
-            f"unknown option(s) {unknown} for adapter {name!r}; valid: "
-            f"{', '.join(sorted(kind.options))}"
+            f"unknown option(s) {unknown} for {what}; valid: {', '.join(sorted(table))}"
         )
-    resolved = {key: opt.default for key, opt in kind.options.items()}
+    resolved = {key: opt.default for key, opt in table.items()}
     for key, value in options.items():
-        if not kind.options[key].check(value):
+        if not table[key].check(value):
             raise ConfigError(
-                f"option {key}={value!r} of adapter {name!r} is invalid; use "
-                f"{kind.options[key].expect}"
+                f"option {key}={value!r} of {what} is invalid; use {table[key].expect}"
             )
         resolved[key] = value
     return resolved
