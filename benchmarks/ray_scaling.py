@@ -25,13 +25,13 @@ import optuna
 import ray
 import torch
 
-from stitch_nas.context import StitchContext
-from stitch_nas.data import load_digits_splits
-from stitch_nas.measure import fragment_macs
-from stitch_nas.mini_zoo import load_mini_zoo
-from stitch_nas.ray_executor import RayExecutor
-from stitch_nas.runner import StitchObjective, run_search
-from stitch_nas.studies import create_study
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.data._splits import load_digits_splits
+from stitch_nas.search._ray_executor import RayExecutor
+from stitch_nas.search._runner import StitchObjective, run_search
+from stitch_nas.search._studies import create_study
+from stitch_nas.stitching._measure import fragment_macs
+from stitch_nas.zoo._mini import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "ray_scaling.json"
 

@@ -27,12 +27,12 @@ import optuna
 import torch
 
 import search_spaces
-from stitch_nas.build import build
-from stitch_nas.cache import ActivationCache
-from stitch_nas.context import StitchContext
-from stitch_nas.data import load_digits_splits
-from stitch_nas.measure import config_cka, measure
-from stitch_nas.mini_zoo import load_mini_zoo
+from stitch_nas.activations._cache import ActivationCache
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.data._splits import load_digits_splits
+from stitch_nas.stitching._build import build
+from stitch_nas.stitching._measure import config_cka, measure
+from stitch_nas.zoo._mini import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "trial_cost.json"
 

@@ -1,7 +1,7 @@
 """Objectives: what a stitch search maximises or minimises.
 
 Register your own with :func:`register_objective`; every objective reads a
-:class:`stitch_nas.measure.Measurement`.
+:class:`stitch_nas.stitching.Measurement`.
 """
 
 from . import _builtin  # noqa: F401  (registers the built-in objectives)

@@ -8,17 +8,16 @@ feasible set is a subset of what the user allowed, the subset is part of the par
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optuna
 
 from stitch_nas import adapters as registry
+from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import AdapterSpec
-from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError, LayoutError
-from stitch_nas.fragments import CutPoint
+from stitch_nas.fragments._cuts import CutPoint
 
 __all__ = ["ADAPTER_KINDS", "AdapterChoices", "suggest_adapter", "can_join"]
 
@@ -65,18 +64,7 @@ class AdapterChoices:
         return self.kinds == ("lstsq",)
 
 
-def can_join(kind: str, src: CutPoint, dst: CutPoint, resize: str | None = None) -> bool:
-    """Whether adapter ``kind`` (with rescaling ``resize`` if given) joins ``src`` to ``dst``."""
-    return _can_join(kind, src, dst, resize)
-
-
-@functools.lru_cache(maxsize=65536)
-def _can_join(kind: str, src: CutPoint, dst: CutPoint, resize: str | None) -> bool:
-    try:  # building the (small, unfitted) module runs exactly the checks a trial would
-        registry.create(kind, src, dst, **({} if resize is None else {"resize": resize}))
-    except LayoutError:
-        return False
-    return True
+can_join = registry.can_join
 
 
 def _pick(trial: optuna.Trial, base: str, allowed: tuple[str, ...], feasible: list[str]) -> str:

@@ -1,4 +1,7 @@
-"""The search-space registry: define-by-run ``(trial, ctx, **options) -> StitchConfig``."""
+"""The search-space registry: define-by-run ``(trial, ctx, **options) -> StitchConfig``.
+
+The registry belongs to the core (:mod:`stitch_nas.plugins`); this package fills it.
+"""
 
 from __future__ import annotations
 
@@ -7,40 +10,29 @@ from typing import Any
 
 import optuna
 
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
-from stitch_nas.context import StitchContext
-from stitch_nas.errors import ConfigError, UnknownNameError
+from stitch_nas.plugins import SPACES, SpaceFn
 
-__all__ = ["SpaceFn", "register_space", "get_space", "list_spaces"]
-
-SpaceFn = Callable[..., StitchConfig]
-_REGISTRY: dict[str, SpaceFn] = {}
+__all__ = ["SpaceFn", "register_space", "get_space", "list_spaces", "sample"]
 
 
 def register_space(name: str) -> Callable[[SpaceFn], SpaceFn]:
     """Decorator adding a space under ``name``; a duplicate name is an error."""
-
-    def add(fn: SpaceFn) -> SpaceFn:
-        if name in _REGISTRY:
-            raise ConfigError(f"search space {name!r} is already registered; pick a new name")
-        _REGISTRY[name] = fn
-        return fn
-
-    return add
+    return SPACES.register(name)
 
 
 def get_space(name: str) -> SpaceFn:
-    if name not in _REGISTRY:
-        raise UnknownNameError(
-            f"unknown search space {name!r}; available: {', '.join(sorted(_REGISTRY))}"
-        )
-    return _REGISTRY[name]
+    """The space ``name``; raises UnknownNameError listing the available ones."""
+    return SPACES.get(name)
 
 
 def list_spaces() -> list[str]:
-    return sorted(_REGISTRY)
+    return SPACES.list()
 
 
-def sample(space: str | SpaceFn, trial: optuna.Trial, ctx: StitchContext, **options: Any):
+def sample(
+    space: str | SpaceFn, trial: optuna.Trial, ctx: StitchContext, **options: Any
+) -> StitchConfig:
     fn = get_space(space) if isinstance(space, str) else space
     return fn(trial, ctx, **options)

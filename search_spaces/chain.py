@@ -15,8 +15,8 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
+from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
 
 from ._adapter_choice import AdapterChoices, suggest_adapter

@@ -24,33 +24,17 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.context import StitchContext
-from stitch_nas.errors import ConfigError, LayoutError
-from stitch_nas.fragments import CutPoint
-from stitch_nas.lstsq import check_pair
+from stitch_nas.activations import StitchContext, zoo_models
+from stitch_nas.adapters import joinable
+from stitch_nas.config import DIRECTIONS, AdapterSpec, Fragment, StitchConfig
+from stitch_nas.errors import ConfigError
+from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.stitching import model_macs
 
 from ._adapter_choice import AdapterChoices, can_join, suggest_adapter
 from ._registry import register_space
 
-DIRECTIONS = ("fast_to_slow", "slow_to_fast")
 CUT_PARAMS = ("named", "depth")
-
-
-def model_macs(ctx: StitchContext, name: str) -> int:
-    """MACs of one zoo model on its own input size (memoised in the context)."""
-    from stitch_nas.measure import fragment_macs
-
-    return fragment_macs(ctx, name, None, None)
-
-
-def zoo_models(ctx: StitchContext, models: Sequence[str] | None, minimum: int) -> list[str]:
-    names = list(models) if models else list(ctx.zoo.names())
-    for name in names:
-        ctx.entry(name)  # unknown names raise UnknownModelError here
-    if len(set(names)) < minimum:
-        raise ConfigError(f"this search space needs at least {minimum} models, got {names}")
-    return sorted(set(names))
 
 
 @register_space("pairwise")
@@ -154,12 +138,3 @@ def _layout_group(cut: CutPoint) -> str:
 def joins(kinds: Sequence[str], src: CutPoint, dst: CutPoint) -> bool:
     """Whether any adapter of ``kinds`` can join ``src`` to ``dst``."""
     return any(joinable(src, dst) if k == "lstsq" else can_join(k, src, dst) for k in kinds)
-
-
-def joinable(src: CutPoint, dst: CutPoint) -> bool:
-    """Whether a least-squares stitch can join these two cut points (see stitch_nas.lstsq)."""
-    try:
-        check_pair(src, dst)
-    except LayoutError:
-        return False
-    return True

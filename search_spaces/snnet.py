@@ -22,7 +22,7 @@ evaluates each stitch at its least-squares solution ("LS Init", SN-Net Fig. 8), 
 
 **Joint training** (SN-Net Alg. 1): ``joint={...}`` (or ``joint=True`` for the defaults) trains
 all stitching layers, and by default the anchors, together as one network, drawing a random
-stitch at every step (:mod:`stitch_nas.snnet_joint`); stitches with the same ``SNStitch.layer``
+stitch at every step (:mod:`stitch_nas.snnet`); stitches with the same ``SNStitch.layer``
 share a stitching layer. The space then samples stitches of that trained SN-Net; it is trained
 once per search, on the first trial that needs it. ``train_snnet`` is the same as a procedure.
 """
@@ -30,21 +30,27 @@ once per search, on the first trial that needs it. ``train_snnet`` is the same a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import optuna
 
-from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.context import StitchContext
+from stitch_nas.activations import StitchContext
+from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.snnet_joint import joint_stitches, train_snnet
-from stitch_nas.snnet_spec import joint_spec
+from stitch_nas.snnet import (
+    KERNEL_DEFAULT,
+    STRIDE_DEFAULT,
+    SNStitch,
+    joint_spec,
+    joint_stitches,
+    paired_stitching,
+    snnet_stitches,
+    train_snnet,
+    unpaired_stitching,
+)
 
-from ._adapter_choice import can_join
 from ._procedure import memoised
 from ._registry import register_space
-from .pairwise import DIRECTIONS, joinable, model_macs, zoo_models
 
 __all__ = [
     "SNStitch",
@@ -53,110 +59,6 @@ __all__ = [
     "train_snnet",
     "unpaired_stitching",
 ]
-
-#: SN-Net Sec. 4 "Implementation details": sliding kernel size 2, stride 1 for paired stitching.
-KERNEL_DEFAULT, STRIDE_DEFAULT = 2, 1
-
-
-@dataclass(frozen=True)
-class SNStitch:
-    """One stitch of the configuration set; stitches with equal ``layer`` share a layer."""
-
-    config: StitchConfig
-    front: str
-    back: str
-    front_cut: int  #: index of the front anchor's cut point
-    back_cut: int  #: index of the back anchor's cut point
-    layer: int  #: stitching-layer id within the (front, back) pair (window or front cut)
-
-
-def paired_stitching(depth: int, kernel: int = KERNEL_DEFAULT, stride: int = STRIDE_DEFAULT):
-    """``(front_cut, back_cut, window)`` for two anchors of equal depth, by sliding windows.
-
-    A window ``[i, i + kernel)`` moves by ``stride``; every (j, k) inside it not yet listed is
-    a stitch, and the stitches a window adds share its stitching layer.
-    """
-    if kernel < 1 or stride < 1:
-        raise ConfigError(f"kernel and stride must be >= 1, got kernel={kernel}, stride={stride}")
-    seen: set[tuple[int, int]] = set()
-    out: list[tuple[int, int, int]] = []
-    window = -1
-    for i in range(0, depth, stride):
-        ids = range(i, min(i + kernel, depth))
-        new = [(j, k) for j in ids for k in ids if (j, k) not in seen]
-        if new:
-            window += 1
-        for pair in new:
-            seen.add(pair)
-            out.append((*pair, window))
-    return out
-
-
-def unpaired_stitching(front_depth: int, back_depth: int) -> list[tuple[int, int, int]]:
-    """``(front_cut, back_cut, layer)`` for unequal depths: back cuts matched by nearest
-    interpolation (back cut ``k`` maps to front cut ``floor(k * front_depth / back_depth)``);
-    the stitching layer is the front cut's."""
-    return [
-        (k * front_depth // back_depth, k, k * front_depth // back_depth) for k in range(back_depth)
-    ]
-
-
-def _joins(adapter: AdapterSpec, src: Any, dst: Any) -> bool:
-    if adapter.kind == "lstsq":
-        return joinable(src, dst)
-    return can_join(adapter.kind, src, dst, adapter.option("resize"))
-
-
-def snnet_stitches(
-    ctx: StitchContext,
-    *,
-    anchors: Sequence[str] | None = None,
-    kernel: int = KERNEL_DEFAULT,
-    stride: int = STRIDE_DEFAULT,
-    nearest: bool = True,
-    direction: str = "fast_to_slow",
-    adapter: AdapterSpec | None = None,
-) -> list[SNStitch]:
-    """SN-Net's configuration set over ``anchors`` (see the module docstring).
-
-    Args:
-        anchors: ordered anchors, smallest first (default: the zoo ordered by MACs).
-        kernel, stride: sliding windows of paired stitching (SN-Net: 2 and 1).
-        nearest: stitch only neighbouring anchors (SN-Net's nearest stitching); False: all pairs.
-        direction: "fast_to_slow" (SN-Net's default: the smaller anchor first) or
-            "slow_to_fast".
-        adapter: the stitching layer (default: least squares).
-    """
-    if direction not in DIRECTIONS:
-        raise ConfigError(f"unknown direction {direction!r}; use one of {DIRECTIONS}")
-    spec = adapter or AdapterSpec("lstsq")
-    if anchors:
-        names = list(anchors)
-        if len(set(names)) != len(names):
-            raise ConfigError(f"anchors must be distinct, got {names}")
-        zoo_models(ctx, names, 2)  # checks the names
-    else:
-        names = sorted(zoo_models(ctx, None, 2), key=lambda m: (model_macs(ctx, m), m))
-    pairs = [(names[i], names[i + 1]) for i in range(len(names) - 1)]
-    if not nearest:
-        pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
-    out: list[SNStitch] = []
-    for small, large in pairs:
-        front, back = (small, large) if direction == "fast_to_slow" else (large, small)
-        cuts_f, cuts_b = ctx.cuts(front), ctx.cuts(back)
-        if len(cuts_f) == len(cuts_b):
-            plan = paired_stitching(len(cuts_f), kernel, stride)
-        else:
-            plan = unpaired_stitching(len(cuts_f), len(cuts_b))
-        for i, j, layer in plan:
-            if not _joins(spec, cuts_f[i], cuts_b[j]):
-                continue
-            config = StitchConfig(
-                (Fragment(front, None, cuts_f[i].name), Fragment(back, cuts_b[j].name, None)),
-                (spec,),
-            )
-            out.append(SNStitch(config, front, back, i, j, layer))
-    return out
 
 
 @register_space("snnet")
@@ -185,7 +87,7 @@ def snnet(
             these are the zoo's models, also with ``joint`` (its fine-tuned anchors are
             ``train_snnet(...).anchor(name)``).
         joint: train every stitch together (SN-Net Alg. 1) with these options of
-            :data:`stitch_nas.snnet_spec.JOINT_OPTIONS` (e.g. ``{"steps": 300}``; True: the
+            :data:`stitch_nas.snnet.JOINT_OPTIONS` (e.g. ``{"steps": 300}``; True: the
             defaults); the stitching layer is then SN-Net's 1x1 conv, set by ``joint``'s
             ``norm`` / ``resize``, so ``adapter`` must stay "lstsq" and ``adapter_options`` unset.
     """

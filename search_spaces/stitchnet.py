@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import optuna
 import torch
 
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.adapters._lstsq import fit_lstsq
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
-from stitch_nas.context import StitchContext
 from stitch_nas.errors import ConfigError
-from stitch_nas.lstsq import fit_lstsq
 
 from ._procedure import memoised
 from ._registry import register_space

@@ -1,22 +1,47 @@
 """stitch_nas: multi-objective search over networks stitched from pretrained fragments.
 
-The public face of the package; everything else lives in one module per concept.
+The public face of the package. Names are imported on first use (PEP 562), so
+``import stitch_nas`` and ``stitch-nas --help`` start without loading torch; the code lives in
+one subpackage per pipeline stage (see docs/ARCHITECTURE.md).
 """
 
-from .build import StitchedNet, build
-from .config import AdapterSpec, Fragment, HeadSpec, StitchConfig
-from .context import StitchContext
-from .costs import count_macs, count_params
-from .deploy import ElasticNet, ExportedNet, load
-from .errors import StitchNASError
-from .export import ExportItem, export_elastic, export_network
-from .fragments import CutPoint, cut_points, segment, split
-from .measure import Measurement, measure
-from .runner import make_objective
-from .similarity import cka_matrix, linear_cka, minibatch_cka
-from .study_export import export_study
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: public name -> the subpackage that defines it
+_HOMES = {
+    "AdapterSpec": "config",
+    "Fragment": "config",
+    "HeadSpec": "config",
+    "StitchConfig": "config",
+    "StitchNASError": "errors",
+    "CutPoint": "fragments",
+    "count_macs": "fragments",
+    "count_params": "fragments",
+    "cut_points": "fragments",
+    "segment": "fragments",
+    "split": "fragments",
+    "cka_matrix": "similarity",
+    "linear_cka": "similarity",
+    "minibatch_cka": "similarity",
+    "StitchContext": "activations",
+    "StitchedNet": "stitching",
+    "build": "stitching",
+    "Measurement": "stitching",
+    "make_objective": "search",
+    "measure": "stitching",
+    "ElasticNet": "export",
+    "ExportItem": "export",
+    "ExportedNet": "export",
+    "export_elastic": "export",
+    "export_network": "export",
+    "export_study": "export",
+    "load": "export",
+}
 
 __all__ = [
     "AdapterSpec",
@@ -31,6 +56,7 @@ __all__ = [
     "StitchContext",
     "StitchNASError",
     "StitchedNet",
+    "__version__",
     "build",
     "cka_matrix",
     "count_macs",
@@ -46,5 +72,35 @@ __all__ = [
     "minibatch_cka",
     "segment",
     "split",
-    "__version__",
 ]
+
+if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ imports lazily
+    from .activations import StitchContext
+    from .config import AdapterSpec, Fragment, HeadSpec, StitchConfig
+    from .errors import StitchNASError
+    from .export import (
+        ElasticNet,
+        ExportedNet,
+        ExportItem,
+        export_elastic,
+        export_network,
+        export_study,
+        load,
+    )
+    from .fragments import CutPoint, count_macs, count_params, cut_points, segment, split
+    from .search import make_objective
+    from .similarity import cka_matrix, linear_cka, minibatch_cka
+    from .stitching import Measurement, StitchedNet, build, measure
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'stitch_nas' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

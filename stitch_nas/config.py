@@ -12,11 +12,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError
+from stitch_nas.errors import ConfigError
 
-__all__ = ["Fragment", "AdapterSpec", "HeadSpec", "StitchConfig", "HEAD_KINDS"]
+__all__ = ["Fragment", "AdapterSpec", "HeadSpec", "StitchConfig", "DIRECTIONS", "HEAD_KINDS"]
 
 HEAD_KINDS = ("native", "knn", "linear_probe")
+#: the order of two models in a stitch: the cheaper one first, or the costlier one first
+DIRECTIONS = ("fast_to_slow", "slow_to_fast")
 
 
 def _freeze(options: dict[str, Any] | tuple | None) -> tuple[tuple[str, Any], ...]:

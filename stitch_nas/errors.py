@@ -7,6 +7,11 @@ value), so ``except KeyError`` keeps working. Messages name the bad value and sa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # no torch at import: the CLI reports user errors without loading it
+    import torch
+
 __all__ = [
     "StitchNASError",
     "UnknownModelError",
@@ -23,6 +28,7 @@ __all__ = [
     "ExportError",
     "IntegrityError",
     "MissingDependencyError",
+    "check_finite",
 ]
 
 
@@ -87,3 +93,13 @@ class IntegrityError(StitchNASError, ValueError):
 
 class MissingDependencyError(StitchNASError, ImportError):
     """An optional dependency (Ray, ONNX...) is needed and not installed."""
+
+
+def check_finite(x: torch.Tensor, what: str) -> None:
+    """Raise NonFiniteError if ``x`` holds NaN or Inf (a broken model or exploding stitch)."""
+    finite = x.isfinite()
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise NonFiniteError(
+            f"{what} holds {bad} NaN/Inf values; check the model and its input normalisation"
+        )

@@ -12,12 +12,12 @@ import timm
 import torch
 
 from stitch_nas import adapters, errors
-from stitch_nas.build import build
+from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.context import StitchContext
-from stitch_nas.costs import count_macs
-from stitch_nas.fragments import CutPoint, cut_points, segment
-from stitch_nas.measure import measure, network_macs
+from stitch_nas.fragments._costs import count_macs
+from stitch_nas.fragments._cuts import CutPoint, cut_points, segment
+from stitch_nas.stitching._build import build
+from stitch_nas.stitching._measure import measure, network_macs
 from tests._tiny import tiny_context, tiny_swin
 
 SHAPE = (1, 3, 32, 32)

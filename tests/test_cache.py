@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from stitch_nas import errors
-from stitch_nas.cache import ActivationCache, ActivationKey, weights_fingerprint
+from stitch_nas.activations._cache import ActivationCache, ActivationKey, weights_fingerprint
 
 MB = 2**20
 KEY = ActivationKey(
@@ -108,7 +108,7 @@ def test_concurrent_writers_of_one_key_share_a_spill_dir_safely(tmp_path, caplog
         cache = ActivationCache(memory_gb=0, spill_dir=tmp_path)  # every call goes to disk
         results.extend(cache.get_or_compute(KEY, compute) for _ in range(5))
 
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.cache"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
         threads = [threading.Thread(target=worker) for _ in range(4)]
         for thread in threads:
             thread.start()
@@ -178,7 +178,7 @@ def test_corrupt_spill_file_is_detected_deleted_and_recomputed(tmp_path, caplog,
         path.write_bytes(raw)
     else:
         path.with_suffix(".json").write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.cache"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
         value = cache.get_or_compute(KEY, compute)
     assert torch.equal(value, compute.value)
     assert compute.calls == 2 and cache.stats()["disk_hits"] == 0

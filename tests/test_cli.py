@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from stitch_nas import errors
-from stitch_nas.cli import main
-from stitch_nas.settings import load_settings, settings_from_dict
+from stitch_nas.cli._main import main
+from stitch_nas.cli._settings import load_settings, settings_from_dict
 
 
 def _run(capsys, *argv):

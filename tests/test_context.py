@@ -7,7 +7,7 @@ import runpy
 import pytest
 import torch
 
-from stitch_nas import similarity
+from stitch_nas.similarity import _cka as similarity
 from tests._tiny import tiny_context
 
 
@@ -47,7 +47,7 @@ def test_own_study_example_runs(monkeypatch, mini_zoo, mini_zoo_dir, capsys):
 
 def test_cached_activations_survive_in_place_ops_after_the_cut():
     """test_resnet's ReLU after bn1 is in place: the cached bn1 output must stay pre-ReLU."""
-    from stitch_nas.fragments import segment
+    from stitch_nas.fragments._cuts import segment
 
     ctx = tiny_context()
     model = ctx.entry("resnet").model

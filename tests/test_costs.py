@@ -1,4 +1,4 @@
-"""Tests for stitch_nas.costs: MAC counts against hand-computed figures and a reference."""
+"""Tests for stitch_nas.fragments: MAC counts against hand-computed figures and a reference."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stitch_nas.costs import (
+from stitch_nas.errors import ConfigError, TraceError
+from stitch_nas.fragments._costs import (
     count_macs,
     count_macs_by_operator,
     count_macs_reference,
     count_params,
     count_params_of,
 )
-from stitch_nas.errors import ConfigError, TraceError
 
 # fvcore counts these, FlopCounterMode does not; removing them must give the reference exactly.
 _FVCORE_ONLY_OPS = {"batch_norm", "layer_norm", "group_norm", "adaptive_avg_pool2d"}

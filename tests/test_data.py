@@ -1,4 +1,4 @@
-"""Tests of stitch_nas.data (splits, digits) and stitch_nas.datasets (folders, torchvision)."""
+"""Tests of stitch_nas.data (splits, digits) and stitch_nas.data (folders, torchvision)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from stitch_nas.data import DataSplits, Split, load_digits_splits
-from stitch_nas.datasets import load_image_folder, load_torchvision_dataset
+from stitch_nas.data._datasets import load_image_folder, load_torchvision_dataset
+from stitch_nas.data._splits import DataSplits, Split, load_digits_splits
 from stitch_nas.errors import DataError, UnknownNameError
 
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from stitch_nas import errors, load
+from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
-from stitch_nas.context import StitchContext
-from stitch_nas.costs import count_macs, count_params
-from stitch_nas.deploy import ElasticNet, ExportedNet
-from stitch_nas.export import ExportItem, export_elastic, export_network
-from stitch_nas.measure import measure
-from stitch_nas.study_export import export_study, select_trials
-from stitch_nas.zoo import Zoo, ZooEntry
+from stitch_nas.export._load import ElasticNet, ExportedNet
+from stitch_nas.export._select import export_study, select_trials
+from stitch_nas.export._write import ExportItem, export_elastic, export_network
+from stitch_nas.fragments._costs import count_macs, count_params
+from stitch_nas.stitching._measure import measure
+from stitch_nas.zoo._entry import Zoo, ZooEntry
 
 CONFIGS = {
     "grid": StitchConfig(
@@ -83,7 +83,7 @@ def exported(ctx, items, tmp_path_factory):
 
 
 def _in_memory(ctx, item) -> ExportedNet:
-    from stitch_nas.measure import fit_net_head
+    from stitch_nas.stitching._measure import fit_net_head
 
     net, _ = measure(ctx, item.config)
     return ExportedNet(net, fit_net_head(ctx, net), tuple(ctx.data.label_names))
@@ -194,8 +194,8 @@ def test_unknown_format_is_refused(ctx, items, tmp_path):
 def test_a_part_that_cannot_be_traced_is_named_and_the_rest_exported(
     ctx, items, tmp_path, monkeypatch
 ):
-    from stitch_nas import traced_formats
-    from stitch_nas.lstsq import LinearStitch
+    from stitch_nas.adapters._lstsq import LinearStitch
+    from stitch_nas.export import _traced as traced_formats
 
     real = traced_formats._WRITERS["onnx"]
 
@@ -215,7 +215,7 @@ def test_a_part_that_cannot_be_traced_is_named_and_the_rest_exported(
 
 
 def test_failed_export_keeps_the_previous_folder(ctx, items, tmp_path, monkeypatch):
-    from stitch_nas import export
+    from stitch_nas.export import _write as export
 
     folder = export_network(ctx, items["grid"], tmp_path)
     before = (folder / "meta.json").read_bytes()

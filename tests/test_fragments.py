@@ -8,7 +8,7 @@ import torch
 import torchvision
 
 from stitch_nas import errors
-from stitch_nas.fragments import LAYOUTS, cut_points, get_cut, segment, split
+from stitch_nas.fragments._cuts import LAYOUTS, cut_points, get_cut, segment, split
 from tests._tiny import tiny_swin
 
 MODELS = {

@@ -7,8 +7,8 @@ import timm
 import torch
 
 from stitch_nas import errors
-from stitch_nas.fragments import CutPoint, cut_points, segment
-from stitch_nas.lstsq import fit_lstsq, fusable_consumer, fuse_into_segment
+from stitch_nas.adapters._lstsq import fit_lstsq, fusable_consumer, fuse_into_segment
+from stitch_nas.fragments._cuts import CutPoint, cut_points, segment
 
 SHAPE = (1, 3, 32, 32)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stitch_nas.build import build
-from stitch_nas.cache import ActivationCache
+from stitch_nas.activations._cache import ActivationCache
+from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
-from stitch_nas.context import StitchContext
-from stitch_nas.costs import count_macs, count_params
-from stitch_nas.data import load_digits_splits
-from stitch_nas.measure import measure, network_macs
+from stitch_nas.data._splits import load_digits_splits
+from stitch_nas.fragments._costs import count_macs, count_params
+from stitch_nas.stitching._build import build
+from stitch_nas.stitching._measure import measure, network_macs
 from tests._tiny import tiny_context, tiny_zoo
 
 PAIR = StitchConfig(
@@ -118,7 +118,7 @@ def test_memory_budget_smaller_than_the_data_still_works(tmp_path):
 
 
 def test_fragment_costs_from_pieces_equal_direct_counts(ctx):
-    from stitch_nas.measure import fragment_macs
+    from stitch_nas.stitching._measure import fragment_macs
 
     for model in ("resnet", "efficientnet", "vit"):
         names = [None, *(c.name for c in ctx.cuts(model)), None]

@@ -14,9 +14,9 @@ from search_spaces.stitchnet import stitchnet_search
 from search_spaces.traft import stages, traft_grid
 from stitch_nas import errors
 from stitch_nas.config import AdapterSpec, StitchConfig
-from stitch_nas.costs import count_params
-from stitch_nas.measure import config_cka, fragment_macs
-from stitch_nas.runner import evaluate_config, make_objective
+from stitch_nas.fragments._costs import count_params
+from stitch_nas.search._runner import evaluate_config, make_objective
+from stitch_nas.stitching._measure import config_cka, fragment_macs
 from tests._tiny import tiny_context
 
 FAST = {"steps": 3, "eval_every": 3}  # trained adapters: structure, not accuracy

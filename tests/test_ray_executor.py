@@ -25,10 +25,10 @@ from safetensors.torch import save_file
 
 from stitch_nas import errors
 from stitch_nas.config import StitchConfig
-from stitch_nas.ray_executor import TEST_HOOKS_ENV, RayExecutor
-from stitch_nas.report import write_report
-from stitch_nas.runner import StitchObjective, TrialOutcome, evaluate_config, run_search
-from stitch_nas.studies import completed_count, create_study
+from stitch_nas.report._write import write_report
+from stitch_nas.search._ray_executor import TEST_HOOKS_ENV, RayExecutor
+from stitch_nas.search._runner import StitchObjective, TrialOutcome, evaluate_config, run_search
+from stitch_nas.search._studies import completed_count, create_study
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -161,7 +161,15 @@ def _count(db: Path, state: str) -> int:
 def test_killed_driver_resumes_keeping_completed_trials(tmp_path):
     config = _write_tiny_search(tmp_path)
     out, total = tmp_path / "run", 10
-    command = [sys.executable, "-m", "stitch_nas.cli", "search", str(config), "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "stitch_nas.cli._main",
+        "search",
+        str(config),
+        "--out",
+        str(out),
+    ]
     command += ["--trials", str(total), "--executor", "ray", "--workers", "2", "--no-progress"]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     slow = {**env, TEST_HOOKS_ENV: json.dumps({"delay_s": 0.5})}  # time to kill it mid-search
@@ -216,7 +224,7 @@ def test_a_second_driver_joins_a_study_in_shared_storage(ctx, tmp_path):
 
 
 def test_cli_executor_options_are_checked_before_any_work(capsys, tmp_path):
-    from stitch_nas.cli import main
+    from stitch_nas.cli._main import main
 
     out = str(tmp_path / "o")
     assert main(["demo", "--executor", "local", "--workers", "2", "--out", out]) == 2

@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from stitch_nas.errors import ConfigError
-from stitch_nas.report import (
+from stitch_nas.report._write import (
     dominated_references,
     front_hypervolume,
     hypervolume,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from stitch_nas.errors import ConfigError, DataError, NonFiniteError, StitchNASError
-from stitch_nas.similarity import (
+from stitch_nas.similarity._cka import (
     MinibatchCKA,
     chain_score,
     cka_from_grams,

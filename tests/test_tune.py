@@ -13,8 +13,8 @@ import optuna
 import pytest
 
 from stitch_nas.config import StitchConfig
-from stitch_nas.runner import StitchObjective, evaluate_config
-from stitch_nas.tune import CONFIG_KEY, StitchOptunaSearch, StitchTuneSpace, outcome_metrics
+from stitch_nas.search._runner import StitchObjective, evaluate_config
+from stitch_nas.search._tune import CONFIG_KEY, StitchOptunaSearch, StitchTuneSpace, outcome_metrics
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -15,11 +15,11 @@ import torchvision
 from safetensors.torch import save_file
 from torch import nn
 
-import stitch_nas.mini_zoo as mz
-from stitch_nas.data import DataSplits, load_digits_splits
+import stitch_nas.zoo._mini as mz
+from stitch_nas.data._splits import DataSplits, load_digits_splits
 from stitch_nas.errors import CacheError, ConfigError, DataError, UnknownModelError
-from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
-from stitch_nas.zoo_sources import (
+from stitch_nas.zoo._entry import InputSpec, Zoo, ZooEntry
+from stitch_nas.zoo._sources import (
     entry_from_settings,
     from_module,
     from_timm,
@@ -298,7 +298,7 @@ def test_corrupt_file_rebuilds_that_model_only(
     data[-10] ^= 0xFF  # one flipped bit in the weights: still a readable file, wrong sha256
     path.write_bytes(bytes(data))
     trained = _count_training(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.mini_zoo"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.zoo._mini"):
         zoo = mz.load_mini_zoo(digits, cache_dir=zoo_copy)
     assert trained == ["efficientnet"]
     assert "efficientnet.safetensors is corrupt" in caplog.text

@@ -15,9 +15,12 @@ from ._bodies import StitchAdapter
 from ._convert import CLS_MODES, RESIZE_MODES
 from ._init import INIT_MODES, fit_conv, initialise
 from ._joint import Joint, JointFit, fit_joint
+from ._lstsq import FusedStitch, LinearStitch, fit_lstsq, fuse_into_segment, joinable
 from ._registry import (
+    ADAPTERS,
     AdapterKind,
     Option,
+    can_join,
     create,
     get_adapter,
     list_adapters,
@@ -27,6 +30,13 @@ from ._registry import (
 from ._train import LOSSES, TRAIN_OPTIONS, TRAINS, TrainReport, only_training
 
 __all__ = [
+    "ADAPTERS",
+    "FusedStitch",
+    "LinearStitch",
+    "can_join",
+    "fit_lstsq",
+    "fuse_into_segment",
+    "joinable",
     "AdapterKind",
     "CLS_MODES",
     "INIT_MODES",

@@ -20,8 +20,9 @@ from timm.layers import LayerNorm2d
 from timm.models.vision_transformer import Block
 from torch import nn
 
-from ..errors import LayoutError
-from ..fragments import CutPoint
+from stitch_nas.errors import LayoutError
+from stitch_nas.fragments._cuts import CutPoint
+
 from ._convert import CLS_MODES, RESIZE_MODES, FromGrid, ToGrid, folds, plan, prefix
 from ._registry import Option, choice, integer, number, register_adapter
 from ._train import TRAIN_OPTIONS

@@ -1,9 +1,9 @@
 """``lstsq``: the closed-form affine stitch (StitchNet), registered beside the trained kinds.
 
 Created unfitted (zeros); :func:`~stitch_nas.adapters.initialise` fits it by least squares
-exactly as :func:`stitch_nas.lstsq.fit_lstsq` does. ``fuse=True`` folds it into the next
-conv/linear layer when the network is built (see :func:`stitch_nas.lstsq.fuse_into_segment`).
-Least squares joins the layout pairs in :data:`stitch_nas.lstsq.SUPPORTED_PAIRS`; for other
+exactly as :func:`stitch_nas.adapters.fit_lstsq` does. ``fuse=True`` folds it into the next
+conv/linear layer when the network is built (see :func:`stitch_nas.adapters.fuse_into_segment`).
+Least squares joins the layout pairs in :data:`stitch_nas.adapters.SUPPORTED_PAIRS`; for other
 pairs (CNN -> ViT, ViT -> CNN, ...) use ``linear`` with ``loss='none'``, which is fitted by
 least squares too and converts layouts.
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..fragments import CutPoint
-from ..lstsq import LinearStitch
+from stitch_nas.adapters._lstsq import LinearStitch
+from stitch_nas.fragments._cuts import CutPoint
+
 from ._registry import Option, number, register_adapter
 
 __all__: list[str] = []

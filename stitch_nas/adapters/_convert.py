@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import LayoutError
-from ..fragments import CutPoint
+from stitch_nas.errors import LayoutError
+from stitch_nas.fragments._cuts import CutPoint
 
 __all__ = [
     "RESIZE_MODES",

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, LayoutError
-from ..fragments import CutPoint
-from ..lstsq import LinearStitch, _solve, check_finite, fit_lstsq
+from stitch_nas.adapters._lstsq import LinearStitch, _solve, fit_lstsq
+from stitch_nas.errors import ConfigError, LayoutError, check_finite
+from stitch_nas.fragments._cuts import CutPoint
+
 from ._bodies import StitchAdapter
 from ._convert import grid_target, prefix
 

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config import AdapterSpec, Fragment
-from ..context import StitchContext
-from ..errors import ConfigError
-from ..fragments import CutPoint, segment
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.config import AdapterSpec, Fragment
+from stitch_nas.errors import ConfigError
+from stitch_nas.fragments._cuts import CutPoint, segment
+
 from ._init import initialise
 from ._registry import create, resolve_options
 from ._train import TrainData, TrainReport, train

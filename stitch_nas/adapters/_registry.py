@@ -10,78 +10,34 @@ shapes: fitting and training change values only.
 
 from __future__ import annotations
 
-import fnmatch
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from ..errors import ConfigError, UnknownNameError
-from ..fragments import CutPoint
+from stitch_nas.errors import LayoutError
+from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.registry import Option, Registry, check_options, choice, integer, number
 
 __all__ = [
+    "ADAPTERS",
     "Option",
+    "choice",
+    "integer",
+    "number",
     "AdapterKind",
     "register_adapter",
     "get_adapter",
     "list_adapters",
     "resolve_options",
     "check_options",
+    "can_join",
     "create",
 ]
 
 Factory = Callable[..., nn.Module]
-
-
-@dataclass(frozen=True)
-class Option:
-    """One declared option of an adapter kind.
-
-    Attributes:
-        default: the value used when the option is not given.
-        check: returns True for an acceptable value.
-        expect: what an acceptable value is, for the error message ("an int >= 1").
-        structural: whether the option changes the module's structure (passed to the factory).
-    """
-
-    default: Any
-    check: Callable[[Any], bool]
-    expect: str
-    structural: bool = False
-
-
-def choice(default: Any, *values: Any, structural: bool = False) -> Option:
-    """An option that takes one of ``values``."""
-    return Option(default, lambda v: v in values, f"one of {values}", structural)
-
-
-def integer(
-    default: int | None, minimum: int, *, optional: bool = False, structural: bool = False
-) -> Option:
-    """An int option of at least ``minimum`` (or None where ``optional``)."""
-
-    def ok(v: Any) -> bool:
-        if v is None:
-            return optional
-        return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
-
-    expect = f"an int >= {minimum}" + (" or null" if optional else "")
-    return Option(default, ok, expect, structural)
-
-
-def number(
-    default: float | None, minimum: float, *, optional: bool = False, structural: bool = False
-) -> Option:
-    """A number option of at least ``minimum`` (or None where ``optional``)."""
-
-    def ok(v: Any) -> bool:
-        if v is None:
-            return optional
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= minimum
-
-    expect = f"a number >= {minimum:g}" + (" or null" if optional else "")
-    return Option(default, ok, expect, structural)
 
 
 @dataclass(frozen=True)
@@ -95,7 +51,8 @@ class AdapterKind:
     description: str = ""
 
 
-_REGISTRY: dict[str, AdapterKind] = {}
+#: every adapter kind; plug-ins register through the entry-point group ``stitch_nas.adapters``
+ADAPTERS: Registry[AdapterKind] = Registry("adapter", group="stitch_nas.adapters")
 
 
 def register_adapter(
@@ -104,9 +61,7 @@ def register_adapter(
     """Decorator adding an adapter kind under ``name``; a duplicate name is an error."""
 
     def add(factory: Factory) -> Factory:
-        if name in _REGISTRY:
-            raise ConfigError(f"adapter {name!r} is already registered; pick a new name")
-        _REGISTRY[name] = AdapterKind(name, factory, dict(options), trainable, description)
+        ADAPTERS.register(name, AdapterKind(name, factory, dict(options), trainable, description))
         return factory
 
     return add
@@ -114,41 +69,17 @@ def register_adapter(
 
 def get_adapter(name: str) -> AdapterKind:
     """The registered kind ``name``; raises UnknownNameError listing the available ones."""
-    if name not in _REGISTRY:
-        raise UnknownNameError(
-            f"unknown adapter {name!r}; available: {', '.join(sorted(_REGISTRY))}"
-        )
-    return _REGISTRY[name]
+    return ADAPTERS.get(name)
 
 
 def list_adapters(pattern: str = "*") -> list[str]:
     """Registered adapter names matching the shell-style ``pattern``, sorted."""
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
+    return ADAPTERS.list(pattern)
 
 
 def resolve_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """All options of adapter ``name``: the given ones, checked, and defaults for the rest."""
     return check_options(get_adapter(name).options, options, f"adapter {name!r}")
-
-
-def check_options(
-    table: Mapping[str, Option], options: Mapping[str, Any], what: str
-) -> dict[str, Any]:
-    """``options`` checked against ``table`` (unknown keys, bad values: one-line errors naming
-    ``what``), with the table's defaults for the keys not given."""
-    unknown = sorted(set(options) - set(table))
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {unknown} for {what}; valid: {', '.join(sorted(table))}"
-        )
-    resolved = {key: opt.default for key, opt in table.items()}
-    for key, value in options.items():
-        if not table[key].check(value):
-            raise ConfigError(
-                f"option {key}={value!r} of {what} is invalid; use {table[key].expect}"
-            )
-        resolved[key] = value
-    return resolved
 
 
 def create(name: str, src: CutPoint, dst: CutPoint, **options: Any) -> nn.Module:
@@ -163,3 +94,17 @@ def create(name: str, src: CutPoint, dst: CutPoint, **options: Any) -> nn.Module
     resolved = resolve_options(name, options)
     structural = {k: v for k, v in resolved.items() if kind.options[k].structural}
     return kind.factory(src, dst, **structural)
+
+
+def can_join(kind: str, src: CutPoint, dst: CutPoint, resize: str | None = None) -> bool:
+    """Whether adapter ``kind`` (with rescaling ``resize`` if given) joins ``src`` to ``dst``."""
+    return _can_join(kind, src, dst, resize)
+
+
+@functools.lru_cache(maxsize=65536)
+def _can_join(kind: str, src: CutPoint, dst: CutPoint, resize: str | None) -> bool:
+    try:  # building the (small, unfitted) module runs exactly the checks a trial would
+        create(kind, src, dst, **({} if resize is None else {"resize": resize}))
+    except LayoutError:
+        return False
+    return True

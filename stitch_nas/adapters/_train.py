@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import NonFiniteError
+from stitch_nas.errors import NonFiniteError
+
 from ._registry import Option, choice, integer, number
 
 __all__ = [

@@ -1,0 +1,131 @@
+"""The YAML file of ``stitch-nas search``: what to search, on what, for how long.
+
+Every key is checked: a wrong key or type is a one-line ``ConfigError`` that names it and lists
+what is allowed. An example with every key is in ``examples/search.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from stitch_nas.errors import ConfigError
+
+__all__ = ["ZooSettings", "DataSettings", "SearchSettings", "Settings", "load_settings"]
+
+
+@dataclass
+class ZooSettings:
+    """``mini_zoo``: include the embedded digits zoo; ``models``: extra entries (see README)."""
+
+    mini_zoo: bool = True
+    models: list = field(default_factory=list)
+    cache_dir: str | None = None
+
+
+@dataclass
+class DataSettings:
+    """``kind``: digits | image_folder | torchvision; ``root`` and ``name`` for the latter two."""
+
+    kind: str = "digits"
+    root: str | None = None
+    name: str | None = None
+    size: int = 32
+    probe_size: int = 128
+    seed: int = 0
+
+
+@dataclass
+class SearchSettings:
+    """How the study runs; the CLI's --trials/--out/--sampler override these."""
+
+    space: str = "pairwise"
+    space_options: dict = field(default_factory=dict)
+    objectives: list = field(default_factory=lambda: ["accuracy", "macs"])
+    sampler: str = "tpe"
+    seed: int = 0
+    trials: int = 50
+    cka_threshold: float = 0.3
+    budgets: dict = field(default_factory=dict)
+    fuse: bool = False
+    device: str = "cpu"
+    cache_memory_gb: float = 2.0
+    cache_dir: str | None = None
+    export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
+    executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
+    workers: int = 2  #: Ray workers, i.e. trials in flight (executor "ray")
+    ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = -1.0  #: -1: share the visible GPUs when device is CUDA, else 0
+    storage: str | None = None  #: Optuna RDB URL (e.g. PostgreSQL) instead of DIR/study.db
+
+
+@dataclass
+class Settings:
+    zoo: ZooSettings = field(default_factory=ZooSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    search: SearchSettings = field(default_factory=SearchSettings)
+
+
+def _typed(section: str, key: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of the field's default (ints pass for floats)."""
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if default is None:
+        if value is None or isinstance(value, str):
+            return value
+        raise ConfigError(f"{section}.{key} must be a string, got {type(value).__name__} {value!r}")
+    expected = type(default)
+    if isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, expected):
+        raise ConfigError(
+            f"{section}.{key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _section(cls: type, section: str, raw: Any) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"section {section!r} must be a mapping, got {type(raw).__name__}")
+    defaults = cls()
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {section}.{unknown[0]}; valid keys in {section}: "
+            f"{', '.join(sorted(known))}"
+        )
+    values = {k: _typed(section, k, v, getattr(defaults, k)) for k, v in raw.items()}
+    return cls(**values)
+
+
+def settings_from_dict(raw: Any) -> Settings:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("the config file must hold a mapping with zoo/data/search sections")
+    unknown = sorted(set(raw) - {"zoo", "data", "search"})
+    if unknown:
+        raise ConfigError(f"unknown section {unknown[0]!r}; valid sections: zoo, data, search")
+    return Settings(
+        zoo=_section(ZooSettings, "zoo", raw.get("zoo")),
+        data=_section(DataSettings, "data", raw.get("data")),
+        search=_section(SearchSettings, "search", raw.get("search")),
+    )
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and check a YAML config file."""
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(file)!r} does not exist; check the path")
+    try:
+        raw = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "syntax error"
+        raise ConfigError(f"{file} is not valid YAML: {first}") from exc
+    return settings_from_dict(raw)

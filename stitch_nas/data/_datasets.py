@@ -1,0 +1,238 @@
+"""Loaders for your own image data: ``ImageFolder`` trees and local torchvision data sets.
+
+Both return a :class:`~stitch_nas.data.DataSplits` cut with the seeded, class-interleaved
+split helpers of :mod:`stitch_nas.data`, with float32 images in ``[0, 1]``, not normalised.
+Nothing here downloads anything: folders and torchvision data sets must already be on disk.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stitch_nas.data._splits import (
+    _CHUNK,
+    DataSplits,
+    _check_probe_size,
+    _check_size,
+    _class_interleaved_order,
+    _cut,
+    _resize,
+    _split_sizes,
+    _splits_from,
+    _subset,
+)
+from stitch_nas.errors import ConfigError, DataError, UnknownNameError
+
+__all__ = ["load_image_folder", "load_torchvision_dataset"]
+
+logger = logging.getLogger(__name__)
+
+
+def load_image_folder(
+    root: str | Path,
+    *,
+    size: int,
+    probe_size: int = 128,
+    val_fraction: float = 0.15,
+    test_fraction: float = 0.15,
+    seed: int = 0,
+) -> DataSplits:
+    """Load a torchvision ``ImageFolder`` (``root/<class>/<image>``) as splits.
+
+    Every image is converted to RGB, resized to ``size`` x ``size`` and scaled to ``[0, 1]``.
+    Splits are cut as in :func:`load_digits_splits`: val and test take the given fractions,
+    probe takes ``probe_size`` images and train takes the rest.
+
+    Args:
+        root: Folder holding one sub-folder per class.
+        size: Side of the output images in pixels.
+        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`.
+        val_fraction: Fraction of all images used for validation.
+        test_fraction: Fraction of all images used for testing.
+        seed: Seed of the split permutation.
+
+    Returns:
+        The splits, named after the folder, with the class folder names as label names.
+
+    Raises:
+        DataError: If the folder is missing, holds no images, or too few for the splits.
+        ConfigError: If a fraction is out of range.
+    """
+    from torchvision import transforms
+    from torchvision.datasets import ImageFolder
+
+    _check_probe_size(probe_size)
+    _check_size(size)
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(
+            f"image folder {str(root)!r} does not exist; pass a folder of class folders"
+        )
+    transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
+    try:
+        dataset = ImageFolder(str(root), transform=transform)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise DataError(
+            f"no images found under {str(root)!r} ({exc}); add root/<class>/<image> files"
+        ) from exc
+    sizes = _split_sizes(len(dataset), probe_size, val_fraction, test_fraction)
+    x, y = _read_all(dataset)
+    logger.info("loaded %d images in %d classes from %s", len(y), len(dataset.classes), root)
+    return _splits_from(x, y, sizes, seed, dataset.classes, root.name)
+
+
+def _read_all(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read every (tensor image, label) of an ImageFolder, naming any unreadable file."""
+    images, labels = [], []
+    for index in range(len(dataset)):
+        try:
+            image, label = dataset[index]
+        except OSError as exc:
+            path = dataset.samples[index][0]
+            raise DataError(f"cannot read image {path!r} ({exc}); remove or fix the file") from exc
+        images.append(image)
+        labels.append(label)
+    return torch.stack(images).float(), torch.tensor(labels, dtype=torch.int64)
+
+
+def _dataset_class(name: str) -> type[Any]:
+    """Return the torchvision data set class ``name`` if it can load a train and a test part."""
+    import torchvision.datasets as tvd
+
+    found = {}
+    for candidate in getattr(tvd, "__all__", dir(tvd)):
+        cls = getattr(tvd, candidate, None)
+        if not inspect.isclass(cls):
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        if "root" in params and "download" in params and ("train" in params or "split" in params):
+            found[candidate] = cls
+    if name not in found:
+        close = difflib.get_close_matches(name, list(found), n=3) or ["CIFAR10", "MNIST", "SVHN"]
+        raise UnknownNameError(
+            f"unknown torchvision data set {name!r}; try one of {', '.join(close)} "
+            f"({len(found)} available, see torchvision.datasets)"
+        )
+    return found[name]
+
+
+def _open_part(cls: type[Any], root: Path, train: bool) -> Any:
+    params = inspect.signature(cls.__init__).parameters
+    part = {"train": train} if "train" in params else {"split": "train" if train else "test"}
+    try:
+        return cls(root=str(root), download=False, **part)
+    except (RuntimeError, FileNotFoundError, OSError, ValueError) as exc:
+        raise DataError(
+            f"{cls.__name__} not found under {str(root)!r} ({exc}); nothing is downloaded, "
+            "so place the data set files there first"
+        ) from exc
+
+
+def _bulk_arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Return (uint8 images NCHW, labels) straight from a data set's arrays, if it has them."""
+    data = getattr(dataset, "data", None)
+    labels = getattr(dataset, "targets", getattr(dataset, "labels", None))
+    if data is None or labels is None:
+        return None
+    data = torch.as_tensor(data)
+    labels = torch.as_tensor(np.asarray(labels))
+    if data.dtype != torch.uint8 or labels.ndim != 1 or len(data) != len(labels):
+        return None
+    if data.ndim == 3:  # (N, H, W) grey, e.g. MNIST
+        data = data.unsqueeze(1)
+    elif data.ndim == 4 and data.shape[-1] in (1, 3) and data.shape[1] not in (1, 3):
+        data = data.permute(0, 3, 1, 2)  # (N, H, W, C), e.g. CIFAR
+    elif not (data.ndim == 4 and data.shape[1] in (1, 3)):  # (N, C, H, W), e.g. SVHN
+        return None
+    return data, labels.long()
+
+
+def _to_tensors(dataset: Any, size: int, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    arrays = _bulk_arrays(dataset)
+    if arrays is not None:
+        data, labels = arrays[0][:count], arrays[1][:count]
+        chunks = [_resize(chunk.float().div_(255.0), size) for chunk in data.split(_CHUNK)]
+        x = torch.cat(chunks)
+        return x.expand(-1, 3, -1, -1).contiguous(), labels.contiguous()
+    # generic path: slower, but works for any data set that yields (PIL image, int)
+    from torchvision.transforms import functional as TF
+
+    images, labels_list = [], []
+    for index in range(count):
+        image, label = dataset[index]
+        image = TF.resize(image.convert("RGB"), [size, size])
+        images.append(TF.to_tensor(image))
+        labels_list.append(int(label))
+    return torch.stack(images).float(), torch.tensor(labels_list, dtype=torch.int64)
+
+
+def load_torchvision_dataset(
+    name: str,
+    root: str | Path,
+    *,
+    size: int,
+    probe_size: int = 128,
+    seed: int = 0,
+    limit: int | None = None,
+) -> DataSplits:
+    """Load a torchvision data set class (e.g. ``"CIFAR10"``, ``"MNIST"``) from a local root.
+
+    Nothing is downloaded (``download=False``). The train split and the probe come from the
+    data set's train part (disjoint), val and test are the two halves of its test part.
+
+    Args:
+        name: Class name in ``torchvision.datasets``.
+        root: Folder the data set was downloaded to, as the class expects it.
+        size: Side of the output images in pixels.
+        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`.
+        seed: Seed of the split permutations.
+        limit: If set, use at most this many examples from each part, to bound memory
+            (float32 images take ``12 * size**2`` bytes each).
+
+    Returns:
+        The splits, named after the class, with the class's ``classes`` as label names.
+
+    Raises:
+        UnknownNameError: If ``name`` is not a usable torchvision data set.
+        DataError: If the files are not under ``root`` or a part is too small.
+    """
+    _check_probe_size(probe_size)
+    _check_size(size)
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit={limit!r} is invalid; use a positive int or None")
+    cls = _dataset_class(name)
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise DataError(
+            f"data root {str(root)!r} does not exist; nothing is downloaded, so put {name} there"
+        )
+    test_part = _open_part(cls, root, train=False)
+    x_train, y_train = _to_tensors(_open_part(cls, root, train=True), size, limit)
+    x_test, y_test = _to_tensors(test_part, size, limit)
+    if len(y_train) <= probe_size or len(y_test) < 2:
+        raise DataError(
+            f"{name} under {str(root)!r} has {len(y_train)} train and {len(y_test)} test images; "
+            f"need more than probe_size={probe_size} train and at least 2 test"
+        )
+    probe_idx, train_idx = _cut(
+        _class_interleaved_order(y_train, seed), [probe_size, len(y_train) - probe_size]
+    )
+    half = len(y_test) // 2
+    val_idx, test_idx = _cut(_class_interleaved_order(y_test, seed + 1), [half, len(y_test) - half])
+    label_names = getattr(test_part, "classes", None) or range(int(y_train.max()) + 1)
+    return DataSplits(
+        train=_subset(x_train, y_train, train_idx),
+        probe=_subset(x_train, y_train, probe_idx),
+        val=_subset(x_test, y_test, val_idx),
+        test=_subset(x_test, y_test, test_idx),
+        label_names=tuple(str(label) for label in label_names),
+        name=f"{name}{size}",
+    )

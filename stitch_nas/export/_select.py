@@ -1,0 +1,129 @@
+"""Pick trials of a study and export them: the Pareto front by default, or trials by number."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import ExportError
+from stitch_nas.export._write import FORMATS, ExportItem, export_elastic, export_network
+from stitch_nas.report._pareto import pareto_trials
+from stitch_nas.stitching._measure import Measurement
+
+__all__ = ["FORMATS", "ExportSummary", "export_study", "select_trials"]
+
+logger = logging.getLogger(__name__)
+
+# a trial records every Measurement field as a user attribute (StitchObjective.record)
+_METRICS = tuple(f.name for f in fields(Measurement))
+
+
+@dataclass
+class ExportSummary:
+    """Where the networks went and what their weights cost on disk."""
+
+    folders: list[Path] = field(default_factory=list)
+    elastic: Path | None = None
+    weights_bytes: int = 0  #: model.safetensors of the individual exports, summed
+    elastic_bytes: int = 0  #: model.safetensors of the elastic package
+    skipped: dict[str, str] = field(default_factory=dict)  #: network name -> why not exported
+
+    def describe(self) -> str:
+        skipped = "".join(f"\nnot exported: {why}" for why in self.skipped.values())
+        if not self.folders:
+            return "nothing exported" + skipped
+        root = self.folders[0].parent
+        weights = _mb(self.weights_bytes)
+        line = f"exported {len(self.folders)} networks to {root}/ (weights {weights})"
+        if self.elastic is not None:
+            line += (
+                f"; elastic package {self.elastic.name}/ stores them in {_mb(self.elastic_bytes)}"
+            )
+        return line + f"; load one with stitch_nas.load('{self.folders[0]}')" + skipped
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.2f} MB"
+
+
+def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[FrozenTrial]:
+    """``"pareto"`` (the front) or trial numbers, each of which must have completed."""
+    if isinstance(trials, str):
+        if trials != "pareto":
+            raise ExportError(f"trials={trials!r}: use 'pareto' or a list of trial numbers")
+        return pareto_trials(study)
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    chosen = []
+    for number in trials:
+        trial = by_number.get(number)
+        if trial is None:
+            last = len(by_number) - 1
+            raise ExportError(f"trial {number} does not exist; the study has trials 0..{last}")
+        if trial.state != TrialState.COMPLETE:
+            reason = trial.user_attrs.get("prune_reason") or trial.user_attrs.get("fail_reason")
+            raise ExportError(
+                f"trial {number} is {trial.state.name}{f' ({reason})' if reason else ''}; "
+                "export a COMPLETE trial, e.g. one on the Pareto front (--trials pareto)"
+            )
+        chosen.append(trial)
+    return chosen
+
+
+def _item(trial: FrozenTrial) -> ExportItem:
+    attrs = trial.user_attrs
+    if "config" not in attrs:
+        raise ExportError(f"trial {trial.number} records no config; it was not run by stitch_nas")
+    metrics = {k: attrs[k] for k in _METRICS if k in attrs}
+    config = StitchConfig.from_dict(attrs["config"])
+    return ExportItem(f"trial_{trial.number}", config, metrics, trial.number)
+
+
+def export_study(
+    study: optuna.Study,
+    ctx: StitchContext,
+    dest: Path,
+    *,
+    trials: str | Sequence[int] = "pareto",
+    formats: Sequence[str] = FORMATS,
+    elastic: bool = False,
+    fuse: bool = False,
+    progress: bool = False,
+    skip_failures: bool = False,
+) -> ExportSummary:
+    """Export the chosen trials of ``study`` to ``dest/trial_<n>/`` (and ``dest/elastic/``).
+
+    Args:
+        skip_failures: a network that cannot be exported (it no longer measures as its trial
+            did, e.g. an adapter trained under a ``seconds`` budget) is named in
+            ``summary.skipped`` and the others are exported; otherwise its error is raised.
+    """
+    from tqdm.auto import tqdm
+
+    items = [_item(t) for t in select_trials(study, trials)]
+    if not items:
+        raise ExportError("no completed trial to export; run more trials first")
+    summary = ExportSummary()
+    exported = []
+    for item in tqdm(items, desc="export", unit="net", disable=not progress):
+        try:
+            folder = export_network(ctx, item, dest, fuse=fuse, formats=formats)
+        except ExportError as exc:
+            if not skip_failures:
+                raise
+            summary.skipped[item.name] = str(exc)
+            logger.warning("not exported: %s", exc)
+            continue
+        exported.append(item)
+        summary.folders.append(folder)
+        summary.weights_bytes += (folder / "model.safetensors").stat().st_size
+    if elastic and exported:
+        summary.elastic = export_elastic(ctx, exported, dest / "elastic", fuse=fuse)
+        summary.elastic_bytes = (summary.elastic / "model.safetensors").stat().st_size
+    return summary

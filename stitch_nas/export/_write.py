@@ -1,0 +1,248 @@
+"""Export measured stitched networks as standalone folders, one each or one elastic package.
+
+A network folder ``<dest>/<name>/`` holds ``model.safetensors`` (every weight the network needs),
+``stitch.json`` (the recipe :func:`stitch_nas.load` rebuilds it from), ``meta.json`` (what the
+search measured, provenance, the sha256 of every file) and, where the network traces,
+``model.onnx`` and ``model.pt`` (TorchScript). The network is rebuilt from the same zoo and probe
+data as in the search, re-measured, and refused if its accuracy is not the one the trial
+recorded; before the folder is moved into place it is loaded back and compared with the network
+in memory. An elastic package stores several networks with shared fragments once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import ExportError
+from stitch_nas.export._files import checksums, save_weights
+from stitch_nas.export._load import FORMAT_VERSION, ElasticNet, ExportedNet, joint_recipes, load
+from stitch_nas.export._traced import FORMATS, write_traced
+from stitch_nas.files import atomic_folder
+from stitch_nas.stitching._build import StitchedNet
+from stitch_nas.stitching._heads import head_recipe
+from stitch_nas.stitching._measure import fit_net_head, measure
+from stitch_nas.zoo._architectures import check_architecture
+
+__all__ = ["ExportItem", "export_network", "export_elastic", "folder_size", "FORMATS"]
+
+logger = logging.getLogger(__name__)
+
+# a loaded export may differ from the network in memory by float rounding only: the zoo runs
+# channels-last on CPU, the loaded copy contiguous, so convolutions sum in another order
+_ATOL, _RTOL = 1e-5, 1e-4
+
+
+@dataclass(frozen=True)
+class ExportItem:
+    """One network to export: its folder name, config and what the search measured."""
+
+    name: str
+    config: StitchConfig
+    metrics: Mapping[str, Any]
+    trial: int | None = None
+
+
+def _network(ctx: StitchContext, item: ExportItem, fuse: bool) -> ExportedNet:
+    """Rebuild ``item`` exactly as the search measured it, and check that it measures the same."""
+    net, result = measure(ctx, item.config, fuse=fuse)
+    recorded = item.metrics.get("accuracy")
+    if recorded is not None and abs(result.accuracy - float(recorded)) > 1e-9:
+        raise ExportError(
+            f"{item.name}: the rebuilt network measures accuracy {result.accuracy:.4f}, the "
+            f"search recorded {float(recorded):.4f}; export with the zoo, data and fuse "
+            "setting of the search"
+        )
+    metrics = {**result.to_dict(), **{k: v for k, v in item.metrics.items() if v is not None}}
+    return ExportedNet(net, fit_net_head(ctx, net), tuple(ctx.data.label_names), metrics)
+
+
+def _recipe(ctx: StitchContext, exported: ExportedNet) -> dict[str, Any]:
+    spec = ctx.entry(exported.config.fragments[0].model).input_spec
+    return {
+        "config": exported.config.to_dict(),
+        "input_spec": {"size": list(spec.size), "mean": list(spec.mean), "std": list(spec.std)},
+        "label_names": list(exported.label_names),
+        "joints": joint_recipes(exported.net),
+        "own_copies": _own_copies(ctx, exported.net),
+        "head": head_recipe(exported.head),
+        "metrics": exported.metrics,
+    }
+
+
+def _own_copies(ctx: StitchContext, net: StitchedNet) -> list[int]:
+    """Parts that are fine-tuned copies of a fragment rather than the zoo's own pieces.
+
+    A loader shares one instance of each source model among all fragments (and all networks
+    of an elastic package); a trained copy must get pieces of its own, or its weights and
+    those of the zoo fragment it overlaps would land in the same tensors.
+    """
+    copies = []
+    for i, (part, (key, _)) in enumerate(zip(net.parts, net.part_info, strict=True)):
+        if key[0] != "fragment":
+            continue
+        zoo = ctx.segment(*key[1:4])
+        pieces = list(part) if isinstance(part, nn.Sequential) else [part]
+        zoo_pieces = list(zoo) if isinstance(zoo, nn.Sequential) else [zoo]
+        if len(pieces) != len(zoo_pieces) or any(
+            a is not b for a, b in zip(pieces, zoo_pieces, strict=True)
+        ):
+            copies.append(i)
+    return copies
+
+
+def _sources(ctx: StitchContext, models: Sequence[str]) -> dict[str, Any]:
+    out = {}
+    for name in models:
+        entry = ctx.entry(name)
+        out[name] = {
+            "architecture": check_architecture(name, entry.architecture),
+            "input_shape": list(ctx.input_shape(name)),
+            "source": entry.source,
+            "weights_sha256": entry.weights_sha256,
+        }
+    return out
+
+
+def _versions() -> dict[str, str]:
+    import timm
+
+    from stitch_nas import __version__
+
+    return {"stitch_nas": __version__, "torch": torch.__version__, "timm": timm.__version__}
+
+
+def _user_modules(ctx: StitchContext, models: Sequence[str]) -> dict[str, nn.Module]:
+    """Copies of the source models JSON cannot recreate, for loading an export back."""
+    return {m: copy.deepcopy(ctx.entry(m).model) for m in models if not ctx.entry(m).architecture}
+
+
+def _check_loads(
+    folder: Path, module: nn.Module, x: torch.Tensor, what: str, user: dict[str, nn.Module]
+) -> None:
+    """Load the written folder back and compare it with the module in memory.
+
+    Both run on the CPU: a network measured on CUDA is compared through a CPU copy, since
+    CUDA's convolutions (TF32 by default) differ from the CPU's by more than float rounding,
+    and the check is about the written weights and structure, not about the device.
+    """
+    loaded = load(folder, modules=user)
+    nets = module.networks if isinstance(module, ElasticNet) else {what: module}
+    for name, net in nets.items():
+        if isinstance(loaded, ElasticNet):
+            loaded.select(trial=name)
+        reference = net if _device(net).type == "cpu" else copy.deepcopy(net).cpu()
+        with torch.no_grad():
+            got, expected = loaded(x), reference(x)
+        diff = float((got - expected).abs().max())
+        if not torch.allclose(got, expected, rtol=_RTOL, atol=_ATOL):
+            raise ExportError(
+                f"{name}: the exported network differs from the measured one by {diff:.2e} "
+                "(max abs); this is a stitch_nas bug, please report it"
+            )
+
+
+def _device(module: nn.Module) -> torch.device:
+    return next(module.parameters(), torch.empty(0)).device
+
+
+def _write(folder: Path, module: nn.Module, stitch: dict[str, Any], meta: dict[str, Any]) -> None:
+    save_weights(module, folder / "model.safetensors")
+    (folder / "stitch.json").write_text(json.dumps(stitch, indent=1, sort_keys=True))
+    files = ["model.safetensors", "stitch.json", *meta.get("formats", {}).values()]
+    meta["files"] = checksums(folder, files)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+
+def _check_formats(formats: Sequence[str]) -> list[str]:
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ExportError(f"unknown export format {unknown[0]!r}; use any of {', '.join(FORMATS)}")
+    return list(dict.fromkeys(["safetensors", *formats]))
+
+
+def export_network(
+    ctx: StitchContext,
+    item: ExportItem,
+    dest: str | Path,
+    *,
+    fuse: bool = False,
+    formats: Sequence[str] = ("safetensors",),
+) -> Path:
+    """Export one network to ``dest/<item.name>/`` and return that folder.
+
+    Raises:
+        ExportError: an unknown format, or a rebuilt network that does not measure what the
+            search recorded. A format the network cannot be traced to is skipped and named
+            (with the part that failed) in ``meta.json["formats_failed"]``.
+    """
+    wanted = _check_formats(formats)
+    exported = _network(ctx, item, fuse)
+    x = ctx.split("val").x[:2]
+    target = Path(dest) / item.name
+    with atomic_folder(target) as folder:
+        written, failed = write_traced(exported, x, folder, wanted)
+        meta = {
+            "name": item.name,
+            "trial": item.trial,
+            "describe": item.config.describe(),
+            "metrics": exported.metrics,
+            "fragments": [f.to_dict() for f in item.config.fragments],
+            "sources": _sources(ctx, item.config.models),
+            "formats": written,
+            "formats_failed": failed,
+            "versions": _versions(),
+        }
+        stitch = {"format": FORMAT_VERSION, "sources": meta["sources"], **_recipe(ctx, exported)}
+        _write(folder, exported, stitch, meta)
+        _check_loads(folder, exported, x, item.name, _user_modules(ctx, item.config.models))
+    logger.info("exported %s to %s", item.name, target)
+    return target
+
+
+def export_elastic(
+    ctx: StitchContext, items: Sequence[ExportItem], dest: str | Path, *, fuse: bool = False
+) -> Path:
+    """Export several networks as one package whose shared fragments are stored once.
+
+    ``stitch_nas.load`` returns an :class:`~stitch_nas.export.ElasticNet`: ``select`` switches
+    the active network to meet a budget, ``configs`` lists them with their metrics.
+    """
+    if not items:
+        raise ExportError("nothing to export: the elastic package needs at least one trial")
+    networks = {item.name: _network(ctx, item, fuse) for item in items}
+    elastic = ElasticNet(networks)
+    models = list(dict.fromkeys(m for item in items for m in item.config.models))
+    sources = _sources(ctx, models)
+    stitch = {
+        "format": FORMAT_VERSION,
+        "sources": sources,
+        "networks": {name: _recipe(ctx, net) for name, net in networks.items()},
+    }
+    meta = {
+        "name": Path(dest).name,
+        "networks": {name: net.metrics for name, net in networks.items()},
+        "sources": sources,
+        "versions": _versions(),
+    }
+    target = Path(dest)
+    with atomic_folder(target) as folder:
+        _write(folder, elastic, stitch, meta)
+        x = ctx.split("val").x[:2]
+        _check_loads(folder, elastic, x, "elastic", _user_modules(ctx, models))
+    return target
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes of all files under ``folder``."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())

@@ -1,0 +1,37 @@
+"""Fragments: cut points found by torch.fx, the pieces between them, and their MACs and
+parameters.
+"""
+
+from ._costs import (
+    count_macs,
+    count_macs_by_operator,
+    count_macs_reference,
+    count_params,
+    count_params_of,
+)
+from ._cuts import (
+    LAYOUTS,
+    CutPoint,
+    cut_points,
+    get_cut,
+    segment,
+    split,
+)
+from ._pieces import (
+    PieceChain,
+)
+
+__all__ = [
+    "CutPoint",
+    "LAYOUTS",
+    "PieceChain",
+    "count_macs",
+    "count_macs_by_operator",
+    "count_macs_reference",
+    "count_params",
+    "count_params_of",
+    "cut_points",
+    "get_cut",
+    "segment",
+    "split",
+]

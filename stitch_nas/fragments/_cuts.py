@@ -1,0 +1,376 @@
+"""Cut points and fragments of any torch.fx-traceable model.
+
+A model is traced once with torch.fx (timm's non-traceable modules and functions stay leaves).
+A *cut point* is a node of that graph where one tensor carries all the state: every value
+computed before it, other than constants derived from parameters, is dead after it. Among those
+we keep block boundaries: nodes that end a module whose parent is the model itself or a
+``Sequential``/``ModuleList`` container. Nothing here is written per architecture.
+
+``segment(model, start, end)`` builds a ``GraphModule`` that runs the model from one cut to
+another. Segments share the model's parameters (no copies), so the prefix of A, then the suffix
+of A, computes exactly A.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from stitch_nas.errors import TraceError, UnknownCutError
+
+__all__ = ["CutPoint", "LAYOUTS", "cut_points", "get_cut", "split", "segment"]
+
+logger = logging.getLogger(__name__)
+
+LAYOUTS = ("nchw", "nhwc", "tokens", "vector")
+_IDENTITY_LIKE = (nn.Identity, nn.Dropout, nn.Dropout2d, nn.Dropout1d)
+_CONTAINERS = (nn.Sequential, nn.ModuleList)
+
+
+@dataclass(frozen=True)
+class CutPoint:
+    """A place between two blocks of a model where one tensor carries all the state.
+
+    Attributes:
+        name: the module path of the block that ends here (``"layer2.1"``, ``"blocks.3"``).
+        index: position among the model's cut points, 0 = shallowest.
+        layout: one of ``"nchw"``, ``"nhwc"``, ``"tokens"``, ``"vector"``.
+        shape: the per-sample shape of the tensor at this cut (batch dimension dropped).
+        prefix_tokens: class/register tokens in front of the patch tokens (token layout only).
+        depth: relative depth in [0, 1] by position in the graph.
+    """
+
+    name: str
+    index: int
+    layout: str
+    shape: tuple[int, ...]
+    prefix_tokens: int = 0
+    depth: float = 0.0
+
+    @property
+    def channels(self) -> int:
+        return self.shape[-1] if self.layout in ("nhwc", "tokens", "vector") else self.shape[0]
+
+    @property
+    def spatial(self) -> tuple[int, int] | None:
+        if self.layout == "nchw":
+            return (self.shape[1], self.shape[2])
+        if self.layout == "nhwc":
+            return (self.shape[0], self.shape[1])
+        if self.layout == "tokens":
+            side = math.isqrt(self.shape[0] - self.prefix_tokens)
+            return (side, side)
+        return None
+
+
+class _LeafTracer(fx.Tracer):
+    """fx tracer that keeps timm's registered non-traceable modules and functions as leaves."""
+
+    def __init__(self) -> None:
+        from timm.models._features_fx import get_notrace_functions, get_notrace_modules
+
+        super().__init__(autowrap_functions=tuple(get_notrace_functions()))
+        self._leaves = tuple(get_notrace_modules())
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, self._leaves):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+class _Traced:
+    """The traced graph of one model with its cut points (computed once per model)."""
+
+    def __init__(self, model: nn.Module, input_shape: tuple[int, ...]) -> None:
+        self.graph = _trace(model)
+        self.nodes = list(self.graph.nodes)
+        self.position = {n: i for i, n in enumerate(self.nodes)}
+        self.constant = _constant_nodes(self.nodes)
+        self.input = next(n for n in self.nodes if n.op == "placeholder")
+        self.output = next(n for n in self.nodes if n.op == "output")
+        found = _find_cuts(model, self, input_shape)
+        self.cuts = [cut for cut, _ in found]
+        self.by_name = {cut.name: cut for cut in self.cuts}
+        self.node_of = {cut.name: node for cut, node in found}
+
+
+_CACHE: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], _Traced]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _traced(model: nn.Module, input_shape: tuple[int, ...] | None) -> _Traced:
+    shape = tuple(input_shape) if input_shape is not None else default_input_shape(model)
+    per_model = _CACHE.setdefault(model, {})
+    if shape not in per_model:
+        per_model[shape] = _Traced(model, shape)
+    return per_model[shape]
+
+
+def default_input_shape(model: nn.Module) -> tuple[int, ...]:
+    """(1, C, H, W) from a timm model's ``pretrained_cfg``, else ImageNet's (1, 3, 224, 224)."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    size = cfg.get("input_size", (3, 224, 224))
+    return (1, *size)
+
+
+def _trace(model: nn.Module) -> fx.Graph:
+    was_training = model.training
+    model.eval()
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())[1:]
+        concrete = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+        graph = _LeafTracer().trace(model, concrete_args=concrete or None)
+    except Exception as exc:  # fx raises many types; all mean the same to the user
+        raise TraceError(
+            f"torch.fx could not trace {type(model).__name__}: {exc}. Register the offending "
+            "module with timm.models.register_notrace_module so it stays a leaf."
+        ) from exc
+    finally:
+        model.train(was_training)
+    for node in list(graph.nodes):  # shape checks only; they would pin values across cuts
+        if node.op == "call_function" and node.target is torch._assert and not node.users:
+            graph.erase_node(node)
+    return graph
+
+
+def _constant_nodes(nodes: list[fx.Node]) -> set[fx.Node]:
+    """Nodes computed from parameters and buffers only: copied into any segment that needs them."""
+    constant: set[fx.Node] = set()
+    for node in nodes:
+        if node.op == "get_attr":
+            constant.add(node)
+        elif node.op in ("call_function", "call_method") and node.all_input_nodes:
+            if all(arg in constant for arg in node.all_input_nodes):
+                constant.add(node)
+    return constant
+
+
+def _single_state_nodes(traced: _Traced) -> list[fx.Node]:
+    """Nodes after which no earlier non-constant value is still needed."""
+    position = traced.position
+    found, open_until = [], -1  # furthest use of any earlier state value
+    for i, node in enumerate(traced.nodes):
+        if node.op == "output":
+            break
+        if node in traced.constant:
+            continue
+        if open_until <= i and node.op != "placeholder":
+            found.append(node)
+        open_until = max([open_until, *(position[u] for u in node.users)])
+    return found
+
+
+def _ended_module(traced: _Traced, node: fx.Node, model: nn.Module) -> str | None:
+    """Innermost block-level module whose computation ends at ``node``, if any."""
+    stack = list(node.meta.get("nn_module_stack", {}).keys())
+    if node.op == "call_module":
+        stack.append(str(node.target))
+    nxt = traced.nodes[traced.position[node] + 1]
+    next_stack = set(nxt.meta.get("nn_module_stack", {}).keys())
+    if nxt.op == "call_module":
+        next_stack.add(str(nxt.target))
+    modules = dict(model.named_modules())
+    for path in reversed(stack):
+        if path in next_stack or path not in modules:
+            continue
+        parent = path.rpartition(".")[0]
+        if parent == "":
+            return path
+        # a plain layer (conv, norm, act) inside a block container is not a block itself
+        composite = any(True for _ in modules[path].children())
+        if composite and isinstance(modules.get(parent), _CONTAINERS):
+            return path
+    return None
+
+
+def _find_cuts(
+    model: nn.Module, traced: _Traced, input_shape: tuple[int, ...]
+) -> list[tuple[CutPoint, fx.Node]]:
+    shapes = _propagate_shapes(model, traced, input_shape)
+    named: list[tuple[str, fx.Node]] = []
+    final = traced.output.args[0]
+    for node in _single_state_nodes(traced):
+        name = _ended_module(traced, node, model)
+        shape = shapes.get(node)
+        if name is None or node is final or shape is None or len(shape) not in (2, 3, 4):
+            continue
+        if named and _is_identity_of(model, node, named[-1][1]):
+            named.pop()  # same tensor as the previous cut: keep the later name only
+        named.append((name, node))
+    found = []
+    total = max(len(traced.nodes) - 1, 1)
+    for index, (name, node) in enumerate(named):
+        shape = shapes[node][1:]
+        layout = _layout(model, node, shape)
+        prefix = _prefix_tokens(model, shape) if layout == "tokens" else 0
+        depth = traced.position[node] / total
+        found.append((CutPoint(name, index, layout, tuple(shape), prefix, round(depth, 4)), node))
+    return found
+
+
+def _is_identity_of(model: nn.Module, node: fx.Node, previous: fx.Node) -> bool:
+    if node.op != "call_module" or node.args[:1] != (previous,):
+        return False
+    return isinstance(model.get_submodule(str(node.target)), _IDENTITY_LIKE)
+
+
+def _propagate_shapes(
+    model: nn.Module, traced: _Traced, input_shape: tuple[int, ...]
+) -> dict[fx.Node, tuple[int, ...]]:
+    """Run the traced graph once on a batch of 2 and record each tensor node's shape."""
+    shapes: dict[fx.Node, tuple[int, ...]] = {}
+    gm = fx.GraphModule(model, traced.graph)
+
+    class _Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            result = super().run_node(n)
+            if isinstance(result, torch.Tensor) and result.is_floating_point():
+                shapes[n] = tuple(result.shape)
+            return result
+
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(iter(model.parameters()), torch.empty(0)).device
+        x = torch.zeros((2, *input_shape[1:]), device=device)
+        with torch.no_grad():
+            _Recorder(gm).run(x)
+    except Exception as exc:
+        raise TraceError(
+            f"running the traced {type(model).__name__} on input shape {tuple(input_shape)} "
+            f"failed: {exc}. Pass the model's real input_shape."
+        ) from exc
+    finally:
+        model.train(was_training)
+    return shapes
+
+
+def _layout(model: nn.Module, node: fx.Node, shape: tuple[int, ...]) -> str:
+    if len(shape) == 1:
+        return "vector"
+    if len(shape) == 2:
+        return "tokens"
+    if shape[1] == shape[2] and shape[0] != shape[1]:
+        return "nchw"
+    if shape[0] == shape[1] and shape[2] != shape[0]:
+        return "nhwc"
+    return _layout_from_consumer(model, node)
+
+
+def _layout_from_consumer(model: nn.Module, node: fx.Node) -> str:
+    """Ambiguous shape (C == H == W): the first normalising or weighted layer downstream decides."""
+    from timm.layers import LayerNorm2d
+
+    frontier, seen = list(node.users), set[fx.Node]()
+    while frontier and len(seen) < 64:
+        user = frontier.pop(0)
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.op == "call_module":
+            consumer = model.get_submodule(str(user.target))
+            if isinstance(consumer, (nn.Conv2d, nn.BatchNorm2d, nn.GroupNorm, LayerNorm2d)):
+                return "nchw"
+            if isinstance(consumer, (nn.LayerNorm, nn.Linear)):
+                return "nhwc"
+        frontier.extend(user.users)
+    return "nchw"
+
+
+def _prefix_tokens(model: nn.Module, shape: tuple[int, ...]) -> int:
+    """Tokens in front of a square grid of patch tokens (before the class token is added: 0)."""
+    n = shape[0]
+    declared = getattr(model, "num_prefix_tokens", None)
+    if (
+        isinstance(declared, int)
+        and 0 <= declared < n
+        and math.isqrt(n - declared) ** 2 == n - declared
+    ):
+        return declared
+    return n - math.isqrt(n) ** 2
+
+
+def cut_points(model: nn.Module, *, input_shape: tuple[int, ...] | None = None) -> list[CutPoint]:
+    """All cut points of ``model``, shallowest first.
+
+    Args:
+        model: any module torch.fx can trace with timm's leaf modules.
+        input_shape: full input shape used to read tensor shapes at each cut; defaults to the
+            timm ``pretrained_cfg`` input size, else (1, 3, 224, 224).
+    """
+    return list(_traced(model, input_shape).cuts)
+
+
+def get_cut(
+    model: nn.Module, cut: CutPoint | str, *, input_shape: tuple[int, ...] | None = None
+) -> CutPoint:
+    """Look a cut point up by name (or check that a given CutPoint belongs to ``model``)."""
+    traced = _traced(model, input_shape)
+    name = cut.name if isinstance(cut, CutPoint) else cut
+    if name not in traced.by_name:
+        known = ", ".join(traced.by_name) or "(none)"
+        raise UnknownCutError(
+            f"unknown cut point {name!r} for {type(model).__name__}; valid cuts: {known}"
+        )
+    return traced.by_name[name]
+
+
+def segment(
+    model: nn.Module,
+    start: CutPoint | str | None,
+    end: CutPoint | str | None,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+) -> fx.GraphModule:
+    """The part of ``model`` from cut ``start`` (None: the input) to cut ``end`` (None: output).
+
+    The returned GraphModule shares the model's parameters.
+    """
+    traced = _traced(model, input_shape)
+    first = traced.node_of[get_cut(model, start, input_shape=input_shape).name] if start else None
+    last = traced.node_of[get_cut(model, end, input_shape=input_shape).name] if end else None
+    lo = traced.position[first] if first is not None else traced.position[traced.input]
+    hi = traced.position[last] if last is not None else traced.position[traced.output]
+    if hi <= lo:
+        raise UnknownCutError(
+            f"cut {end if isinstance(end, str) else getattr(end, 'name', end)!r} does not come "
+            f"after {start if isinstance(start, str) else getattr(start, 'name', start)!r} "
+            f"in {type(model).__name__}; pick an end cut deeper than the start cut"
+        )
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    env[first if first is not None else traced.input] = graph.placeholder("x")
+
+    def lookup(n: fx.Node) -> fx.Node:
+        if n not in env:  # only constants can be missing: copy them on demand
+            env[n] = graph.node_copy(n, lookup)
+        return env[n]
+
+    for node in traced.nodes[lo + 1 : hi + 1]:
+        if node.op == "output":
+            graph.output(fx.map_arg(node.args[0], lookup))
+        elif node.op != "placeholder" and node not in traced.constant:
+            env[node] = graph.node_copy(node, lookup)
+    if last is not None:
+        graph.output(env[last])
+    graph.lint()
+    return fx.GraphModule(model, graph, class_name=f"{type(model).__name__}Segment")
+
+
+def split(
+    model: nn.Module, cut: CutPoint | str, *, input_shape: tuple[int, ...] | None = None
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Split ``model`` at ``cut`` into (head, tail) with ``tail(head(x)) == model(x)``."""
+    return (
+        segment(model, None, cut, input_shape=input_shape),
+        segment(model, cut, None, input_shape=input_shape),
+    )

@@ -1,0 +1,392 @@
+"""Run a search on Ray workers: N trials in flight, fed by Optuna's ask/tell.
+
+The driver asks the study for a trial, samples its :class:`~stitch_nas.config.StitchConfig` (cheap:
+the search space only reads cut lists and MAC tables), and sends the config as JSON to an idle
+worker. Workers are Ray actors that each hold the zoo and read cached activations from the object
+store (:mod:`stitch_nas.search`); a worker CKA-prunes, fits and measures the config and sends
+back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with the same bookkeeping
+as the local executor (:meth:`StitchObjective.finish`) and tells the study. TPE's constant liar
+handles the trials still in flight.
+
+Failures are isolated: a trial that raises or returns NaN is recorded FAIL with its reason; a
+worker that dies (killed, out of memory) fails only its trial and is replaced. A run stops with
+an error when ``max_failures_in_a_row`` trials fail in a row, rather than spin.
+
+Test hooks (for tests only): the environment variable ``STITCH_NAS_TEST_HOOKS`` holds JSON such as
+``{"crash_on_trials": [2], "raise_on_trials": [3], "delay_s": 0.2}``, read by the driver when a
+run starts and passed to the workers: a worker ``os._exit``\\ s on the listed trial numbers (a
+worker death), raises on others, or sleeps before each trial.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import optuna
+import torch
+
+from stitch_nas.cli._settings import SearchSettings
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import ConfigError, StitchNASError
+from stitch_nas.search._ray_shared import SharedContext, import_ray, share_context
+from stitch_nas.search._runner import StitchObjective, TrialOutcome, evaluate_config
+from stitch_nas.search._studies import completed_count
+from stitch_nas.stitching._measure import fragment_macs
+
+__all__ = ["RayExecutor", "TrialWorker", "TEST_HOOKS_ENV", "executor_from_settings"]
+
+logger = logging.getLogger(__name__)
+
+TEST_HOOKS_ENV = "STITCH_NAS_TEST_HOOKS"
+START_TIMEOUT_S = 300.0  # workers that cannot be placed (too few CPUs/GPUs) fail the run
+_TrialState = optuna.trial.TrialState
+
+
+class TrialWorker:
+    """A Ray actor body: one StitchContext rebuilt from the shared one, evaluating configs.
+
+    Args:
+        shared: The driver's shared context.
+        evaluation: Keyword arguments of :func:`~stitch_nas.search.evaluate_config`.
+        num_threads: Torch CPU threads of this worker.
+        hooks: Test hooks (see the module docstring); empty in real runs.
+    """
+
+    def __init__(
+        self,
+        shared: SharedContext,
+        evaluation: dict[str, Any],
+        num_threads: int,
+        hooks: dict[str, Any],
+    ) -> None:
+        ray = import_ray()
+        torch.set_num_threads(max(1, num_threads))
+        device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+        self.ctx = shared.materialize(device)
+        for name in self.ctx.zoo.names():  # trace each model and fill its MAC table up front
+            fragment_macs(self.ctx, name, None, None)
+        self.evaluation = dict(evaluation)
+        self.hooks = dict(hooks)
+
+    def ready(self) -> int:
+        """The worker's process id, once it is built (used to wait for start-up)."""
+        return os.getpid()
+
+    def evaluate(self, number: int, config: dict[str, Any]) -> dict[str, Any]:
+        """Evaluate one config (as JSON) for trial ``number``; return the outcome as a dict."""
+        if self.hooks.get("delay_s"):
+            time.sleep(float(self.hooks["delay_s"]))
+        if number in self.hooks.get("crash_on_trials", ()):
+            os._exit(17)  # test hook: a worker death, as the OOM killer would cause
+        if number in self.hooks.get("raise_on_trials", ()):
+            raise RuntimeError(f"test hook: trial {number} raises")
+        outcome = evaluate_config(self.ctx, StitchConfig.from_dict(config), **self.evaluation)
+        return asdict(outcome)
+
+    def cache_stats(self) -> dict[str, int]:
+        """Counters of this worker's activation cache (shared fetches and hits included)."""
+        return self.ctx.cache.stats()
+
+
+@dataclass
+class _Pending:
+    trial: optuna.Trial
+    config: StitchConfig
+    worker: int
+
+
+@dataclass
+class RayExecutor:
+    """Runs trials on ``workers`` Ray actors (``run_search(..., executor=RayExecutor(...))``).
+
+    Attributes:
+        workers: Number of actors, i.e. trials in flight.
+        address: Ray cluster to join (``"auto"``, ``"ray://host:10001"``...); None starts a
+            local Ray with ``workers * cpus_per_worker`` CPUs and no dashboard.
+        cpus_per_worker: CPUs reserved by each actor (and its torch threads).
+        gpus_per_worker: GPUs per actor, fractions allowed; None: when the context's device is
+            CUDA, the visible GPUs shared out (at most 1 each), else 0.
+        max_failures_in_a_row: Stop with an error after this many consecutive failed trials;
+            None: ``max(10, 2 * workers)``.
+        last_run: Figures of the latest :meth:`run` (trials, seconds, restarts...).
+    """
+
+    workers: int = 2
+    address: str | None = None
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float | None = None
+    max_failures_in_a_row: int | None = None
+    last_run: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ConfigError(f"workers must be an integer >= 1, got {self.workers!r}")
+        if not self.cpus_per_worker > 0:
+            raise ConfigError(f"cpus_per_worker must be > 0, got {self.cpus_per_worker!r}")
+        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
+            raise ConfigError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker!r}")
+
+    def run(
+        self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
+    ) -> optuna.Study:
+        """Run until ``study`` holds ``n_trials`` finished (complete or pruned) trials."""
+        ray = import_ray()
+        hooks = _test_hooks()
+        started = self._init_ray(ray)
+        pool: _Pool | None = None
+        try:
+            start = time.perf_counter()
+            shared = share_context(objective.ctx)
+            pool = _Pool(ray, shared, objective.evaluation_options(), self._resources(objective))
+            pool.start(self.workers, hooks)
+            ready = time.perf_counter()
+            counts = self._drive(ray, objective, study, n_trials, pool, progress)
+            end = time.perf_counter()
+            self.last_run = {
+                **counts,
+                "workers": self.workers,
+                "startup_seconds": ready - start,
+                "search_seconds": end - ready,
+                "worker_restarts": pool.restarts,
+                "worker_cache": pool.cache_stats(),
+            }
+        finally:
+            if pool is not None:
+                pool.stop()
+            if started:
+                ray.shutdown()
+        return study
+
+    def _init_ray(self, ray: Any) -> bool:
+        """Start or join Ray unless it is running in this process; True if we started it."""
+        if ray.is_initialized():
+            return False
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+        if self.address is None:
+            kwargs["num_cpus"] = max(1, math.ceil(self.workers * self.cpus_per_worker))
+        try:
+            ray.init(address=self.address, **kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            where = f"the Ray cluster at {self.address!r}" if self.address else "a local Ray"
+            raise ConfigError(f"could not start {where}: {first}; check --ray-address") from exc
+        return True
+
+    def _resources(self, objective: StitchObjective) -> dict[str, float]:
+        gpus = self.gpus_per_worker
+        if gpus is None:
+            cuda = objective.ctx.device.type == "cuda" and torch.cuda.is_available()
+            gpus = min(1.0, torch.cuda.device_count() / self.workers) if cuda else 0.0
+        return {"num_cpus": self.cpus_per_worker, "num_gpus": gpus}
+
+    def _drive(
+        self,
+        ray: Any,
+        objective: StitchObjective,
+        study: optuna.Study,
+        n_trials: int,
+        pool: _Pool,
+        progress: bool,
+    ) -> dict[str, int]:
+        from tqdm.auto import tqdm
+
+        limit = self.max_failures_in_a_row or max(10, 2 * self.workers)
+        counts = {"complete": 0, "pruned": 0, "failed": 0, "duplicates": 0}
+        in_flight: dict[Any, _Pending] = {}
+        idle = list(range(self.workers))
+        done, failed_in_a_row, told = completed_count(study), 0, 0
+        bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
+        try:
+            while True:
+                while idle and done + len(in_flight) < n_trials:
+                    trial = study.ask()
+                    try:
+                        config = objective.sample(trial)
+                    except BaseException:  # a broken space is the user's error, as locally
+                        study.tell(trial, state=_TrialState.FAIL)
+                        raise
+                    values = objective.duplicate(trial, config)
+                    if values is not None:  # reuse the earlier measurement, no worker needed
+                        study.tell(trial, values)
+                        done, counts["duplicates"] = done + 1, counts["duplicates"] + 1
+                        bar.update(1)
+                        continue
+                    worker = idle.pop()
+                    ref = pool.submit(worker, trial.number, config)
+                    in_flight[ref] = _Pending(trial, config, worker)
+                if not in_flight:
+                    break
+                ready, _ = ray.wait(list(in_flight), num_returns=1)
+                for ref in ready:
+                    pending = in_flight.pop(ref)
+                    outcome = pool.result(ref, pending)
+                    idle.append(pending.worker)
+                    state = self._tell(objective, study, pending, outcome)
+                    counts[_COUNT_KEY[state]] += 1
+                    if state == _TrialState.FAIL:
+                        failed_in_a_row += 1
+                    else:
+                        failed_in_a_row, done = 0, done + 1
+                        bar.update(1)
+                    if failed_in_a_row >= limit:
+                        raise StitchNASError(
+                            f"the last {failed_in_a_row} trials all failed (latest: "
+                            f"{outcome.reason}); see fail_reason in trials.csv for the cause"
+                        )
+                told += len(ready)
+                if told % 10 == 0 or done + len(in_flight) >= n_trials:
+                    done = completed_count(study)  # other drivers may share the study
+        finally:
+            bar.close()
+            for pending in in_flight.values():  # interrupted: don't leave them RUNNING
+                pending.trial.set_user_attr("fail_reason", "driver stopped mid-trial")
+                study.tell(pending.trial, state=_TrialState.FAIL)
+        return counts
+
+    @staticmethod
+    def _tell(
+        objective: StitchObjective, study: optuna.Study, pending: _Pending, outcome: TrialOutcome
+    ) -> optuna.trial.TrialState:
+        state, values = objective.finish(pending.trial, pending.config, outcome)
+        if state == _TrialState.COMPLETE:
+            study.tell(pending.trial, values)
+        else:
+            if state == _TrialState.FAIL:
+                logger.warning("trial %d failed: %s", pending.trial.number, outcome.reason)
+            study.tell(pending.trial, state=state)
+        return state
+
+
+_COUNT_KEY = {
+    _TrialState.COMPLETE: "complete",
+    _TrialState.PRUNED: "pruned",
+    _TrialState.FAIL: "failed",
+}
+
+
+class _Pool:
+    """The worker actors; a dead one is replaced by a fresh one in the same slot."""
+
+    def __init__(
+        self,
+        ray: Any,
+        shared: SharedContext,
+        evaluation: dict[str, Any],
+        resources: dict[str, float],
+    ) -> None:
+        self.ray, self.shared, self.evaluation = ray, shared, evaluation
+        self.resources = resources
+        self.actor_class = ray.remote(TrialWorker)
+        self.actors: list[Any] = []
+        self.hooks: dict[str, Any] = {}
+        self.restarts = 0
+
+    def _new(self) -> Any:
+        threads = max(1, int(self.resources["num_cpus"]))
+        options = {**self.resources, "max_restarts": 0}
+        return self.actor_class.options(**options).remote(
+            self.shared, self.evaluation, threads, self.hooks
+        )
+
+    def start(self, n: int, hooks: dict[str, Any]) -> None:
+        self.hooks = hooks
+        self.actors = [self._new() for _ in range(n)]
+        try:
+            self.ray.get([actor.ready.remote() for actor in self.actors], timeout=START_TIMEOUT_S)
+        except self.ray.exceptions.GetTimeoutError as exc:
+            raise StitchNASError(
+                f"{n} Ray workers did not start within {START_TIMEOUT_S:.0f} s; the cluster may "
+                f"lack {n} x {self.resources} free; lower --workers or add resources"
+            ) from exc
+        except self.ray.exceptions.RayError as exc:
+            raise StitchNASError(f"Ray workers could not start: {_first_line(exc)}") from exc
+
+    def submit(self, index: int, number: int, config: StitchConfig) -> Any:
+        return self.actors[index].evaluate.remote(number, config.to_dict())
+
+    def result(self, ref: Any, pending: _Pending) -> TrialOutcome:
+        """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""
+        exceptions = self.ray.exceptions
+        try:
+            return TrialOutcome(**self.ray.get(ref))
+        except exceptions.RayTaskError as exc:  # the trial raised; the worker lives on
+            return TrialOutcome("fail", reason=f"worker raised: {_first_line(exc.cause or exc)}")
+        except exceptions.RayError as exc:  # the worker died (killed, out of memory...)
+            logger.warning(
+                "worker %d died in trial %d: %s",
+                pending.worker,
+                pending.trial.number,
+                _first_line(exc),
+            )
+            self.replace(pending.worker)
+            return TrialOutcome("fail", reason=f"worker died: {type(exc).__name__}")
+
+    def replace(self, index: int) -> None:
+        try:
+            self.ray.kill(self.actors[index], no_restart=True)
+        except Exception as exc:  # noqa: BLE001 - it is dead already, most likely
+            logger.debug("killing worker %d: %s", index, exc)
+        self.actors[index] = self._new()
+        self.restarts += 1
+
+    def cache_stats(self) -> list[dict[str, int]] | None:
+        """Each worker's activation-cache counters; None if a worker cannot answer."""
+        try:
+            return list(self.ray.get([actor.cache_stats.remote() for actor in self.actors]))
+        except self.ray.exceptions.RayError as exc:
+            logger.debug("cache stats: %s", exc)
+            return None
+
+    def stop(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                logger.debug("stopping a worker: %s", exc)
+        self.actors = []
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _test_hooks() -> dict[str, Any]:
+    raw = os.environ.get(TEST_HOOKS_ENV)
+    if not raw:
+        return {}
+    try:
+        hooks = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{TEST_HOOKS_ENV} is not valid JSON ({exc}); unset it") from exc
+    if not isinstance(hooks, dict):
+        raise ConfigError(f"{TEST_HOOKS_ENV} must hold a JSON object, got {raw!r}")
+    return hooks
+
+
+EXECUTORS = ("local", "ray")
+
+
+def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
+    """The executor that ``search.executor`` names: None runs trials in this process."""
+    if search.executor == "local":
+        return None
+    if search.executor == "ray":
+        if search.gpus_per_worker < 0 and search.gpus_per_worker != -1:
+            raise ConfigError(
+                f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
+            )
+        gpus = None if search.gpus_per_worker == -1 else search.gpus_per_worker
+        return RayExecutor(
+            workers=search.workers,
+            address=search.ray_address,
+            cpus_per_worker=search.cpus_per_worker,
+            gpus_per_worker=gpus,
+        )
+    raise ConfigError(f"unknown executor {search.executor!r}; use one of {EXECUTORS}")

@@ -1,0 +1,179 @@
+"""A StitchContext shared with Ray workers through the object store.
+
+The driver puts the zoo and the data in the object store once, and every cached activation (each
+model at each cut on the probe and validation splits) as its own numpy array. Workers rebuild a
+:class:`~stitch_nas.activations.StitchContext` whose cache reads those arrays zero-copy from the
+node's shared memory, so N workers hold one copy of the activations per machine, not N, and no
+trial recomputes a frozen prefix. Used by both the Ray executor and the Ray Tune trainable.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+from stitch_nas.activations._cache import ActivationCache, ActivationKey
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.errors import MissingDependencyError
+
+__all__ = ["SharedActivationCache", "SharedContext", "import_ray", "share_context"]
+
+logger = logging.getLogger(__name__)
+
+SHARED_SPLITS = ("probe", "val")
+
+
+def import_ray() -> ModuleType:
+    """Import Ray, or raise a one-line error that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the Ray executor and Tune integration need Ray; install it with "
+            "pip install -e '.[ray]' (or pip install 'ray[tune]')"
+        ) from exc
+    return ray
+
+
+class SharedActivationCache(ActivationCache):
+    """An :class:`ActivationCache` that first looks in the Ray object store.
+
+    Arrays fetched from the object store are read-only views of shared memory; like every
+    cached tensor they must not be written to. Keys not shared by the driver (another split,
+    say) are computed and cached locally as usual.
+
+    Args:
+        refs: ``ActivationKey.digest()`` -> ObjectRef of the numpy array, or the array.
+        memory_gb: Budget of the local part, as for :class:`ActivationCache`.
+        spill_dir: Spill folder of the local part.
+    """
+
+    def __init__(
+        self,
+        refs: Mapping[str, Any],
+        memory_gb: float = 2.0,
+        spill_dir: str | Path | None = None,
+    ) -> None:
+        super().__init__(memory_gb=memory_gb, spill_dir=spill_dir)
+        self._refs = dict(refs)
+        self._shared: dict[str, torch.Tensor] = {}
+        self._counts.update(shared_fetches=0, shared_hits=0)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, ActivationKey) and key.digest() in self._refs:
+            return True
+        return super().__contains__(key)
+
+    def get_or_compute(
+        self, key: ActivationKey, compute: Callable[[], torch.Tensor]
+    ) -> torch.Tensor:
+        digest = key.digest()
+        ref = self._refs.get(digest)
+        if ref is None:
+            return super().get_or_compute(key, compute)
+        with self._lock:
+            tensor = self._shared.get(digest)
+            if tensor is not None:
+                self._counts["shared_hits"] += 1
+                return tensor
+            # Tune's with_parameters hands over the arrays themselves, the executor ObjectRefs
+            array = ref if isinstance(ref, np.ndarray) else import_ray().get(ref)
+            with warnings.catch_warnings():  # the view is read-only, as cached tensors are
+                warnings.filterwarnings("ignore", message=".*not writable.*")
+                tensor = torch.from_numpy(array)
+            self._shared[digest] = tensor
+            self._counts["shared_fetches"] += 1
+            return tensor
+
+
+@dataclass
+class SharedContext:
+    """What a worker needs to rebuild the driver's context; cheap to pickle (refs only).
+
+    Attributes:
+        bundle: ObjectRef of ``(zoo, data)``, models on the CPU.
+        activations: ``ActivationKey.digest()`` -> ObjectRef of a numpy array.
+        options: keyword arguments of :class:`StitchContext` (batch size, ridge, ...).
+        cache_memory_gb: budget of each worker's local cache (keys not shared).
+        spill_dir: spill folder of each worker's local cache.
+    """
+
+    bundle: Any
+    activations: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    cache_memory_gb: float = 2.0
+    spill_dir: str | None = None
+
+    def materialize(self, device: str | torch.device = "cpu") -> StitchContext:
+        """Build the worker's context on ``device`` (fetches the zoo once)."""
+        ray = import_ray()
+        zoo, data = ray.get(self.bundle)
+        cache = SharedActivationCache(
+            self.activations, memory_gb=self.cache_memory_gb, spill_dir=self.spill_dir
+        )
+        return StitchContext(zoo, data, device=device, cache=cache, **self.options)
+
+
+def context_options(ctx: StitchContext) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``ctx``'s behaviour in another process."""
+    return {
+        "batch_size": ctx.batch_size,
+        "ridge": ctx.ridge,
+        "cka_rows": ctx.cka_rows,
+        "cost_tables": ctx.cost_tables,
+        "fill": ctx.fill,
+        "pieces": ctx.pieces,
+        # channels-last is a per-model choice the worker makes again by the same rule
+        "channels_last": bool(getattr(ctx, "_channels_last", False)),
+    }
+
+
+def share_context(ctx: StitchContext, splits: tuple[str, ...] = SHARED_SPLITS) -> SharedContext:
+    """Put ``ctx``'s zoo, data and every activation on ``splits`` in the object store.
+
+    Activations missing from ``ctx``'s cache are computed here first, once, which is what
+    the first trials of a local search would do anyway. Needs ``ray.init()`` to have run.
+
+    Args:
+        ctx: The driver's context.
+        splits: Splits whose activations trials read (probe for stitches and CKA, val for
+            accuracy).
+
+    Returns:
+        The handle to send to workers.
+    """
+    ray = import_ray()
+    models = {name: ctx.entry(name).model for name in ctx.zoo.names()}
+    on_device = {name: next(m.parameters(), torch.empty(0)).device for name, m in models.items()}
+    try:  # workers may lack the driver's GPU: ship CPU weights, the worker moves them
+        for model in models.values():
+            model.to("cpu")
+        bundle = ray.put((ctx.zoo, ctx.data))
+    finally:
+        for name, model in models.items():
+            model.to(on_device[name])
+    refs: dict[str, Any] = {}
+    total = 0
+    for name in ctx.zoo.names():
+        cuts: list[str | None] = [c.name for c in ctx.cuts(name)]
+        for split in splits:
+            for cut in [*cuts, None]:
+                array = ctx.activation(name, cut, split).detach().cpu().numpy()
+                refs[ctx.activation_key(name, cut, split).digest()] = ray.put(array)
+                total += array.nbytes
+    logger.info("shared %d activations (%.1f MiB) in the object store", len(refs), total / 2**20)
+    return SharedContext(
+        bundle=bundle,
+        activations=refs,
+        options=context_options(ctx),
+        cache_memory_gb=ctx.cache.budget_bytes / 2**30,
+        spill_dir=str(ctx.cache.spill_dir) if ctx.cache.spill_dir is not None else None,
+    )

@@ -1,0 +1,332 @@
+"""The Optuna side: an objective that plugs into any study, and the loop that runs a study.
+
+``make_objective`` returns a callable for ``study.optimize``: it samples a StitchConfig from a
+search space, prunes it on CKA before any fitting, fits and measures it, records everything as
+JSON user attributes, sets budget constraints, and returns the objective values. A trial that
+fails on its own (bad stitch, NaN) is recorded as FAIL with its reason; the study goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import optuna
+
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import BudgetError, ConfigError, LayoutError, StitchNASError
+from stitch_nas.fragments._costs import count_params
+from stitch_nas.plugins import OBJECTIVES, SPACES
+from stitch_nas.search._studies import completed_count
+from stitch_nas.stitching._measure import Measurement, config_cka, fragment_macs, measure
+
+__all__ = [
+    "Executor",
+    "StitchObjective",
+    "TrialOutcome",
+    "evaluate_config",
+    "make_objective",
+    "measure_references",
+    "run_search",
+]
+
+logger = logging.getLogger(__name__)
+
+BUDGET_KEYS = ("macs", "params")
+
+
+class StitchObjective:
+    """The callable ``trial -> tuple of objective values`` handed to ``study.optimize``.
+
+    Attributes:
+        directions: Optuna directions matching the returned values, for ``create_study``.
+        names: the objective names in the same order.
+    """
+
+    def __init__(
+        self,
+        ctx: StitchContext,
+        *,
+        space: str = "pairwise",
+        objectives: Sequence[str] = ("accuracy", "macs"),
+        cka_threshold: float = 0.0,
+        budgets: Mapping[str, float] | None = None,
+        space_options: Mapping[str, Any] | None = None,
+        fuse: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.space = SPACES.get(space)
+        self.space_name = space
+        self.objectives = [OBJECTIVES.get(n) for n in objectives]
+        if not self.objectives:
+            raise ConfigError("give at least one objective, e.g. ['accuracy', 'macs']")
+        self.names = [o.name for o in self.objectives]
+        self.directions = [o.direction for o in self.objectives]
+        if not 0.0 <= cka_threshold <= 1.0:
+            raise ConfigError(f"cka_threshold must be in [0, 1], got {cka_threshold}")
+        self.cka_threshold = cka_threshold
+        self.budgets = _check_budgets(budgets or {})
+        self.space_options = dict(space_options or {})
+        self.fuse = fuse
+        self.latency = any(o.needs_latency for o in self.objectives)
+        self._seen: dict[str, tuple[int, Measurement]] = {}  # config hash -> first measurement
+
+    def sample(self, trial: optuna.Trial) -> StitchConfig:
+        config = self.space(trial, self.ctx, **self.space_options)
+        trial.set_user_attr("config", config.to_dict())
+        trial.set_user_attr("describe", config.describe())
+        trial.set_user_attr("models", list(config.models))
+        return config
+
+    def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
+        config = self.sample(trial)
+        values = self.duplicate(trial, config)
+        if values is not None:
+            return values
+        outcome = self.evaluate(config)
+        state, values = self.finish(trial, config, outcome)
+        if state == optuna.trial.TrialState.PRUNED:
+            raise optuna.TrialPruned(outcome.reason)
+        if values is None:  # a failed trial: NaN values make Optuna record FAIL
+            return tuple(math.nan for _ in self.objectives)
+        return values
+
+    def evaluation_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`evaluate_config` for this objective (JSON types)."""
+        return {"cka_threshold": self.cka_threshold, "fuse": self.fuse, "latency": self.latency}
+
+    def evaluate(self, config: StitchConfig) -> TrialOutcome:
+        """Score, prune or measure ``config`` in this process (what a Ray worker does remotely)."""
+        return evaluate_config(self.ctx, config, **self.evaluation_options())
+
+    def duplicate(self, trial: optuna.Trial, config: StitchConfig) -> tuple[float, ...] | None:
+        """The earlier measurement's values if ``config`` was measured before, else None.
+
+        Samplers do propose the same config twice; it is not refitted, and the trial records
+        ``duplicate_of``.
+        """
+        seen = self._seen.get(config.stable_hash())
+        if seen is None:
+            return None
+        trial.set_user_attr("duplicate_of", seen[0])
+        return self.record(trial, seen[1])
+
+    def finish(
+        self, trial: optuna.Trial, config: StitchConfig, outcome: TrialOutcome
+    ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None]:
+        """Record ``outcome`` on ``trial``; return the state to tell and, if COMPLETE, the values.
+
+        This is the one place where both executors do the trial bookkeeping: CKA, prune and
+        fail reasons, measurements as user attributes, budget constraints, duplicates.
+        """
+        if outcome.cka is not None:
+            trial.set_user_attr("cka", outcome.cka)
+        if outcome.status == "pruned":
+            trial.set_user_attr("prune_reason", outcome.reason)
+            return optuna.trial.TrialState.PRUNED, None
+        if outcome.status != "complete" or outcome.measurement is None:
+            trial.set_user_attr("fail_reason", outcome.reason or "no measurement")
+            return optuna.trial.TrialState.FAIL, None
+        result = Measurement(**outcome.measurement)
+        values = self.record(trial, result)
+        if not all(math.isfinite(v) for v in values):  # record() wrote the fail_reason
+            return optuna.trial.TrialState.FAIL, None
+        self._seen[config.stable_hash()] = (trial.number, result)
+        return optuna.trial.TrialState.COMPLETE, values
+
+    def record(self, trial: optuna.Trial, result: Measurement) -> tuple[float, ...]:
+        for key, value in result.to_dict().items():
+            trial.set_user_attr(key, value)
+        for key, limit in self.budgets.items():
+            trial.set_constraint(key, float(getattr(result, key)) - limit)
+        values = tuple(float(o.value(result)) for o in self.objectives)
+        if any(math.isnan(v) or math.isinf(v) for v in values):
+            trial.set_user_attr("fail_reason", f"non-finite objective values {values}")
+        return values
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What evaluating one config gave, in JSON types so it can cross process boundaries.
+
+    Attributes:
+        status: "complete", "pruned" (CKA below threshold, layout mismatch) or "fail".
+        measurement: ``Measurement.to_dict()`` when complete.
+        cka: the config's CKA score when it was computed.
+        reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
+    """
+
+    status: str
+    measurement: dict[str, Any] | None = None
+    cka: float | None = None
+    reason: str | None = None
+
+
+def evaluate_config(
+    ctx: StitchContext,
+    config: StitchConfig,
+    *,
+    cka_threshold: float = 0.0,
+    fuse: bool = False,
+    latency: bool = False,
+) -> TrialOutcome:
+    """CKA-prune, fit and measure ``config``; any exception becomes a "fail" outcome.
+
+    A trial that raises is recorded as FAIL with its reason rather than stopping the study;
+    the runners stop a study whose trials all fail.
+    """
+    cka: float | None = None
+    try:
+        cka = config_cka(ctx, config)
+        if config.is_stitched and cka < cka_threshold:
+            return TrialOutcome("pruned", cka=cka, reason=f"cka {cka:.3f} < {cka_threshold}")
+        _, result = measure(ctx, config, fuse=fuse, latency=latency, cka=cka)
+    except LayoutError as exc:  # a structural mismatch, not a broken trial
+        return TrialOutcome("pruned", cka=cka, reason=f"layout: {exc}")
+    except Exception as exc:  # noqa: BLE001 - failure isolation: the study goes on
+        known = isinstance(exc, (StitchNASError, RuntimeError, ValueError))
+        logger.warning("config %s failed: %s", config.describe(), exc, exc_info=not known)
+        return TrialOutcome("fail", cka=cka, reason=f"{type(exc).__name__}: {exc}")
+    return TrialOutcome("complete", measurement=result.to_dict(), cka=cka)
+
+
+def _check_budgets(budgets: Mapping[str, float]) -> dict[str, float]:
+    out = {}
+    for key, value in budgets.items():
+        if key not in BUDGET_KEYS:
+            raise ConfigError(f"unknown budget {key!r}; budgets exist for {BUDGET_KEYS}")
+        if isinstance(value, str):  # YAML reads 2e6 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"budget {key}={value!r} must be a positive number")
+        out[key] = float(value)
+    return out
+
+
+def make_objective(
+    zoo: Any = None,
+    data: Any = None,
+    *,
+    ctx: StitchContext | None = None,
+    space: str = "pairwise",
+    objectives: Sequence[str] = ("accuracy", "macs"),
+    **options: Any,
+) -> StitchObjective:
+    """An objective for your own study: ``study.optimize(make_objective(zoo, data), ...)``.
+
+    Create the study with ``directions=objective.directions``. Pass ``ctx`` to share memoised
+    activations between several objectives; otherwise one is made from ``zoo`` and ``data``.
+    """
+    if ctx is None:
+        if zoo is None or data is None:
+            raise ConfigError("make_objective needs zoo and data, or a StitchContext as ctx=")
+        ctx = StitchContext(zoo, data)
+    return StitchObjective(ctx, space=space, objectives=objectives, **options)
+
+
+def measure_references(ctx: StitchContext, models: Sequence[str] | None = None) -> list[dict]:
+    """Each zoo model on its own, measured like a trial: the reference stars of the report."""
+    rows = []
+    for name in models or ctx.zoo.names():
+        _, m = measure(ctx, StitchConfig.single(name))
+        rows.append({"name": name, **{k: v for k, v in m.to_dict().items() if v is not None}})
+    return rows
+
+
+def check_budget_reachable(objective: StitchObjective) -> None:
+    """Refuse a budget below the cheapest network the zoo can make.
+
+    Every network starts with some model's prefix, so the cheapest prefix (MACs or parameters)
+    is a lower bound on any config's cost.
+    """
+    ctx = objective.ctx
+    for key, limit in objective.budgets.items():
+        costs = []
+        for name in ctx.zoo.names():
+            for cut in ctx.cuts(name):
+                if key == "macs":
+                    costs.append(fragment_macs(ctx, name, None, cut.name))
+                else:
+                    costs.append(count_params(ctx.segment(name, None, cut.name)))
+        cheapest = min(costs)
+        if limit < cheapest:
+            raise BudgetError(
+                f"{key} budget {limit:.4g} is below the cheapest possible network (the cheapest "
+                f"model prefix alone has {cheapest:.4g} {key}); raise the budget"
+            )
+
+
+class Executor(Protocol):
+    """Runs trials of ``objective`` until ``study`` holds ``n_trials`` finished ones."""
+
+    def run(
+        self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
+    ) -> optuna.Study: ...
+
+
+def run_search(
+    objective: StitchObjective,
+    study: optuna.Study,
+    n_trials: int,
+    *,
+    progress: bool = False,
+    executor: Executor | None = None,
+) -> optuna.Study:
+    """Run until the study holds ``n_trials`` finished (complete or pruned) trials.
+
+    Args:
+        objective: The objective (search space, objectives, budgets) to run.
+        study: The study to add trials to; finished trials already in it count.
+        n_trials: Total number of finished trials to reach.
+        progress: Show a progress bar.
+        executor: Where trials run; None runs them one by one in this process, a
+            :class:`~stitch_nas.search.RayExecutor` runs them on Ray workers.
+    """
+    if n_trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {n_trials}")
+    if "references" not in study.user_attrs:
+        refs = measure_references(objective.ctx)
+        study.set_user_attr("references", refs)
+    check_budget_reachable(objective)
+    if executor is not None:
+        return executor.run(objective, study, n_trials, progress=progress)
+    from tqdm.auto import tqdm
+
+    done = completed_count(study)
+    bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
+    try:
+        while completed_count(study) < n_trials:
+            remaining = n_trials - completed_count(study)
+            before = len(study.trials)
+            study.optimize(objective, n_trials=remaining, callbacks=[_tick(bar)])
+            if len(study.trials) == before:
+                break
+            if _only_failures(study, before):  # every trial of a round failed: stop, don't spin
+                raise StitchNASError(
+                    "every trial failed; see fail_reason in trials.csv for the cause"
+                )
+    finally:
+        bar.close()
+    return study
+
+
+def _only_failures(study: optuna.Study, since: int) -> bool:
+    new = study.trials[since:]
+    return bool(new) and all(t.state == optuna.trial.TrialState.FAIL for t in new)
+
+
+def _tick(bar: Any):
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            bar.update(1)
+        if not bar.disable and trial.number % 10 == 0:  # best_trials reads every trial
+            bar.set_postfix(pareto=len(study.best_trials), refresh=False)
+
+    return callback

@@ -1,0 +1,247 @@
+"""Ray Tune integration: the search space, trainable and searcher for your own ``tune.Tuner``.
+
+Three pieces, each usable on its own::
+
+    objective = stitch_nas.make_objective(zoo, data, objectives=["accuracy", "macs"],
+                                          budgets={"macs": 2e6})
+    searcher = StitchOptunaSearch(objective, sampler=optuna.samplers.TPESampler(seed=0))
+    tuner = tune.Tuner(make_trainable(objective),
+                       tune_config=tune.TuneConfig(search_alg=searcher, num_samples=50))
+    tuner.fit()
+    searcher.study.best_trials            # the Pareto front, budgets respected
+
+- :class:`StitchTuneSpace` is a define-by-run function for
+  ``OptunaSearch(space=StitchTuneSpace(objective), metric=objective.names,
+  mode=tune_modes(objective))``. It samples a StitchConfig in the driver and hands it to the
+  trainable as JSON under ``config["stitch_config"]``.
+- :func:`make_trainable` returns the function trainable, with the zoo, the data and the cached
+  activations passed once through ``tune.with_parameters`` (the object store), not per trial. It
+  reports the objective values, ``cka``, and ``stitch_*`` fields with ``ray.tune.report``.
+- :class:`StitchOptunaSearch` is ``OptunaSearch`` plus what it lacks: Ray's ``OptunaSearch`` has
+  no notion of constraints, so this subclass records each finished trial through
+  :meth:`StitchObjective.finish` before telling Optuna. That sets the budget constraints
+  (``trial.set_constraint``, which Optuna's samplers and ``best_trials`` respect), the measurements
+  as user attributes, PRUNED for CKA-pruned configs and FAIL with its reason for failed ones.
+  With plain ``OptunaSearch`` the space and trainable work, but pruned and failed trials both
+  become FAIL (their reported values are NaN) and budgets are not enforced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import pickle
+import uuid
+from typing import Any, cast
+
+import numpy as np
+import optuna
+import torch
+
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import MissingDependencyError
+from stitch_nas.plugins import OBJECTIVES
+from stitch_nas.search._ray_shared import SharedActivationCache, context_options, import_ray
+from stitch_nas.search._runner import StitchObjective, TrialOutcome, evaluate_config
+from stitch_nas.stitching._measure import Measurement, fragment_macs
+
+try:
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+except ImportError as _exc:  # Ray, or its Tune extra, is missing
+    raise MissingDependencyError(
+        "stitch_nas.search needs Ray Tune; install it with pip install -e '.[ray]' "
+        "(or pip install 'ray[tune]')"
+    ) from _exc
+
+__all__ = [
+    "CONFIG_KEY",
+    "StitchOptunaSearch",
+    "StitchTuneSpace",
+    "make_trainable",
+    "stitch_trainable",
+    "tune_modes",
+]
+
+logger = logging.getLogger(__name__)
+
+CONFIG_KEY = "stitch_config"  #: where the sampled StitchConfig (JSON) sits in the Tune config
+SPLITS = ("probe", "val")
+
+
+def tune_modes(objective: StitchObjective) -> list[str]:
+    """Tune's ``mode`` list ("max"/"min") matching ``objective.names``."""
+    return ["max" if d == "maximize" else "min" for d in objective.directions]
+
+
+class StitchTuneSpace:
+    """Define-by-run space for ``OptunaSearch(space=...)``: ``trial -> {"stitch_config": json}``.
+
+    Sampling runs in the Tune driver and needs only the objective's context for cut lists and
+    MAC tables, which are filled here so that suggestions are fast; the config's JSON,
+    description and models are stored as user attributes.
+    """
+
+    def __init__(self, objective: StitchObjective) -> None:
+        self.objective = objective
+        for name in objective.ctx.zoo.names():
+            fragment_macs(objective.ctx, name, None, None)  # traces the model, fills its table
+
+    def __call__(self, trial: optuna.Trial) -> dict[str, str]:
+        config = self.objective.sample(trial)
+        return {CONFIG_KEY: json.dumps(config.to_dict(), sort_keys=True)}
+
+
+def make_trainable(objective: StitchObjective) -> Any:
+    """The function trainable for ``tune.Tuner``, large read-only data attached once.
+
+    The zoo, the data and every cached activation on the probe and validation splits are
+    passed with ``tune.with_parameters``, so Ray stores them once in the object store; each
+    Tune worker process builds its :class:`StitchContext` once and reads the activations
+    zero-copy. Starts a local Ray (no dashboard) if none is running.
+    """
+    ray = import_ray()
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+    ctx = objective.ctx
+    activations: dict[str, np.ndarray] = {}
+    for name in ctx.zoo.names():
+        for split in SPLITS:
+            for cut in [*(c.name for c in ctx.cuts(name)), None]:
+                key = ctx.activation_key(name, cut, split).digest()
+                activations[key] = ctx.activation(name, cut, split).detach().cpu().numpy()
+    models = {n: ctx.entry(n).model for n in ctx.zoo.names()}
+    devices = {n: next(m.parameters(), torch.empty(0)).device for n, m in models.items()}
+    try:  # Tune workers may lack the driver's GPU: ship CPU weights
+        for model in models.values():
+            model.to("cpu")
+        return tune.with_parameters(
+            stitch_trainable,
+            token=uuid.uuid4().hex,
+            bundle=(ctx.zoo, ctx.data),
+            activations=activations,
+            options=context_options(ctx),
+            evaluation=objective.evaluation_options(),
+            names=list(objective.names),
+        )
+    finally:
+        for name, model in models.items():
+            model.to(devices[name])
+
+
+_CONTEXTS: dict[str, StitchContext] = {}  # per worker process: built once, reused by trials
+
+
+def stitch_trainable(
+    config: dict[str, Any],
+    *,
+    token: str,
+    bundle: tuple[Any, Any],
+    activations: dict[str, np.ndarray],
+    options: dict[str, Any],
+    evaluation: dict[str, Any],
+    names: list[str],
+) -> None:
+    """Evaluate the StitchConfig in ``config["stitch_config"]`` and report it to Tune.
+
+    Reported: each objective by name (NaN when pruned or failed), ``cka``, ``stitch_status``
+    ("complete", "pruned", "fail"), ``stitch_reason`` and ``stitch_measurement`` (JSON).
+    """
+    ctx = _CONTEXTS.get(token)
+    if ctx is None:
+        ray = import_ray()
+        device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+        zoo, data = bundle
+        ctx = StitchContext(
+            zoo, data, device=device, cache=SharedActivationCache(activations), **options
+        )
+        _CONTEXTS.clear()  # one search per process at a time; drop an earlier one's memory
+        _CONTEXTS[token] = ctx
+    stitch = StitchConfig.from_dict(json.loads(config[CONFIG_KEY]))
+    outcome = evaluate_config(ctx, stitch, **evaluation)
+    tune.report(outcome_metrics(outcome, names))
+
+
+def outcome_metrics(outcome: TrialOutcome, names: list[str]) -> dict[str, Any]:
+    """The metrics dict a trainable reports for ``outcome``."""
+    values = [math.nan] * len(names)
+    if outcome.status == "complete" and outcome.measurement is not None:
+        measurement = Measurement(**outcome.measurement)
+        values = [float(OBJECTIVES.get(n).value(measurement)) for n in names]
+    return {
+        **dict(zip(names, values, strict=True)),
+        "cka": math.nan if outcome.cka is None else outcome.cka,
+        "stitch_status": outcome.status,
+        "stitch_reason": outcome.reason or "",
+        "stitch_measurement": json.dumps(outcome.measurement),
+    }
+
+
+def _outcome_from(result: dict[str, Any]) -> TrialOutcome:
+    cka = result.get("cka")
+    return TrialOutcome(
+        status=str(result["stitch_status"]),
+        measurement=json.loads(result.get("stitch_measurement") or "null"),
+        cka=None if cka is None or math.isnan(cka) else float(cka),
+        reason=result.get("stitch_reason") or None,
+    )
+
+
+class StitchOptunaSearch(OptunaSearch):
+    """``OptunaSearch`` over :class:`StitchTuneSpace` that records trials like the runner.
+
+    Args:
+        objective: The objective whose space, objectives and budgets to search.
+        **kwargs: Passed to ``OptunaSearch`` (``sampler``, ``storage``, ``study_name``,
+            ``seed``...); ``space``, ``metric`` and ``mode`` are set from ``objective``.
+    """
+
+    def __init__(self, objective: StitchObjective, **kwargs: Any) -> None:
+        self._objective = objective
+        super().__init__(
+            space=StitchTuneSpace(objective),
+            metric=list(objective.names),
+            mode=tune_modes(objective),
+            **kwargs,
+        )
+
+    @property
+    def study(self) -> optuna.Study:
+        """The Optuna study behind the search (``best_trials`` is the Pareto front)."""
+        return cast(optuna.Study, self._ot_study)  # set up in __init__: the space is given
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict | None = None, error: bool = False
+    ) -> None:
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None or trial_id in self._completed_trials:
+            return super().on_trial_complete(trial_id, result, error)
+        if error or not result or "stitch_status" not in result:
+            reason = "the Tune trial raised or its worker died" if error else "no result"
+            ot_trial.set_user_attr("fail_reason", reason)
+            self.study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+            self._completed_trials.add(trial_id)
+            return None
+        config = StitchConfig.from_dict(ot_trial.user_attrs["config"])
+        state, values = self._objective.finish(ot_trial, config, _outcome_from(result))
+        if state == optuna.trial.TrialState.COMPLETE:
+            self.study.tell(ot_trial, values)
+        else:
+            self.study.tell(ot_trial, state=state)
+        self._completed_trials.add(trial_id)
+        return None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The objective holds the zoo, locks and traced graphs: it is not searcher state.
+        # Tune pickles the searcher into its experiment folder; to restore an experiment,
+        # build the searcher again with the objective, then restore into it.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_objective", "_space")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"_objective": None, "_space": None, **state})
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as handle:
+            pickle.dump(self.__getstate__(), handle)

@@ -1,0 +1,31 @@
+"""Similarity of activations: linear CKA in the n x n Gram form, unbiased minibatch CKA, CKA
+matrices and StitchNet's chain score.
+"""
+
+from ._cka import (
+    LAYOUTS,
+    MODES,
+    MinibatchCKA,
+    chain_score,
+    cka_from_grams,
+    cka_matrix,
+    common_spatial,
+    gram,
+    linear_cka,
+    minibatch_cka,
+    to_rows,
+)
+
+__all__ = [
+    "LAYOUTS",
+    "MODES",
+    "MinibatchCKA",
+    "chain_score",
+    "cka_from_grams",
+    "cka_matrix",
+    "common_spatial",
+    "gram",
+    "linear_cka",
+    "minibatch_cka",
+    "to_rows",
+]

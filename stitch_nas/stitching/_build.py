@@ -1,0 +1,215 @@
+"""Turn a StitchConfig into a runnable network: fragments of zoo models joined by fitted stitches.
+
+Stitches are fitted on the probe set, joint by joint: the chain built so far is run on the probe
+samples, and its output is mapped onto what the next model expects at its start cut.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from stitch_nas import adapters
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.adapters._lstsq import LinearStitch, fit_lstsq, fusable_consumer, fuse_into_segment
+from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
+from stitch_nas.errors import ConfigError
+from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.registry import Registry
+
+__all__ = ["NETWORKS", "NetworkBuilder", "Preprocess", "StitchedNet", "build"]
+
+logger = logging.getLogger(__name__)
+
+
+class Preprocess(nn.Module):
+    """Resize (bilinear) and normalise images in [0, 1] for the first model of a network."""
+
+    mean: torch.Tensor  # buffers, registered in __init__
+    std: torch.Tensor
+
+    def __init__(
+        self, size: tuple[int, int], mean: tuple[float, ...], std: tuple[float, ...]
+    ) -> None:
+        super().__init__()
+        self.size = tuple(size)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[-2:]) != self.size:
+            x = nn.functional.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
+        return (x - self.mean) / self.std
+
+
+class StitchedNet(nn.Module):
+    """Preprocessing, then fragments and stitches in order.
+
+    ``parts[0]`` is always the first fragment, so ``forward_from(1, act)`` continues from a
+    cached activation of the first model at its end cut.
+    """
+
+    def __init__(
+        self,
+        config: StitchConfig,
+        preprocess: Preprocess,
+        parts: list[nn.Module],
+        part_info: list[tuple[tuple[Any, ...], tuple[int, ...]]],
+        *,
+        cached_prefix: bool = True,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.preprocess = preprocess
+        self.parts = nn.ModuleList(parts)
+        #: per part: a key that determines its cost (the fragment it runs, or the shapes of a
+        #: stitch) and its per-sample input shape; equal keys have equal MACs (cost tables).
+        self.part_info = part_info
+        #: whether ``parts[0]`` is the zoo's own first fragment, so that its cached activations
+        #: stand for it (False after ``train='all'`` fine-tuned a copy of it)
+        self.cached_prefix = cached_prefix
+        self.eval()  # a new Module starts in train mode; fragments are frozen zoo modules
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_from(0, self.preprocess(x))
+
+    def forward_from(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        for part in self.parts[index:]:
+            x = part(x)
+        return x
+
+    def new_parts(self) -> nn.Sequential:
+        """Everything after the first fragment: what a trial actually has to run."""
+        return nn.Sequential(*self.parts[1:])
+
+
+NetworkBuilder = Callable[[StitchContext, StitchConfig], StitchedNet]
+
+#: adapter kinds that name a whole jointly trained network rather than one joint: the network
+#: comes from its builder (SN-Net registers "snnet"; group ``stitch_nas.networks``)
+NETWORKS: Registry[NetworkBuilder] = Registry("network builder", group="stitch_nas.networks")
+
+
+def _fit_adapter(
+    spec: AdapterSpec, x: torch.Tensor, y: torch.Tensor, src: CutPoint, dst: CutPoint, ridge: float
+) -> LinearStitch:
+    """A least-squares stitch, fitted exactly as ``fit_lstsq`` (options checked by the registry)."""
+    opts = adapters.resolve_options(spec.kind, dict(spec.options))
+    return fit_lstsq(x, y, src, dst, ridge=ridge if opts["ridge"] is None else opts["ridge"])
+
+
+def _chain_input(
+    ctx: StitchContext, first: Fragment, parts: list[nn.Module], cached: bool
+) -> Callable[[str], torch.Tensor]:
+    """``split -> output of the network built so far on that split`` (for adapter training)."""
+
+    def run(split: str) -> torch.Tensor:
+        if cached:  # start from the first model's cached activation, as measure does
+            act = ctx.activation(first.model, first.end, split)
+            return ctx.run(nn.Sequential(*parts[1:]), act)
+        return ctx.run(nn.Sequential(*parts), ctx.inputs(first.model, split))
+
+    return run
+
+
+def _first_piece(seg: nn.Module) -> tuple[torch.fx.GraphModule, list[nn.Module]]:
+    """The graph that reads a fragment's input, and the pieces after it."""
+    if isinstance(seg, nn.Sequential):
+        pieces = list(seg)
+        return cast(torch.fx.GraphModule, pieces[0]), pieces[1:]
+    return cast(torch.fx.GraphModule, seg), []
+
+
+def _cut_key(cut: CutPoint) -> tuple[str, tuple[int, ...], int]:
+    return (cut.layout, cut.shape, cut.prefix_tokens)
+
+
+def check_labels(ctx: StitchContext, config: StitchConfig) -> None:
+    """A native head only makes sense when the last model predicts the task's labels."""
+    if config.head.kind != "native":
+        return
+    last = config.fragments[-1].model
+    labels = tuple(ctx.entry(last).label_names)
+    if labels != tuple(ctx.data.label_names):
+        raise ConfigError(
+            f"model {last!r} predicts labels {labels[:5]}... but the data has "
+            f"{tuple(ctx.data.label_names)[:5]}...; use head kind 'knn' or 'linear_probe'"
+        )
+
+
+def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> StitchedNet:
+    """Build and fit the network described by ``config``.
+
+    Args:
+        ctx: the shared context (zoo, data, memoised activations).
+        config: what to build.
+        fuse: fold least-squares stitches into the next conv/linear layer where possible
+            (also enabled per joint by the adapter option ``fuse=True``).
+    """
+    check_labels(ctx, config)
+    if config.adapters and config.adapters[0].kind in NETWORKS:  # e.g. a jointly trained SN-Net
+        return NETWORKS.get(config.adapters[0].kind)(ctx, config)
+    first = config.fragments[0]
+    spec = ctx.entry(first.model).input_spec
+    parts: list[nn.Module] = [ctx.segment(first.model, None, first.end)]
+    info: list[tuple[tuple[Any, ...], tuple[int, ...]]] = [
+        (("fragment", first.model, None, first.end), ctx.input_shape(first.model)[1:])
+    ]
+    x = ctx.activation(first.model, first.end, "probe") if config.is_stitched else None
+    x_cut = ctx.cut(first.model, first.end) if first.end else None
+    cached = True  # parts[0] is the zoo's own fragment
+    joints = list(zip(config.adapters, config.fragments[1:], strict=True))
+    for i, (adapter, frag) in enumerate(joints):
+        if x is None or x_cut is None or frag.start is None:  # StitchConfig rules these out
+            raise ConfigError(f"joint {i} of {config.describe()} needs a cut point on both sides")
+        dst = ctx.cut(frag.model, frag.start)
+        if adapter.kind != "lstsq":  # a trained kind, or one registered by the user
+            link = adapters.Joint(
+                i,
+                x_cut,
+                frag.model,
+                dst,
+                frag.end,
+                x,
+                _chain_input(ctx, first, parts, cached),
+                first,
+            )
+            fit = adapters.fit_joint(ctx, adapter, link)
+            if fit.prefix is not None:
+                parts[0], cached = fit.prefix, False
+            key = ("adapter", adapter.kind, adapter.options, _cut_key(x_cut), _cut_key(dst))
+            info.append((key, x_cut.shape))
+            info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
+            parts.extend([fit.adapter, fit.fragment])
+            if i + 1 < len(joints):
+                x, x_cut = _chain_input(ctx, first, parts, cached)("probe"), _next_cut(ctx, frag)
+            continue
+        y = ctx.activation(frag.model, frag.start, "probe")
+        stitch = _fit_adapter(adapter, x, y, x_cut, dst, ctx.ridge)
+        seg = ctx.segment(frag.model, frag.start, frag.end)
+        stitch_key = ("stitch", type(stitch).__name__, _cut_key(x_cut), _cut_key(dst))
+        head, rest = _first_piece(seg)
+        if (fuse or adapter.option("fuse", False)) and fusable_consumer(head) is not None:
+            fused = fuse_into_segment(stitch, head)
+            joint: list[nn.Module] = [nn.Sequential(fused, *rest) if rest else fused]
+            info.append((("fused", frag.model, frag.start, frag.end, _cut_key(x_cut)), x_cut.shape))
+        else:
+            joint = [stitch, seg]
+            info.append((stitch_key, x_cut.shape))
+            info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
+        parts.extend(joint)
+        if i + 1 < len(joints):  # the next joint is fitted on this chain's output
+            x = ctx.run(nn.Sequential(*joint), x)
+            x_cut = _next_cut(ctx, frag)
+    preprocess = Preprocess(spec.size, spec.mean, spec.std).to(ctx.device)
+    return StitchedNet(config, preprocess, parts, info, cached_prefix=cached)
+
+
+def _next_cut(ctx: StitchContext, frag: Fragment) -> CutPoint:
+    if frag.end is None:  # StitchConfig rules this out
+        raise ConfigError(f"fragment {frag} before the last must end at a cut point")
+    return ctx.cut(frag.model, frag.end)

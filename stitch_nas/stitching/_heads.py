@@ -1,0 +1,117 @@
+"""Heads for a new label space: k-NN and a linear probe on a network's final features.
+
+StitchNet classifies new tasks with a k-NN on the stitched network's features; a linear probe
+(logistic regression) is the other usual choice. Both are fitted on the probe split and turned
+into plain modules, so the accuracy a trial reports and the network an export stores come from
+the same code: ``head(features).argmax(1)`` is the prediction in both places.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from stitch_nas.config import HeadSpec
+from stitch_nas.errors import ConfigError
+
+__all__ = ["KNNHead", "LinearProbeHead", "fit_head", "head_recipe", "head_from_recipe"]
+
+
+class KNNHead(nn.Module):
+    """Votes of the ``k`` nearest probe samples (Euclidean), one score per class."""
+
+    features: torch.Tensor  # buffers, registered in __init__
+    labels: torch.Tensor
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int, k: int):
+        super().__init__()
+        if not 1 <= k <= features.shape[0]:
+            raise ConfigError(f"k-NN head k={k} must be between 1 and {features.shape[0]}")
+        self.k, self.num_classes = int(k), int(num_classes)
+        self.register_buffer("features", features.flatten(1).float().contiguous())
+        self.register_buffer("labels", labels.long().contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        # squared distances without cdist, which ONNX export does not take
+        dist = (
+            (x * x).sum(1, keepdim=True)
+            - 2 * x @ self.features.T
+            + (self.features * self.features).sum(1)
+        )
+        nearest = dist.topk(self.k, dim=1, largest=False).indices
+        classes = torch.arange(self.num_classes, device=x.device)
+        return (self.labels[nearest].unsqueeze(-1) == classes).sum(1).float()
+
+
+class LinearProbeHead(nn.Module):
+    """A linear classifier on flattened features (a fitted logistic regression)."""
+
+    def __init__(self, in_features: int, num_classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.flatten(1))
+
+
+def _linear_probe(features: np.ndarray, labels: np.ndarray, num_classes: int, max_iter: int):
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(max_iter=max_iter).fit(features, labels)
+    head = LinearProbeHead(features.shape[1], num_classes)
+    weight = np.zeros((num_classes, features.shape[1]))
+    bias = np.full(num_classes, -1e9)  # classes absent from the probe set are never predicted
+    coef, intercept = clf.coef_, clf.intercept_
+    if len(clf.classes_) == 2:  # sklearn keeps one row for binary problems: class 1 vs 0
+        coef = np.concatenate([np.zeros_like(coef), coef])
+        intercept = np.concatenate([np.zeros_like(intercept), intercept])
+    weight[clf.classes_], bias[clf.classes_] = coef, intercept
+    with torch.no_grad():
+        head.linear.weight.copy_(torch.from_numpy(weight))
+        head.linear.bias.copy_(torch.from_numpy(bias))
+    return head
+
+
+def fit_head(
+    spec: HeadSpec, features: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> nn.Module | None:
+    """Fit the head ``spec`` on probe ``features``/``labels``; None for the native head."""
+    if spec.kind == "native":
+        return None
+    if spec.kind == "knn":
+        return KNNHead(features.cpu(), labels.cpu(), num_classes, int(spec.option("k", 5)))
+    if spec.kind == "linear_probe":
+        x = features.flatten(1).cpu().double().numpy()
+        max_iter = int(spec.option("max_iter", 500))
+        return _linear_probe(x, labels.cpu().numpy(), num_classes, max_iter).to(features.device)
+    raise ConfigError(f"unknown head kind {spec.kind!r}; use native, knn or linear_probe")
+
+
+def head_recipe(head: nn.Module | None) -> dict[str, Any] | None:
+    """What :func:`head_from_recipe` needs to rebuild ``head``'s structure (weights aside)."""
+    if head is None:
+        return None
+    if isinstance(head, KNNHead):
+        n, dim = head.features.shape
+        return {"kind": "knn", "k": head.k, "num_classes": head.num_classes, "n": n, "dim": dim}
+    if isinstance(head, LinearProbeHead):
+        out, dim = head.linear.weight.shape
+        return {"kind": "linear_probe", "num_classes": out, "dim": dim}
+    raise ConfigError(f"cannot describe a head of type {type(head).__name__}")
+
+
+def head_from_recipe(recipe: dict[str, Any] | None) -> nn.Module | None:
+    """An empty head of the recorded structure, to load saved weights into."""
+    if recipe is None:
+        return None
+    if recipe["kind"] == "knn":
+        n, dim = int(recipe["n"]), int(recipe["dim"])
+        empty = torch.zeros(n, dim), torch.zeros(n, dtype=torch.long)
+        return KNNHead(*empty, int(recipe["num_classes"]), int(recipe["k"]))
+    if recipe["kind"] == "linear_probe":
+        return LinearProbeHead(int(recipe["dim"]), int(recipe["num_classes"]))
+    raise ConfigError(f"unknown head kind {recipe['kind']!r} in an export; use a newer stitch_nas")

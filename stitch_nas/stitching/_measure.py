@@ -1,0 +1,211 @@
+"""Measure a stitched network: accuracy, parameters, MACs, CKA score and (optionally) latency.
+
+The accuracy pass starts from the cached activation of the first fragment, so a trial runs only
+what is new (stitches and the fragments after them). MACs are summed from per-fragment counts
+that are memoised per (model, start, end), plus the stitches' own MACs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from stitch_nas.activations._context import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import ConfigError
+from stitch_nas.fragments._costs import count_macs, count_params_of
+from stitch_nas.similarity._cka import chain_score
+from stitch_nas.stitching._build import StitchedNet, build
+from stitch_nas.stitching._heads import fit_head
+
+__all__ = [
+    "Measurement",
+    "measure",
+    "config_cka",
+    "fragment_macs",
+    "network_macs",
+    "head_accuracy",
+    "fit_net_head",
+    "net_outputs",
+    "model_macs",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Measurement:
+    """What one trial measured, each on what its name says (see the field docs)."""
+
+    accuracy: float  #: top-1 accuracy on the evaluation split
+    macs: int  #: MACs per image (fvcore convention), fragments + stitches
+    params: int  #: parameters the network uses, shared ones counted once
+    cka: float  #: product of joint CKA scores on the probe set (1.0 for a single model)
+    split: str = "val"
+    latency_ms: float | None = None  #: median wall time of one batch-1 forward, milliseconds
+    fit_seconds: float = 0.0  #: time to fit the stitches
+    eval_seconds: float = 0.0  #: time of the accuracy pass
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def config_cka(ctx: StitchContext, config: StitchConfig) -> float:
+    """StitchNet's score: product over joints of CKA(chain output, B at its start cut).
+
+    Every joint is scored on the source model's own activations at its end cut (the cached
+    prefix), which is exact for the first joint and the usual cheap proxy for later ones.
+    """
+    scores = []
+    for prev, frag in zip(config.fragments, config.fragments[1:], strict=False):
+        if prev.end is None or frag.start is None:  # StitchConfig rules this out
+            raise ConfigError(f"the joint {prev} -> {frag} needs a cut point on both sides")
+        scores.append(ctx.joint_cka(prev.model, prev.end, frag.model, frag.start))
+    return chain_score(scores)
+
+
+def fragment_macs(ctx: StitchContext, model: str, start: str | None, end: str | None) -> int:
+    """MACs of ``model`` from cut ``start`` to cut ``end`` for one image.
+
+    With cost tables, each model is counted once as consecutive pieces between its cuts and a
+    fragment is the sum of its pieces; otherwise the fragment itself is traced.
+    """
+    if not ctx.cost_tables:
+        shape = ctx.input_shape(model) if start is None else (1, *ctx.cut(model, start).shape)
+        return count_macs(ctx.segment(model, start, end), shape)
+    pieces = _pieces(ctx, model)
+    names = [c.name for c in ctx.cuts(model)]
+    first = 0 if start is None else names.index(start) + 1
+    last = len(pieces) if end is None else names.index(end) + 1
+    return sum(pieces[first:last])
+
+
+def _pieces(ctx: StitchContext, model: str) -> list[int]:
+    """MACs of each run between consecutive cut points (input, cut 0, ..., cut k, output)."""
+    key = ("pieces", model)
+    if key not in ctx.memo:
+        cuts = ctx.cuts(model)
+        bounds: list[str | None] = [None, *(c.name for c in cuts), None]
+        shapes = [ctx.input_shape(model), *((1, *c.shape) for c in cuts)]
+        ctx.memo[key] = [
+            count_macs(ctx.segment(model, start, end), shape)
+            for start, end, shape in zip(bounds[:-1], bounds[1:], shapes, strict=True)
+        ]
+    return ctx.memo[key]
+
+
+def model_macs(ctx: StitchContext, name: str) -> int:
+    """MACs of one zoo model on its own input size (memoised in the context)."""
+    return fragment_macs(ctx, name, None, None)
+
+
+def network_macs(ctx: StitchContext, net: StitchedNet) -> int:
+    """MACs of one image through ``net``, from cost tables: each part's MACs are counted once
+    per cost key (a fragment, or a stitch's shapes) and summed, so a trial traces nothing new.
+
+    With ``ctx.cost_tables`` off, the whole network is traced instead (the reference path).
+    Preprocessing (resize, normalise) is not counted: it is elementwise in fvcore's convention.
+    """
+    if not ctx.cost_tables:
+        return count_macs(net, ctx.input_shape(net.config.fragments[0].model))
+    total = 0
+    for part, (key, in_shape) in zip(net.parts, net.part_info, strict=True):
+        if key[0] == "fragment":
+            total += fragment_macs(ctx, *key[1:])
+            continue
+        memo_key = ("macs", key, tuple(in_shape))
+        if memo_key not in ctx.memo:
+            ctx.memo[memo_key] = count_macs(part, (1, *in_shape))
+        total += ctx.memo[memo_key]
+    return total
+
+
+def head_accuracy(
+    ctx: StitchContext,
+    config: StitchConfig,
+    outputs: torch.Tensor,
+    labels: torch.Tensor,
+    probe_outputs: torch.Tensor | None,
+) -> float:
+    """Top-1 accuracy: the model's own classifier, or k-NN / linear probe on final features."""
+    head = None
+    if config.head.kind != "native":
+        if probe_outputs is None:
+            raise ConfigError(
+                f"head kind {config.head.kind!r} is fitted on the network's probe outputs; "
+                "pass probe_outputs"
+            )
+        head = fit_head(config.head, probe_outputs, ctx.labels("probe"), ctx.num_classes)
+    scores = outputs if head is None else ctx.run(head, outputs)
+    return float((scores.argmax(1).cpu() == labels).float().mean())
+
+
+def net_outputs(ctx: StitchContext, net: StitchedNet, split: str) -> torch.Tensor:
+    """``net``'s outputs on ``split``, continuing from the first model's cached activation.
+
+    When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
+    stands for it, and the whole network runs on the preprocessed images.
+    """
+    first = net.config.fragments[0]
+    if net.cached_prefix:
+        return ctx.run(net.new_parts(), ctx.activation(first.model, first.end, split))
+    return ctx.run(torch.nn.Sequential(*net.parts), ctx.inputs(first.model, split))
+
+
+def fit_net_head(ctx: StitchContext, net: StitchedNet) -> torch.nn.Module | None:
+    """The fitted head of ``net`` (None: native), exactly as :func:`measure` scores it."""
+    if net.config.head.kind == "native":
+        return None
+    probe = net_outputs(ctx, net, "probe")
+    return fit_head(net.config.head, probe, ctx.labels("probe"), ctx.num_classes)
+
+
+def _latency_ms(ctx: StitchContext, net: StitchedNet, repeats: int = 5) -> float:
+    x = ctx.split("val").x[:1].to(ctx.device)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)  # CUDA runs asynchronously
+    with torch.inference_mode():
+        net(x)  # warm-up
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            net(x)
+            sync()
+            times.append(time.perf_counter() - start)
+    return 1000 * float(np.median(times))
+
+
+def measure(
+    ctx: StitchContext,
+    config: StitchConfig,
+    *,
+    split: str = "val",
+    fuse: bool = False,
+    latency: bool = False,
+    cka: float | None = None,
+) -> tuple[StitchedNet, Measurement]:
+    """Build ``config`` and measure it on ``split``."""
+    start = time.perf_counter()
+    net = build(ctx, config, fuse=fuse)
+    fitted = time.perf_counter()
+    outputs = net_outputs(ctx, net, split)
+    probe_outputs = None
+    if config.head.kind != "native":
+        probe_outputs = net_outputs(ctx, net, "probe")
+    accuracy = head_accuracy(ctx, config, outputs, ctx.labels(split), probe_outputs)
+    evaluated = time.perf_counter()
+    result = Measurement(
+        accuracy=accuracy,
+        macs=network_macs(ctx, net),
+        params=count_params_of([net]),
+        cka=config_cka(ctx, config) if cka is None else cka,
+        split=split,
+        latency_ms=_latency_ms(ctx, net) if latency else None,
+        fit_seconds=fitted - start,
+        eval_seconds=evaluated - fitted,
+    )
+    return net, result

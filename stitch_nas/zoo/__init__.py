@@ -1,0 +1,55 @@
+"""The zoo: named pretrained models with their input spec and label names, from timm,
+torchvision, a user's own ``nn.Module`` or checkpoint, and the embedded mini zoo.
+"""
+
+from ._architectures import (
+    ARCHITECTURE_SOURCES,
+    check_architecture,
+    create_architecture,
+)
+from ._checkpoints import (
+    load_state_dict_file,
+    sha256_file,
+)
+from ._entry import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    InputSpec,
+    Zoo,
+    ZooEntry,
+)
+from ._mini import (
+    MINI_ZOO_NAMES,
+    architecture_of,
+    build_model,
+    default_cache_dir,
+    load_mini_zoo,
+)
+from ._sources import (
+    entry_from_settings,
+    from_module,
+    from_timm,
+    from_torchvision,
+)
+
+__all__ = [
+    "ARCHITECTURE_SOURCES",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "InputSpec",
+    "MINI_ZOO_NAMES",
+    "Zoo",
+    "ZooEntry",
+    "architecture_of",
+    "build_model",
+    "check_architecture",
+    "create_architecture",
+    "default_cache_dir",
+    "entry_from_settings",
+    "from_module",
+    "from_timm",
+    "from_torchvision",
+    "load_mini_zoo",
+    "load_state_dict_file",
+    "sha256_file",
+]

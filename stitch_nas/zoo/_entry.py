@@ -1,0 +1,169 @@
+"""The model zoo's data types: :class:`InputSpec`, :class:`ZooEntry` and :class:`Zoo`.
+
+A :class:`Zoo` maps short names to :class:`ZooEntry` objects, each a classifier with the input
+spec (size, normalisation) and label names it expects. Entries are made by the sources in
+:mod:`stitch_nas.zoo` (timm, torchvision, any ``nn.Module``, YAML settings) or by
+:mod:`stitch_nas.zoo` (the embedded digits zoo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stitch_nas.errors import ConfigError, UnknownModelError
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "InputSpec", "ZooEntry", "Zoo"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What a model expects: image size and per-channel normalisation.
+
+    Attributes:
+        size: Height and width the model is fed.
+        mean: Per-channel mean subtracted from ``[0, 1]`` images.
+        std: Per-channel standard deviation divided out after the mean.
+    """
+
+    size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def __post_init__(self) -> None:
+        # normalise lists (from JSON or YAML) to tuples so specs compare and hash reliably
+        object.__setattr__(self, "size", tuple(int(v) for v in self.size))
+        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
+        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        if len(self.size) != 2 or min(self.size) < 1:
+            raise ConfigError(f"input size {self.size} is invalid; use (height, width) > 0")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ConfigError(
+                f"mean {self.mean} / std {self.std} are invalid; use 3 values each, std > 0"
+            )
+
+    def preprocess(self, x: torch.Tensor) -> torch.Tensor:
+        """Resize ``[0, 1]`` images ``(N, 3, H, W)`` to :attr:`size` if needed, then normalise.
+
+        Bilinear without antialiasing, exactly as :class:`stitch_nas.stitching.Preprocess`, so a
+        stitched network sees the same inputs as its models did.
+        """
+        if tuple(x.shape[-2:]) != self.size:
+            x = F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
+        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+        return (x - mean) / std
+
+
+@dataclass(eq=False)
+class ZooEntry:
+    """One model of the zoo.
+
+    Attributes:
+        name: Short unique name in the zoo.
+        model: The classifier, put in eval mode on creation.
+        input_spec: Size and normalisation the model expects.
+        label_names: Name of each output class, indexed by logit.
+        source: Provenance, e.g. ``"timm:test_resnet"``, ``"mini_zoo"``, ``"user"``.
+        weights_sha256: sha256 of the weights file the model was loaded from, if any.
+        info: Free-form facts such as ``val_accuracy`` or the training recipe.
+        architecture: How to create the untrained model again (JSON: ``{"source": "timm",
+            "name": ..., "kwargs": {...}}`` or torchvision), so an export can be loaded
+            without the zoo; None for user modules (pass them to ``stitch_nas.load``).
+    """
+
+    name: str
+    model: nn.Module
+    input_spec: InputSpec
+    label_names: tuple[str, ...]
+    source: str
+    weights_sha256: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    architecture: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"zoo entry name {self.name!r} is invalid; use a non-empty string")
+        if not isinstance(self.model, nn.Module):
+            kind = type(self.model).__name__
+            raise ConfigError(f"model of entry {self.name!r} is a {kind}; pass an nn.Module")
+        self.label_names = tuple(str(label) for label in self.label_names)
+        self.model.eval()
+
+    @property
+    def num_classes(self) -> int:
+        """Number of output classes."""
+        return len(self.label_names)
+
+    @property
+    def num_params(self) -> int:
+        """Number of parameters of the model."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
+        """Preprocess ``[0, 1]`` images and return the model's logits, in batches."""
+        device = next(self.model.parameters(), torch.empty(0)).device
+        out = [self.model(self.input_spec.preprocess(b.to(device))) for b in x.split(batch_size)]
+        return torch.cat(out)
+
+
+class Zoo(Mapping[str, ZooEntry]):
+    """An ordered, name-keyed, read-only mapping of :class:`ZooEntry` objects (add to grow it)."""
+
+    def __init__(self, entries: Iterable[ZooEntry] = ()) -> None:
+        self._entries: dict[str, ZooEntry] = {}
+        for entry in entries:
+            self.add(entry)
+
+    def add(self, entry: ZooEntry) -> ZooEntry:
+        """Add an entry and return it.
+
+        Raises:
+            ConfigError: If an entry of the same name is already in the zoo.
+        """
+        if not isinstance(entry, ZooEntry):
+            raise ConfigError(f"Zoo.add got a {type(entry).__name__}; pass a ZooEntry")
+        if entry.name in self._entries:
+            raise ConfigError(
+                f"model {entry.name!r} is already in the zoo; give the new one another name"
+            )
+        self._entries[entry.name] = entry
+        return entry
+
+    def remove(self, name: str) -> ZooEntry:
+        """Remove the entry called ``name`` and return it."""
+        entry = self[name]
+        del self._entries[name]
+        return entry
+
+    def names(self) -> list[str]:
+        """Return the entry names in insertion order."""
+        return list(self._entries)
+
+    def __getitem__(self, name: str) -> ZooEntry:
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            available = ", ".join(self._entries) or "none"
+            raise UnknownModelError(
+                f"unknown model {name!r}; available: {available} "
+                "(add one with zoo.add(from_timm(...)) or from_module(...))"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Zoo({', '.join(self._entries)})"
