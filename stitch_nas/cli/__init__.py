@@ -1,33 +1,10 @@
-"""``stitch-nas``: the command line, its YAML settings and the pipeline it runs."""
+"""``stitch-nas``: the command line, its YAML settings and the pipeline it runs.
 
-from ._main import (
-    main,
-)
-from ._pipeline import (
-    export_folder,
-    load_data,
-    load_zoo,
-    report_folder,
-    run_settings,
-)
-from ._settings import (
-    DataSettings,
-    SearchSettings,
-    Settings,
-    ZooSettings,
-    load_settings,
-)
+Only :func:`main` is imported here: the parser and the settings check import nothing heavy, so
+``stitch-nas --help`` and a bad YAML file answer before torch loads. The pipeline
+(``stitch_nas.cli._pipeline``) is imported once a command has work to do.
+"""
 
-__all__ = [
-    "DataSettings",
-    "SearchSettings",
-    "Settings",
-    "ZooSettings",
-    "export_folder",
-    "load_data",
-    "load_settings",
-    "load_zoo",
-    "main",
-    "report_folder",
-    "run_settings",
-]
+from ._main import main
+
+__all__ = ["main"]

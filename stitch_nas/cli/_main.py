@@ -94,7 +94,6 @@ _DEMO_SPACE_OPTIONS: dict[str, dict] = {
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from stitch_nas.cli._pipeline import run_settings
     from stitch_nas.cli._settings import Settings, load_settings
 
     settings = load_settings(args.config) if args.command == "search" else Settings()
@@ -119,6 +118,8 @@ def _run_search(args: argparse.Namespace) -> int:
         if args.executor == "local":
             raise ConfigError("--workers and --ray-address need --executor ray; drop them")
         settings.search.executor = "ray"
+    from stitch_nas.cli._pipeline import run_settings  # torch and the zoo load from here on
+
     summary = run_settings(
         settings, Path(args.out), resume=args.resume, progress=not args.no_progress, echo=print
     )
@@ -175,10 +176,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:  # one INFO line per trial drowns the progress bar
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
     handlers = {
         "demo": _run_search,
         "search": _run_search,
@@ -186,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": _export,
         "zoo": _zoo,
     }
+    if not args.verbose:  # one INFO line per trial drowns the progress bar
+        # optuna's own logger, set without importing optuna (which takes seconds)
+        logging.getLogger("optuna").setLevel(logging.WARNING)
     try:
         return handlers[args.command](args)
     except StitchNASError as exc:

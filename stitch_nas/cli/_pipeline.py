@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from stitch_nas import attrs
 from stitch_nas.activations._cache import ActivationCache
 from stitch_nas.activations._context import StitchContext
 from stitch_nas.cli._settings import DataSettings, Settings, ZooSettings, settings_from_dict
@@ -104,7 +105,7 @@ def run_settings(
         resume=resume,
         storage=search.storage,
     )
-    study.set_user_attr("settings", asdict(settings))  # what `stitch-nas export` rebuilds from
+    study.set_user_attr(attrs.SETTINGS, asdict(settings))  # what `stitch-nas export` rebuilds from
     start = time.perf_counter()
     run_search(objective, study, search.trials, progress=progress, executor=executor)
     echo(f"{search.trials} trials in {time.perf_counter() - start:.1f} s")
@@ -147,7 +148,7 @@ def export_folder(
     exported networks are the ones it measured (the export checks their accuracy again).
     """
     study = load_folder_study(out_dir)
-    raw = study.user_attrs.get("settings")
+    raw = study.user_attrs.get(attrs.SETTINGS)
     if raw is None:
         raise ConfigError(
             f"the study in {out_dir} does not record its settings (written by an older "

@@ -10,6 +10,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from stitch_nas import attrs
 from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ExportError
@@ -67,7 +68,9 @@ def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[Froz
             last = len(by_number) - 1
             raise ExportError(f"trial {number} does not exist; the study has trials 0..{last}")
         if trial.state != TrialState.COMPLETE:
-            reason = trial.user_attrs.get("prune_reason") or trial.user_attrs.get("fail_reason")
+            reason = trial.user_attrs.get(attrs.PRUNE_REASON) or trial.user_attrs.get(
+                attrs.FAIL_REASON
+            )
             raise ExportError(
                 f"trial {number} is {trial.state.name}{f' ({reason})' if reason else ''}; "
                 "export a COMPLETE trial, e.g. one on the Pareto front (--trials pareto)"
@@ -77,11 +80,11 @@ def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[Froz
 
 
 def _item(trial: FrozenTrial) -> ExportItem:
-    attrs = trial.user_attrs
-    if "config" not in attrs:
+    ua = trial.user_attrs
+    if attrs.CONFIG not in ua:
         raise ExportError(f"trial {trial.number} records no config; it was not run by stitch_nas")
-    metrics = {k: attrs[k] for k in _METRICS if k in attrs}
-    config = StitchConfig.from_dict(attrs["config"])
+    metrics = {k: ua[k] for k in _METRICS if k in ua}
+    config = StitchConfig.from_dict(ua[attrs.CONFIG])
     return ExportItem(f"trial_{trial.number}", config, metrics, trial.number)
 
 

@@ -1,7 +1,7 @@
 """Pareto front, hypervolume and dominance of a multi-objective search's Optuna study.
 
-Everything is read from the study: objective names in ``study.user_attrs["objectives"]``,
-the zoo's own models in ``study.user_attrs["references"]``, per-trial metrics, config and
+Everything is read from the study: objective names in ``study.user_attrs[attrs.OBJECTIVES]``,
+the zoo's own models in ``study.user_attrs[attrs.REFERENCES]``, per-trial metrics, config and
 description in each trial's ``user_attrs``, feasibility in its constraints.
 
 Hypervolumes are normalised to [0, 1]: per objective, the worst corner (the reference point) is
@@ -22,6 +22,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 
 __all__ = [
@@ -38,7 +39,7 @@ _MAX, _MIN = StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE
 
 
 def _objectives(study: optuna.Study) -> list[str]:
-    names = study.user_attrs.get("objectives")
+    names = study.user_attrs.get(attrs.OBJECTIVES)
     if names is None:
         return [f"objective_{i}" for i in range(len(study.directions))]
     if len(names) != len(study.directions):
@@ -50,7 +51,7 @@ def _objectives(study: optuna.Study) -> list[str]:
 
 
 def _references(study: optuna.Study) -> list[dict[str, Any]]:
-    refs = study.user_attrs.get("references") or []
+    refs = study.user_attrs.get(attrs.REFERENCES) or []
     if not isinstance(refs, list) or not all(isinstance(r, dict) and "name" in r for r in refs):
         raise ConfigError("study.user_attrs['references'] must be a list of dicts with a 'name'")
     return refs
@@ -80,7 +81,7 @@ def _feasible(trial: FrozenTrial) -> bool:
 
 
 def _config(trial: FrozenTrial) -> dict[str, Any]:
-    config = trial.user_attrs.get("config")
+    config = trial.user_attrs.get(attrs.CONFIG)
     return config if isinstance(config, dict) else {}
 
 
@@ -88,7 +89,7 @@ def _n_fragments(trial: FrozenTrial) -> int:
     fragments = _config(trial).get("fragments")
     if isinstance(fragments, list):
         return len(fragments)
-    return len(trial.user_attrs.get("models", []))
+    return len(trial.user_attrs.get(attrs.MODELS, []))
 
 
 def _metric(trial: FrozenTrial, name: str, objectives: list[str]) -> float | int | None:
@@ -132,7 +133,7 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     """
     mins = [i for i, d in enumerate(study.directions) if d == _MIN]
     # a re-proposed config is recorded again with "duplicate_of": list each network once
-    best = [t for t in study.best_trials if "duplicate_of" not in t.user_attrs]
+    best = [t for t in study.best_trials if attrs.DUPLICATE_OF not in t.user_attrs]
     if mins:
         return sorted(best, key=lambda t: (t.values[mins[0]], t.number))
     return sorted(best, key=lambda t: (-t.values[0], t.number))
@@ -245,7 +246,7 @@ def dominated_references(study: optuna.Study) -> list[dict[str, Any]]:
     """For each zoo reference, the front trials that dominate it.
 
     Args:
-        study: A multi-objective study with ``user_attrs["references"]``.
+        study: A multi-objective study with ``user_attrs[attrs.REFERENCES]``.
 
     Returns:
         One dict per reference: ``reference`` (name), ``dominated_by`` (trial numbers) and

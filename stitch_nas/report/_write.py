@@ -25,6 +25,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from stitch_nas import attrs
 from stitch_nas.files import atomic_write
 from stitch_nas.report._pareto import (
     _MAX,
@@ -71,9 +72,9 @@ def _front_row(trial: FrozenTrial, objectives: list[str]) -> dict[str, Any]:
     row: dict[str, Any] = {"number": trial.number, "values": [_number(v) for v in trial.values]}
     row.update({m: _metric(trial, m, objectives) for m in _METRICS})
     row.update(
-        describe=str(trial.user_attrs.get("describe", "")),
+        describe=str(trial.user_attrs.get(attrs.DESCRIBE, "")),
         config=_config(trial),
-        models=[str(m) for m in trial.user_attrs.get("models", [])],
+        models=[str(m) for m in trial.user_attrs.get(attrs.MODELS, [])],
         n_fragments=_n_fragments(trial),
         stitched=_n_fragments(trial) > 1,
     )
@@ -254,10 +255,10 @@ def _trials_csv(study: optuna.Study, objectives: list[str], on_front: set[int]) 
         values = list(t.values) if t.values is not None else [None] * len(objectives)
         metrics = [_metric(t, m, objectives) for m in _METRICS]
         duration = t.duration.total_seconds() if t.duration is not None else None
-        models = "+".join(str(m) for m in ua.get("models", []))
+        models = "+".join(str(m) for m in ua.get(attrs.MODELS, []))
         config_json = json.dumps(config, sort_keys=True, default=str) if config else None
         flags = [_feasible(t), t.number in on_front, _n_fragments(t), models]
-        reasons = [ua.get("describe"), ua.get("prune_reason"), ua.get("fail_reason")]
+        reasons = [ua.get(attrs.DESCRIBE), ua.get(attrs.PRUNE_REASON), ua.get(attrs.FAIL_REASON)]
         writer.writerow(
             [t.number, t.state.name, *values, *metrics, *flags, *reasons, duration, config_json]
         )

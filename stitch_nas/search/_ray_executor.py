@@ -31,6 +31,7 @@ from typing import Any
 import optuna
 import torch
 
+from stitch_nas import attrs
 from stitch_nas.cli._settings import SearchSettings
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, StitchNASError
@@ -245,7 +246,7 @@ class RayExecutor:
         finally:
             bar.close()
             for pending in in_flight.values():  # interrupted: don't leave them RUNNING
-                pending.trial.set_user_attr("fail_reason", "driver stopped mid-trial")
+                pending.trial.set_user_attr(attrs.FAIL_REASON, "driver stopped mid-trial")
                 study.tell(pending.trial, state=_TrialState.FAIL)
         return counts
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import optuna
 
+from stitch_nas import attrs
 from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import BudgetError, ConfigError, LayoutError, StitchNASError
@@ -77,9 +78,9 @@ class StitchObjective:
 
     def sample(self, trial: optuna.Trial) -> StitchConfig:
         config = self.space(trial, self.ctx, **self.space_options)
-        trial.set_user_attr("config", config.to_dict())
-        trial.set_user_attr("describe", config.describe())
-        trial.set_user_attr("models", list(config.models))
+        trial.set_user_attr(attrs.CONFIG, config.to_dict())
+        trial.set_user_attr(attrs.DESCRIBE, config.describe())
+        trial.set_user_attr(attrs.MODELS, list(config.models))
         return config
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
@@ -112,7 +113,7 @@ class StitchObjective:
         seen = self._seen.get(config.stable_hash())
         if seen is None:
             return None
-        trial.set_user_attr("duplicate_of", seen[0])
+        trial.set_user_attr(attrs.DUPLICATE_OF, seen[0])
         return self.record(trial, seen[1])
 
     def finish(
@@ -124,12 +125,12 @@ class StitchObjective:
         fail reasons, measurements as user attributes, budget constraints, duplicates.
         """
         if outcome.cka is not None:
-            trial.set_user_attr("cka", outcome.cka)
+            trial.set_user_attr(attrs.CKA, outcome.cka)
         if outcome.status == "pruned":
-            trial.set_user_attr("prune_reason", outcome.reason)
+            trial.set_user_attr(attrs.PRUNE_REASON, outcome.reason)
             return optuna.trial.TrialState.PRUNED, None
         if outcome.status != "complete" or outcome.measurement is None:
-            trial.set_user_attr("fail_reason", outcome.reason or "no measurement")
+            trial.set_user_attr(attrs.FAIL_REASON, outcome.reason or "no measurement")
             return optuna.trial.TrialState.FAIL, None
         result = Measurement(**outcome.measurement)
         values = self.record(trial, result)
@@ -145,7 +146,7 @@ class StitchObjective:
             trial.set_constraint(key, float(getattr(result, key)) - limit)
         values = tuple(float(o.value(result)) for o in self.objectives)
         if any(math.isnan(v) or math.isinf(v) for v in values):
-            trial.set_user_attr("fail_reason", f"non-finite objective values {values}")
+            trial.set_user_attr(attrs.FAIL_REASON, f"non-finite objective values {values}")
         return values
 
 
@@ -291,9 +292,9 @@ def run_search(
     """
     if n_trials < 1:
         raise ConfigError(f"--trials must be >= 1, got {n_trials}")
-    if "references" not in study.user_attrs:
+    if attrs.REFERENCES not in study.user_attrs:
         refs = measure_references(objective.ctx)
-        study.set_user_attr("references", refs)
+        study.set_user_attr(attrs.REFERENCES, refs)
     check_budget_reachable(objective)
     if executor is not None:
         return executor.run(objective, study, n_trials, progress=progress)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
+from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 
 if TYPE_CHECKING:  # the objective only lends its names and directions; no import cycle
@@ -87,14 +88,14 @@ def create_study(
         raise ConfigError(f"cannot open the study at storage {storage!r}: {first}") from exc
     if resume:
         fail_stale_running(study)
-    if load and list(study.user_attrs.get("objectives", objective.names)) != objective.names:
+    if load and list(study.user_attrs.get(attrs.OBJECTIVES, objective.names)) != objective.names:
         raise ConfigError(
             f"the study in {storage or out} optimises {study.user_attrs['objectives']}, not "
             f"{objective.names}; resume with the same objectives"
         )
-    study.set_user_attr("objectives", objective.names)
-    study.set_user_attr("space", objective.space_name)
-    study.set_user_attr("budgets", objective.budgets)
+    study.set_user_attr(attrs.OBJECTIVES, objective.names)
+    study.set_user_attr(attrs.SPACE, objective.space_name)
+    study.set_user_attr(attrs.BUDGETS, objective.budgets)
     return study
 
 
@@ -102,7 +103,7 @@ def fail_stale_running(study: optuna.Study) -> None:
     """Trials left RUNNING by a killed driver are marked FAIL so their slots are re-sampled."""
     storage = study._storage
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        storage.set_trial_user_attr(trial._trial_id, "fail_reason", "driver stopped mid-trial")
+        storage.set_trial_user_attr(trial._trial_id, attrs.FAIL_REASON, "driver stopped mid-trial")
         storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
         logger.info("marked stale running trial %d as FAIL", trial.number)
 

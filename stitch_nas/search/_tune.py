@@ -39,6 +39,7 @@ import numpy as np
 import optuna
 import torch
 
+from stitch_nas import attrs
 from stitch_nas.activations._context import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import MissingDependencyError
@@ -220,11 +221,11 @@ class StitchOptunaSearch(OptunaSearch):
             return super().on_trial_complete(trial_id, result, error)
         if error or not result or "stitch_status" not in result:
             reason = "the Tune trial raised or its worker died" if error else "no result"
-            ot_trial.set_user_attr("fail_reason", reason)
+            ot_trial.set_user_attr(attrs.FAIL_REASON, reason)
             self.study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
             self._completed_trials.add(trial_id)
             return None
-        config = StitchConfig.from_dict(ot_trial.user_attrs["config"])
+        config = StitchConfig.from_dict(ot_trial.user_attrs[attrs.CONFIG])
         state, values = self._objective.finish(ot_trial, config, _outcome_from(result))
         if state == optuna.trial.TrialState.COMPLETE:
             self.study.tell(ot_trial, values)

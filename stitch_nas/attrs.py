@@ -1,0 +1,52 @@
+"""The names of everything stitch_nas stores on an Optuna study and its trials.
+
+Trial user attributes are JSON, readable in optuna-dashboard and by ``stitch-nas report`` /
+``export`` in another process, so their names are part of the published format: write and read
+them through these constants only.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BUDGETS",
+    "CKA",
+    "CONFIG",
+    "DESCRIBE",
+    "DUPLICATE_OF",
+    "FAIL_REASON",
+    "MODELS",
+    "OBJECTIVES",
+    "PRUNE_REASON",
+    "REFERENCES",
+    "SETTINGS",
+    "SPACE",
+]
+
+# --- on each trial ---
+#: the sampled StitchConfig, as ``StitchConfig.to_dict()``
+CONFIG = "config"
+#: one readable line for the config (``StitchConfig.describe()``)
+DESCRIBE = "describe"
+#: the zoo models the config uses, in order
+MODELS = "models"
+#: number of the earlier trial with the same config (its measurement is reused)
+DUPLICATE_OF = "duplicate_of"
+#: the config's CKA chain score on the probe split
+CKA = "cka"
+#: why a PRUNED trial was pruned
+PRUNE_REASON = "prune_reason"
+#: why a FAIL trial failed
+FAIL_REASON = "fail_reason"
+# The measured figures are stored under the field names of ``stitch_nas.Measurement``.
+
+# --- on the study ---
+#: the objective names, in the order of ``trial.values``
+OBJECTIVES = "objectives"
+#: the search space's name
+SPACE = "space"
+#: ``{"macs": ..., "params": ...}`` budgets, enforced as constraints
+BUDGETS = "budgets"
+#: the zoo's own models measured like trials: a list of dicts with a "name"
+REFERENCES = "references"
+#: the CLI settings the search ran with (what ``stitch-nas export`` rebuilds the zoo from)
+SETTINGS = "settings"
