@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stitch_nas.errors import ConfigError
+from stitch_nas.plugins import HEADS
 
-__all__ = ["Fragment", "AdapterSpec", "HeadSpec", "StitchConfig", "DIRECTIONS", "HEAD_KINDS"]
+__all__ = ["Fragment", "AdapterSpec", "HeadSpec", "StitchConfig", "DIRECTIONS"]
 
-HEAD_KINDS = ("native", "knn", "linear_probe")
 #: the order of two models in a stitch: the cheaper one first, or the costlier one first
 DIRECTIONS = ("fast_to_slow", "slow_to_fast")
 
@@ -78,8 +78,10 @@ class HeadSpec(_Spec):
     kind: str = "native"
 
     def __post_init__(self) -> None:
-        if self.kind not in HEAD_KINDS:
-            raise ConfigError(f"unknown head kind {self.kind!r}; use one of {HEAD_KINDS}")
+        if self.kind != "native" and self.kind not in HEADS:
+            raise ConfigError(
+                f"unknown head kind {self.kind!r}; use native or one of {HEADS.list()}"
+            )
         super().__post_init__()
 
 

@@ -1,4 +1,6 @@
-"""Atomic writes: readers see the old file (or folder) or the new one, never half of one.
+"""Files stitch_nas writes for a user: atomic writes, and checksums to verify them.
+
+Atomic writes: readers see the old file (or folder) or the new one, never half of one.
 
 Everything stitch_nas writes for a user (zoo weights, cache spills, reports) goes through here:
 a temporary file in the same folder, fsynced, then ``os.replace``d into place, so a crash or a
@@ -7,6 +9,7 @@ concurrent reader never meets a half-written file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -15,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_file", "atomic_folder", "atomic_write"]
+__all__ = ["atomic_file", "atomic_folder", "atomic_write", "sha256_file"]
 
 
 @contextmanager
@@ -61,3 +64,12 @@ def atomic_folder(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def sha256_file(path: str | Path) -> str:
+    """Return the sha256 hex digest of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,4 +1,4 @@
-"""The registries that the plug-in packages fill: search spaces and objectives.
+"""The registries that plug-in packages fill: search spaces, objectives and heads.
 
 The core owns these registries; ``search_spaces`` and ``objectives`` (and any third-party
 package) register into them, and are found through the entry-point groups
@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from .errors import ConfigError
 from .registry import Registry
 
-if TYPE_CHECKING:
-    from .stitching import Measurement
-
-__all__ = ["OBJECTIVES", "SPACES", "Direction", "Objective", "SpaceFn", "register_objective"]
+__all__ = [
+    "HEADS",
+    "OBJECTIVES",
+    "SPACES",
+    "Direction",
+    "Objective",
+    "SpaceFn",
+    "register_objective",
+]
 
 Direction = Literal["maximize", "minimize"]  # Optuna's words
 
@@ -26,6 +31,11 @@ Direction = Literal["maximize", "minimize"]  # Optuna's words
 SpaceFn = Callable[..., Any]
 
 SPACES: Registry[SpaceFn] = Registry("search space", group="stitch_nas.spaces")
+
+#: heads for a new label space (``HeadSpec.kind`` other than "native"); the built-in ``knn``
+#: and ``linear_probe`` live in :mod:`stitch_nas.stitching` and register like a plug-in, so a
+#: config names a head without importing torch
+HEADS: Registry[Any] = Registry("head", group="stitch_nas.heads")
 
 
 @dataclass(frozen=True)
@@ -35,14 +45,15 @@ class Objective:
     Attributes:
         name: registry key, used on the command line and in reports.
         direction: "maximize" or "minimize" (Optuna's words).
-        value: reads the value from a Measurement.
+        value: reads the value from a :class:`stitch_nas.Measurement` (typed loosely here so
+            that this module, which configs import, stays free of torch).
         needs_latency: the measurement must time the network (costs a few forward passes).
         doc: one line shown by ``stitch-nas`` and in reports.
     """
 
     name: str
     direction: Direction
-    value: Callable[[Measurement], float]
+    value: Callable[[Any], float]
     needs_latency: bool = False
     doc: str = ""
 

@@ -28,7 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from stitch_nas.errors import CacheError, ConfigError
-from stitch_nas.files import atomic_file
+from stitch_nas.files import atomic_file, sha256_file
 
 __all__ = ["ActivationKey", "ActivationCache", "weights_fingerprint"]
 
@@ -94,14 +94,6 @@ def weights_fingerprint(module: nn.Module) -> str:
         header = f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0{raw.nbytes}\0"
         digest.update(header.encode())
         digest.update(raw.data)
-    return digest.hexdigest()
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
     return digest.hexdigest()
 
 
@@ -275,7 +267,7 @@ class ActivationCache:
                 np.save(handle, array, allow_pickle=False)
                 handle.flush()
                 # hash the temporary file: the final name may already hold another writer's bytes
-                size, sha256 = handle.tell(), _sha256_file(Path(handle.name))
+                size, sha256 = handle.tell(), sha256_file(Path(handle.name))
             meta = {"format": _FORMAT, "key": asdict(key), "shape": list(array.shape)}
             meta.update(dtype=array.dtype.str, size=size, sha256=sha256)
             # the sidecar goes last: it marks the .npy as complete for other processes
@@ -312,7 +304,7 @@ def _read_verified(npy_path: Path, meta_path: Path, key: ActivationKey) -> np.nd
     if size != meta["size"]:
         raise CacheError(f"size {size} != {meta['size']} bytes recorded in the sidecar")
     # shape, dtype and size cannot catch flipped bytes in the data; only the hash can
-    if _sha256_file(npy_path) != meta["sha256"]:
+    if sha256_file(npy_path) != meta["sha256"]:
         raise CacheError("sha256 mismatch with the sidecar")
     mapped = np.load(npy_path, mmap_mode="r", allow_pickle=False)
     if list(mapped.shape) != meta["shape"] or mapped.dtype.str != meta["dtype"]:

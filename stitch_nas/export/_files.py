@@ -18,8 +18,7 @@ from safetensors.torch import save
 from torch import nn
 
 from stitch_nas.errors import IntegrityError
-from stitch_nas.files import atomic_write
-from stitch_nas.zoo._checkpoints import sha256_file
+from stitch_nas.files import atomic_write, sha256_file
 
 __all__ = ["save_weights", "load_weights", "checksums", "verify_checksums"]
 

@@ -8,16 +8,32 @@ again and the search still stops at the requested total of finished trials.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import optuna
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
+from stitch_nas.plugins import Direction
 
-if TYPE_CHECKING:  # the objective only lends its names and directions; no import cycle
-    from stitch_nas.search._runner import StitchObjective
+
+class StudyShape(Protocol):
+    """What a study needs from the objective (a StitchObjective has all of it)."""
+
+    @property
+    def names(self) -> Sequence[str]: ...
+
+    @property
+    def directions(self) -> Sequence[Direction]: ...
+
+    @property
+    def space_name(self) -> str: ...
+
+    @property
+    def budgets(self) -> Mapping[str, float]: ...
+
 
 __all__ = [
     "SAMPLERS",
@@ -47,7 +63,7 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
 
 
 def create_study(
-    objective: StitchObjective,
+    objective: StudyShape,
     out_dir: str | Path,
     *,
     sampler: str = "tpe",

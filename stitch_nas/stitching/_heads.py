@@ -8,6 +8,8 @@ the same code: ``head(features).argmax(1)`` is the prediction in both places.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,8 +18,42 @@ from torch import nn
 
 from stitch_nas.config import HeadSpec
 from stitch_nas.errors import ConfigError
+from stitch_nas.plugins import HEADS
+from stitch_nas.registry import Option, check_options, integer
 
-__all__ = ["KNNHead", "LinearProbeHead", "fit_head", "head_recipe", "head_from_recipe"]
+__all__ = [
+    "HeadKind",
+    "KNNHead",
+    "LinearProbeHead",
+    "fit_head",
+    "head_from_recipe",
+    "head_recipe",
+    "register_head",
+]
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """A registered head: how to fit it, describe its structure, and rebuild it empty.
+
+    Attributes:
+        fit: ``(features, labels, num_classes, **options) -> module`` on the probe split.
+        recipe: ``module -> dict`` of what ``rebuild`` needs (weights aside), stored in exports.
+        rebuild: ``dict -> module`` of that structure, to load saved weights into.
+        module: the module type ``fit`` returns (how an export recognises the head).
+        options: the declared options of ``HeadSpec(kind, options)``.
+    """
+
+    fit: Callable[..., nn.Module]
+    recipe: Callable[[Any], dict[str, Any]]
+    rebuild: Callable[[dict[str, Any]], nn.Module]
+    module: type[nn.Module]
+    options: dict[str, Option] = field(default_factory=dict)
+
+
+def register_head(name: str, kind: HeadKind) -> HeadKind:
+    """Add a head kind under ``name`` (a duplicate name is an error)."""
+    return HEADS.register(name, kind)
 
 
 class KNNHead(nn.Module):
@@ -76,31 +112,68 @@ def _linear_probe(features: np.ndarray, labels: np.ndarray, num_classes: int, ma
     return head
 
 
+def _fit_knn(features: torch.Tensor, labels: torch.Tensor, num_classes: int, *, k: int):
+    return KNNHead(features.cpu(), labels.cpu(), num_classes, k)
+
+
+def _fit_linear_probe(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, *, max_iter: int
+) -> nn.Module:
+    x = features.flatten(1).cpu().double().numpy()
+    return _linear_probe(x, labels.cpu().numpy(), num_classes, max_iter).to(features.device)
+
+
+def _knn_recipe(head: KNNHead) -> dict[str, Any]:
+    n, dim = head.features.shape
+    return {"k": head.k, "num_classes": head.num_classes, "n": n, "dim": dim}
+
+
+def _knn_rebuild(recipe: dict[str, Any]) -> nn.Module:
+    n, dim = int(recipe["n"]), int(recipe["dim"])
+    empty = torch.zeros(n, dim), torch.zeros(n, dtype=torch.long)
+    return KNNHead(*empty, int(recipe["num_classes"]), int(recipe["k"]))
+
+
+def _probe_recipe(head: LinearProbeHead) -> dict[str, Any]:
+    out, dim = head.linear.weight.shape
+    return {"num_classes": out, "dim": dim}
+
+
+register_head(
+    "knn",
+    HeadKind(_fit_knn, _knn_recipe, _knn_rebuild, KNNHead, {"k": integer(5, 1)}),
+)
+register_head(
+    "linear_probe",
+    HeadKind(
+        _fit_linear_probe,
+        _probe_recipe,
+        lambda r: LinearProbeHead(int(r["dim"]), int(r["num_classes"])),
+        LinearProbeHead,
+        {"max_iter": integer(500, 1)},
+    ),
+)
+
+
 def fit_head(
     spec: HeadSpec, features: torch.Tensor, labels: torch.Tensor, num_classes: int
 ) -> nn.Module | None:
     """Fit the head ``spec`` on probe ``features``/``labels``; None for the native head."""
     if spec.kind == "native":
         return None
-    if spec.kind == "knn":
-        return KNNHead(features.cpu(), labels.cpu(), num_classes, int(spec.option("k", 5)))
-    if spec.kind == "linear_probe":
-        x = features.flatten(1).cpu().double().numpy()
-        max_iter = int(spec.option("max_iter", 500))
-        return _linear_probe(x, labels.cpu().numpy(), num_classes, max_iter).to(features.device)
-    raise ConfigError(f"unknown head kind {spec.kind!r}; use native, knn or linear_probe")
+    kind = HEADS.get(spec.kind)
+    options = check_options(kind.options, dict(spec.options), f"head {spec.kind!r}")
+    return kind.fit(features, labels, num_classes, **options)
 
 
 def head_recipe(head: nn.Module | None) -> dict[str, Any] | None:
     """What :func:`head_from_recipe` needs to rebuild ``head``'s structure (weights aside)."""
     if head is None:
         return None
-    if isinstance(head, KNNHead):
-        n, dim = head.features.shape
-        return {"kind": "knn", "k": head.k, "num_classes": head.num_classes, "n": n, "dim": dim}
-    if isinstance(head, LinearProbeHead):
-        out, dim = head.linear.weight.shape
-        return {"kind": "linear_probe", "num_classes": out, "dim": dim}
+    for name in HEADS.list():
+        kind = HEADS.get(name)
+        if type(head) is kind.module:
+            return {"kind": name, **kind.recipe(head)}
     raise ConfigError(f"cannot describe a head of type {type(head).__name__}")
 
 
@@ -108,10 +181,9 @@ def head_from_recipe(recipe: dict[str, Any] | None) -> nn.Module | None:
     """An empty head of the recorded structure, to load saved weights into."""
     if recipe is None:
         return None
-    if recipe["kind"] == "knn":
-        n, dim = int(recipe["n"]), int(recipe["dim"])
-        empty = torch.zeros(n, dim), torch.zeros(n, dtype=torch.long)
-        return KNNHead(*empty, int(recipe["num_classes"]), int(recipe["k"]))
-    if recipe["kind"] == "linear_probe":
-        return LinearProbeHead(int(recipe["dim"]), int(recipe["num_classes"]))
-    raise ConfigError(f"unknown head kind {recipe['kind']!r} in an export; use a newer stitch_nas")
+    if recipe["kind"] not in HEADS:
+        raise ConfigError(
+            f"unknown head kind {recipe['kind']!r} in an export; install the plug-in that "
+            "defines it or use a newer stitch_nas"
+        )
+    return HEADS.get(recipe["kind"]).rebuild(recipe)

@@ -9,7 +9,6 @@ from ._architectures import (
 )
 from ._checkpoints import (
     load_state_dict_file,
-    sha256_file,
 )
 from ._entry import (
     IMAGENET_MEAN,
@@ -51,5 +50,4 @@ __all__ = [
     "from_torchvision",
     "load_mini_zoo",
     "load_state_dict_file",
-    "sha256_file",
 ]

@@ -6,7 +6,6 @@ Nothing here unpickles arbitrary objects: checkpoints are read with safetensors 
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,18 +18,9 @@ from torch import nn
 
 from stitch_nas.errors import DataError
 
-__all__ = ["load_state_dict_file", "sha256_file"]
+__all__ = ["load_state_dict_file"]
 
 _BAD_FILE = (SafetensorError, pickle.UnpicklingError, EOFError, RuntimeError, ValueError, OSError)
-
-
-def sha256_file(path: str | Path) -> str:
-    """Return the sha256 hex digest of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _unwrap_checkpoint(raw: Any, path: Path) -> dict[str, torch.Tensor]:

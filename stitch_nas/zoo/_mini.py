@@ -35,8 +35,8 @@ from torch import nn
 
 from stitch_nas.data._splits import DataSplits, load_digits_splits
 from stitch_nas.errors import DataError, UnknownModelError
-from stitch_nas.files import atomic_write
-from stitch_nas.zoo._checkpoints import _load_into, sha256_file
+from stitch_nas.files import atomic_write, sha256_file
+from stitch_nas.zoo._checkpoints import _load_into
 from stitch_nas.zoo._entry import InputSpec, Zoo, ZooEntry
 
 __all__ = ["MINI_ZOO_NAMES", "architecture_of", "build_model", "default_cache_dir", "load_mini_zoo"]

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from stitch_nas.errors import CacheError, ConfigError, UnknownModelError
-from stitch_nas.zoo._checkpoints import _BAD_FILE, _load_into, load_state_dict_file, sha256_file
+from stitch_nas.files import sha256_file
+from stitch_nas.zoo._checkpoints import _BAD_FILE, _load_into, load_state_dict_file
 from stitch_nas.zoo._entry import IMAGENET_MEAN, IMAGENET_STD, InputSpec, ZooEntry
 
 __all__ = [
