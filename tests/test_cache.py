@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from stitch_nas import errors
-from stitch_nas.activations._cache import ActivationCache, ActivationKey, weights_fingerprint
+from stitch_nas.activations import ActivationCache, ActivationKey, weights_fingerprint
 
 MB = 2**20
 KEY = ActivationKey(
@@ -238,3 +238,70 @@ def test_weights_fingerprint_refuses_meta_tensors():
         net = nn.Linear(2, 2)
     with pytest.raises(errors.ConfigError, match="meta"):
         weights_fingerprint(net)
+
+
+def test_a_full_disk_warns_once_stops_spilling_and_goes_on(tmp_path, caplog, monkeypatch):
+    from stitch_nas.activations import _cache
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_cache, "write_spill", full)
+    cache = ActivationCache(memory_gb=1.5 * MB / 2**30, spill_dir=tmp_path)
+    computes = [Counter(seed=i) for i in range(4)]
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
+        for i, compute in enumerate(computes):  # each insert evicts (and tries to spill) one
+            cache.get_or_compute(_key(i), compute)
+        assert torch.equal(cache.get_or_compute(_key(0), computes[0]), computes[0].value)
+    warnings = [r for r in caplog.records if "stopped spilling" in r.getMessage()]
+    assert len(warnings) == 1 and not cache.spilling
+    assert computes[0].calls == 2 and not list(tmp_path.glob("*.npy"))
+    assert cache.spill_writer(KEY, (2, 3), torch.float16) is None
+
+
+def test_streamed_spill_files_are_read_back_as_verified_memory_maps(tmp_path, caplog):
+    cache = ActivationCache(memory_gb=0, spill_dir=tmp_path, dtype="float16")
+    value = torch.randn(10, 3, 4, 4).to(torch.float16)
+    writer = cache.spill_writer(KEY, tuple(value.shape), torch.float16)
+    assert writer is not None
+    for start in range(0, 10, 4):  # batch by batch through the memory map
+        writer.write(start, value[start : start + 4].numpy())
+    cache.commit_spill(writer)
+    mapped = cache.mapped(KEY)
+    assert isinstance(mapped, np.memmap) and not mapped.flags.writeable
+    assert torch.equal(torch.from_numpy(np.array(mapped[3:7])), value[3:7])
+    assert cache.stats()["disk_bytes"] == (tmp_path / f"{KEY.digest()}.npy").stat().st_size
+    path = tmp_path / f"{KEY.digest()}.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0xFF
+    path.write_bytes(raw)  # new mtime: hashed again on the next map
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
+        assert cache.mapped(KEY) is None
+    assert any("corrupt" in r.getMessage() for r in caplog.records) and not path.exists()
+
+
+def test_reservations_count_against_the_budget_and_evict_other_splits_first():
+    cache = ActivationCache(memory_gb=3.5 * MB / 2**30)
+    probe, val = Counter(seed=0), Counter(seed=1)
+    cache.get_or_compute(KEY, probe)  # a probe entry
+    cache.get_or_compute(dataclasses.replace(KEY, split="val"), val)
+    cache.get_or_compute(KEY, probe)  # the probe is now the most recently used...
+    assert cache.reserve(2 * MB)  # ...yet the val entry goes, the probe stays
+    assert KEY in cache and dataclasses.replace(KEY, split="val") not in cache
+    assert cache.memory_bytes == 3 * MB
+    assert not cache.reserve(4 * MB)  # larger than the whole budget: nothing evicted
+    assert KEY in cache
+    assert not cache.reserve(2 * MB)  # the reserved 2 MiB cannot be evicted
+    cache.release(2 * MB)
+    assert cache.memory_bytes == 0 and cache.stats()["peak_bytes"] == 3 * MB
+
+
+def test_default_budget_and_storage_dtype():
+    from stitch_nas.activations._keys import DEFAULT_MEMORY_FRACTION, machine_memory_bytes
+
+    cache = ActivationCache()
+    expected = int(DEFAULT_MEMORY_FRACTION * machine_memory_bytes())
+    assert abs(cache.budget_bytes - expected) <= 1 and cache.dtype == torch.float16
+    assert dataclasses.replace(KEY, dtype="float16").digest() != KEY.digest()
+    with pytest.raises(errors.ConfigError, match="bfloat16.*float16"):
+        ActivationCache(dtype="bfloat16")

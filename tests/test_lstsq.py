@@ -8,7 +8,7 @@ import torch
 
 from stitch_nas import errors
 from stitch_nas.adapters._lstsq import fit_lstsq, fusable_consumer, fuse_into_segment
-from stitch_nas.fragments._cuts import CutPoint, cut_points, segment
+from stitch_nas.fragments import CutPoint, cut_points, segment
 
 SHAPE = (1, 3, 32, 32)
 
@@ -115,3 +115,51 @@ def test_fusion_is_refused_when_the_cut_feeds_a_residual():
     stitch = fit_lstsq(torch.randn(8, *cut.shape), torch.randn(8, *cut.shape), cut, cut)
     with pytest.raises(errors.LayoutError, match="fuse=False"):
         fuse_into_segment(stitch, tail)
+
+
+def test_normal_equations_accumulated_in_chunks_equal_one_solve():
+    from stitch_nas.adapters._lstsq import NormalEquations
+
+    torch.manual_seed(0)
+    x = torch.randn(3000, 12) * 3 + 40.0  # far from centred: the shift must absorb the mean
+    y = x @ torch.randn(12, 5) + torch.randn(3000, 5) * 0.1
+    whole = NormalEquations().add(x, y).solve(1e-4, "whole")
+    chunked = NormalEquations()
+    for xs, ys in zip(x.split(257), y.split(257), strict=True):
+        chunked.add(xs, ys)
+    parts = chunked.solve(1e-4, "chunked")
+    assert chunked.rows == 3000
+    for a, b in zip(whole, parts, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_fits_in_small_chunks_equal_fits_in_one(monkeypatch, kernel):
+    """fit_lstsq and fit_conv (unfolded 3x3 patches) never hold all rows; results agree."""
+    from stitch_nas.adapters import _lstsq
+    from stitch_nas.adapters._init import fit_conv
+
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 6, 8, 8), torch.randn(40, 5, 8, 8)
+    src, dst = _cut("nchw", (6, 8, 8)), _cut("nchw", (5, 8, 8))
+    conv_whole = torch.nn.Conv2d(6, 5, kernel, padding=kernel // 2)
+    conv_chunked = torch.nn.Conv2d(6, 5, kernel, padding=kernel // 2)
+    stitch_whole = fit_lstsq(x, y, src, dst)
+    fit_conv(conv_whole, x, y, 1e-4, "whole")
+    monkeypatch.setattr(_lstsq, "CHUNK_ELEMENTS", 6 * 9 * 64 * 3)
+    calls = []
+    original = _lstsq.NormalEquations.add
+    monkeypatch.setattr(
+        _lstsq.NormalEquations,
+        "add",
+        lambda self, a, b: calls.append(len(a)) or original(self, a, b),
+    )
+    stitch_chunked = fit_lstsq(x, y, src, dst)
+    assert calls == [27 * 64, 13 * 64]  # 384 elements per image: 27 images a chunk
+    calls.clear()
+    fit_conv(conv_chunked, x, y, 1e-4, "chunked")
+    step = (6 * 9 * 64 * 3) // (6 * kernel * kernel * 64)  # unfolded patches per image
+    assert calls == [len(c) * 64 for c in torch.arange(40).split(step)]
+    torch.testing.assert_close(stitch_chunked.weight, stitch_whole.weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(conv_chunked.weight, conv_whole.weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(conv_chunked.bias, conv_whole.bias, rtol=1e-4, atol=1e-5)

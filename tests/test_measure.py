@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from stitch_nas.activations._cache import ActivationCache
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import ActivationCache, StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.fragments._costs import count_macs, count_params
-from stitch_nas.stitching._build import build
-from stitch_nas.stitching._measure import measure, network_macs
+from stitch_nas.data import load_digits_splits
+from stitch_nas.errors import ConfigError, UnknownNameError
+from stitch_nas.fragments import count_macs, count_params
+from stitch_nas.stitching import build, measure, network_macs
 from tests._tiny import tiny_context, tiny_zoo
 
 PAIR = StitchConfig(
@@ -34,7 +35,8 @@ FUSABLE = StitchConfig(
 
 @pytest.fixture(scope="module")
 def ctx():
-    return tiny_context()
+    # float32 storage: these tests compare cached paths with full forwards to 1e-5
+    return tiny_context(cache=ActivationCache(dtype="float32"))
 
 
 @pytest.mark.parametrize("config", [PAIR, CHAIN, FUSABLE], ids=["pair", "chain", "fused"])
@@ -102,23 +104,89 @@ def test_cache_is_invalidated_when_weights_or_data_change(tmp_path):
     assert cache.stats()["misses"] > misses  # new data: nothing served from the old entries
 
 
-def test_memory_budget_smaller_than_the_data_still_works(tmp_path):
-    ctx = StitchContext(
+def _pair_context(cache: ActivationCache, **kwargs) -> StitchContext:
+    return StitchContext(
         tiny_zoo(("resnet", "efficientnet")),
         load_digits_splits(probe_size=64),
-        cache=ActivationCache(memory_gb=0.3 / 1024, spill_dir=tmp_path),  # 0.3 MB
+        cache=cache,
+        **kwargs,
     )
-    reference = StitchContext(ctx.zoo, ctx.data)
-    for _ in range(2):
-        net, m = measure(ctx, PAIR)
-        _, m_ref = measure(reference, PAIR)
-        assert m.accuracy == m_ref.accuracy
-        assert ctx.cache.memory_bytes <= ctx.cache.budget_bytes
-    assert ctx.cache.stats()["disk_hits"] > 0
+
+
+def _all_cut_bytes(ctx: StitchContext, model: str, split: str) -> int:
+    per_image = sum(math.prod(c.shape) for c in ctx.cuts(model))
+    return per_image * len(ctx.split(split)) * ctx.cache.dtype.itemsize
+
+
+@pytest.mark.parametrize("spill", [True, False], ids=["spill", "recompute"])
+def test_a_budget_below_one_models_activations_gives_the_same_accuracies(tmp_path, spill):
+    """The budget holds at every moment (peak included) and changes no accuracy."""
+    budget = ActivationCache(
+        memory_gb=1.0 / 1024, dtype="float32", spill_dir=tmp_path if spill else None
+    )
+    ctx = _pair_context(budget, batch_size=32)
+    reference = _pair_context(ActivationCache(dtype="float32"), batch_size=32)
+    assert _all_cut_bytes(ctx, "resnet", "val") > 2 * budget.budget_bytes
+    configs = [PAIR, StitchConfig.single("resnet")]
+    expected = [measure(reference, config)[1].accuracy for config in configs]
+    for _ in range(2):  # the second round reads what the first stored, spilled or evicted
+        for config, accuracy in zip(configs, expected, strict=True):
+            assert measure(ctx, config)[1].accuracy == accuracy, config.describe()
+    stats = budget.stats()
+    assert stats["peak_bytes"] <= stats["budget_bytes"] and stats["evictions"] > 0
+    assert (stats["disk_hits"] > 0) == spill
+
+
+def test_recomputation_after_eviction_is_identical():
+    """An evicted activation comes back from the nearest cached earlier cut, bit for bit."""
+    ctx = _pair_context(ActivationCache(dtype="float32"), batch_size=32)
+    cuts = [c.name for c in ctx.cuts("resnet")]
+    first = ctx.activation("resnet", cuts[-1], "val")  # computed from the input
+    ctx.activation("resnet", cuts[2], "val")
+    ctx.cache.clear_memory()
+    ctx.activation("resnet", cuts[2], "val")  # cached again: the nearest earlier cut
+    misses = ctx.cache.stats()["misses"]
+    again = ctx.activation("resnet", cuts[-1], "val")  # recomputed from cuts[2]
+    assert ctx.cache.stats()["misses"] == misses + 1
+    assert torch.equal(first, again)
+
+
+def test_float16_storage_is_within_its_tolerance():
+    """float16 storage rounds activations to 2**-11 relative; accuracies move by <= 1 %."""
+    half = _pair_context(ActivationCache(dtype="float16"))
+    full = _pair_context(ActivationCache(dtype="float32"))
+    a, b = (
+        half.activation("resnet", "layer2.0", "val"),
+        full.activation("resnet", "layer2.0", "val"),
+    )
+    assert a.dtype == torch.float32 and not torch.equal(a, b)
+    assert ((a - b).abs() <= b.abs() * 2**-11 + 1e-6).all()
+    for config in (PAIR, FUSABLE, StitchConfig.single("efficientnet")):
+        _, m_half = measure(half, config)
+        _, m_full = measure(full, config)
+        assert abs(m_half.accuracy - m_full.accuracy) <= 0.01, config.describe()
+
+
+def test_streamed_accuracy_equals_in_memory_accuracy():
+    ctx = _pair_context(ActivationCache(memory_gb=0), batch_size=48)  # nothing kept in memory
+    for config in (PAIR, StitchConfig.single("resnet")):
+        net, m = measure(ctx, config)
+        with torch.no_grad():
+            logits = net(ctx.split("val").x)  # the whole split at once, from the images
+        expected = float((logits.argmax(1) == ctx.labels("val")).float().mean())
+        assert m.accuracy == pytest.approx(expected, abs=1.5 / len(logits)), config.describe()
+
+
+def test_a_budget_below_one_batch_is_refused_with_the_smallest_workable_one():
+    ctx = _pair_context(ActivationCache(memory_gb=1e-4), batch_size=256)
+    with pytest.raises(ConfigError, match=r"below one batch of 'resnet'.*>= 0.0039"):
+        measure(ctx, PAIR)
+    with pytest.raises(UnknownNameError, match=r"unknown split 'valid'.*'val'"):
+        ctx.activation("resnet", None, "valid")  # named before any other check or work
 
 
 def test_fragment_costs_from_pieces_equal_direct_counts(ctx):
-    from stitch_nas.stitching._measure import fragment_macs
+    from stitch_nas.stitching import fragment_macs
 
     for model in ("resnet", "efficientnet", "vit"):
         names = [None, *(c.name for c in ctx.cuts(model)), None]
@@ -129,7 +197,7 @@ def test_fragment_costs_from_pieces_equal_direct_counts(ctx):
 
 
 def test_one_pass_fill_equals_per_cut_prefixes(ctx):
-    per_cut = StitchContext(ctx.zoo, ctx.data, fill="cut")
+    per_cut = StitchContext(ctx.zoo, ctx.data, fill="cut", cache=ActivationCache(dtype="float32"))
     for cut in ctx.cuts("vit"):
         one_pass = ctx.activation("vit", cut.name, "probe")
         assert torch.equal(one_pass, per_cut.activation("vit", cut.name, "probe")), cut.name
@@ -137,9 +205,17 @@ def test_one_pass_fill_equals_per_cut_prefixes(ctx):
 
 def test_channels_last_changes_speed_not_results():
     data = load_digits_splits(probe_size=64)
-    fast = StitchContext(tiny_zoo(("resnet", "efficientnet")), data)
-    plain = StitchContext(tiny_zoo(("resnet", "efficientnet")), data, channels_last=False)
-    assert fast._channels_last == {"resnet", "efficientnet"} and not plain._channels_last
+    f32 = dict(dtype="float32")
+    fast = StitchContext(tiny_zoo(("resnet", "efficientnet")), data, cache=ActivationCache(**f32))
+    plain = StitchContext(
+        tiny_zoo(("resnet", "efficientnet")),
+        data,
+        channels_last=False,
+        cache=ActivationCache(**f32),
+    )
+    assert (
+        fast.channels_last_models == {"resnet", "efficientnet"} and not plain.channels_last_models
+    )
     a = fast.activation("resnet", "layer2.0", "val")
     assert a.is_contiguous(memory_format=torch.channels_last)
     assert torch.allclose(a, plain.activation("resnet", "layer2.0", "val"), atol=1e-5)
@@ -149,7 +225,7 @@ def test_channels_last_changes_speed_not_results():
 
 
 def test_fragments_from_pieces_equal_single_graph_fragments(ctx):
-    whole = StitchContext(ctx.zoo, ctx.data, pieces=False)
+    whole = StitchContext(ctx.zoo, ctx.data, pieces=False, cache=ActivationCache(dtype="float32"))
     for config in (PAIR, CHAIN):
         x = ctx.split("val").x[:64]
         a = ctx.run(build(ctx, config), x)

@@ -14,9 +14,9 @@ from search_spaces.stitchnet import stitchnet_search
 from search_spaces.traft import stages, traft_grid
 from stitch_nas import errors
 from stitch_nas.config import AdapterSpec, StitchConfig
-from stitch_nas.fragments._costs import count_params
-from stitch_nas.search._runner import evaluate_config, make_objective
-from stitch_nas.stitching._measure import config_cka, fragment_macs
+from stitch_nas.fragments import count_params
+from stitch_nas.search import evaluate_config, make_objective
+from stitch_nas.stitching import config_cka, fragment_macs
 from tests._tiny import tiny_context
 
 FAST = {"steps": 3, "eval_every": 3}  # trained adapters: structure, not accuracy
@@ -54,8 +54,6 @@ def test_documented_defaults_are_the_papers():
 
 
 def test_stitchnet_recursion_scores_and_configs(ctx):
-    # efficientnet's cuts are not followed by an in-place op, which would alter the cached
-    # activations config_cka reads (context._every_cut hands each piece the cached tensor)
     results = stitchnet_search(ctx, max_joints=1, starts=["efficientnet"])
     assert results, "the tiny zoo should give some stitched networks"
     scores = [r.score for r in results]
@@ -64,8 +62,10 @@ def test_stitchnet_recursion_scores_and_configs(ctx):
         config = r.config
         assert len(config.fragments) == 2 and config.fragments[0].model != config.fragments[1].model
         assert config.adapters[0] == AdapterSpec("lstsq", (("fuse", True),))
-        # one stitch: the score is exactly the joint's CKA (Alg. 1 line 12 with s = 1)
-        assert r.score == pytest.approx(config_cka(ctx, config), abs=1e-9)
+        # one stitch: the score is the joint's CKA (Alg. 1 line 12 with s = 1); the search
+        # takes A's side from the fragment's float32 output, config_cka from the cache, which
+        # stores activations in float16: they agree to that rounding, not bit for bit
+        assert r.score == pytest.approx(config_cka(ctx, config), abs=1e-5)
     # a higher threshold keeps a subset
     strict = {r.config for r in stitchnet_search(ctx, max_joints=1, T=0.8, starts=["efficientnet"])}
     assert strict <= {r.config for r in results} and all(

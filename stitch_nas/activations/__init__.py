@@ -3,8 +3,11 @@
 """
 
 from ._cache import (
+    DEFAULT_MEMORY_FRACTION,
+    STORAGE_DTYPES,
     ActivationCache,
     ActivationKey,
+    default_memory_gb,
     weights_fingerprint,
 )
 from ._context import (
@@ -13,9 +16,12 @@ from ._context import (
 )
 
 __all__ = [
+    "DEFAULT_MEMORY_FRACTION",
+    "STORAGE_DTYPES",
     "ActivationCache",
     "ActivationKey",
     "StitchContext",
+    "default_memory_gb",
     "weights_fingerprint",
     "zoo_models",
 ]

@@ -2,103 +2,58 @@
 
 A search evaluates hundreds of stitched networks built from the same frozen fragments, so the
 activation of each zoo model at each cut point on each split is computed once and reused. Entries
-live in memory up to a byte budget; least recently used ones are evicted to
+live in memory up to a byte budget that also counts buffers still being filled (:meth:`reserve`),
+so the budget holds at every moment. Least recently used entries are evicted first, probe-split
+entries last (every stitch fit reads the probe). Evicted entries go to
 ``<spill_dir>/<digest>.npy`` (plain ``.npy``, never a pickle) plus a JSON sidecar with the key,
-shape, dtype, size and sha256, so a damaged file is recomputed instead of returned. Files are
-written to a temporary name, fsynced and ``os.replace``d (the sidecar last), so processes sharing
-a spill folder only ever see complete files. Device placement is the caller's job: tensors stay in
-memory as given (the budget counts their bytes on any device); tensors read from disk are on CPU.
+shape, dtype, size and sha256, so a damaged file is recomputed instead of returned (see
+:mod:`._spill`). A full disk stops spilling with one warning; entries are then recomputed.
+Device placement is the caller's job: tensors stay in memory as given (the budget counts their
+bytes on any device); tensors read from disk are on CPU.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
+from stitch_nas.activations._keys import (  # re-exported: the cache's public face
+    DEFAULT_MEMORY_FRACTION,
+    FORMAT,
+    STORAGE_DTYPES,
+    ActivationKey,
+    default_memory_gb,
+    storage_dtype,
+    weights_fingerprint,
+)
+from stitch_nas.activations._spill import (
+    SpillWriter,
+    map_verified,
+    read_verified,
+    spill_paths,
+    write_spill,
+)
 from stitch_nas.errors import CacheError, ConfigError
-from stitch_nas.files import atomic_file, sha256_file
 
-__all__ = ["ActivationKey", "ActivationCache", "weights_fingerprint"]
+__all__ = [
+    "DEFAULT_MEMORY_FRACTION",
+    "STORAGE_DTYPES",
+    "ActivationKey",
+    "ActivationCache",
+    "default_memory_gb",
+    "storage_dtype",
+    "weights_fingerprint",
+]
 
 logger = logging.getLogger(__name__)
-
-# bump when the digest recipe, the file layout or how activations are computed changes, to
-# orphan old files (2: activations at a cut followed by an in-place op were overwritten)
-_FORMAT = 2
-
-
-@dataclass(frozen=True)
-class ActivationKey:
-    """Everything an activation depends on; any change gives a new digest and a fresh entry.
-
-    Attributes:
-        model: Zoo name of the model.
-        weights: Fingerprint of the model's weights (see :func:`weights_fingerprint`).
-        cut: Cut point name, or None for the model's output.
-        split: Data split name (``"probe"``, ``"val"``...).
-        data: Fingerprint of the data set.
-        preprocess: ``repr`` of the input spec (resize, normalisation...).
-    """
-
-    model: str
-    weights: str
-    cut: str | None
-    split: str
-    data: str
-    preprocess: str
-
-    def digest(self) -> str:
-        """Return the first 32 hex characters of the sha256 of a canonical form of the key."""
-        # JSON keeps None apart from the string "None" and cannot confuse field boundaries
-        canonical = json.dumps({"format": _FORMAT, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:32]
-
-
-def weights_fingerprint(module: nn.Module) -> str:
-    """Return the sha256 hex digest of a module's parameters and buffers.
-
-    Names, shapes, dtypes and raw bytes are hashed in name order, so a change to any weight or
-    buffer (a BatchNorm running mean, for example) changes the fingerprint. It reads every byte
-    (about 3 ms per million float32 parameters on a CPU, plus the copy of GPU tensors to the
-    host), so callers should compute it once per model and memoise it.
-
-    Args:
-        module: The model to fingerprint.
-
-    Raises:
-        ConfigError: If a tensor lives on the meta device and so has no data to hash.
-    """
-    digest = hashlib.sha256(f"stitch_nas.weights.v{_FORMAT}\0".encode())
-    tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
-    tensors.update(module.named_buffers())
-    for name in sorted(tensors):
-        tensor = tensors[name].detach()
-        if tensor.is_meta:
-            raise ConfigError(
-                f"tensor {name!r} is on the meta device; load real weights before fingerprinting"
-            )
-        # viewing the bytes as uint8 avoids a numpy round trip for dtypes numpy lacks (bfloat16)
-        raw = tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        header = f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0{raw.nbytes}\0"
-        digest.update(header.encode())
-        digest.update(raw.data)
-    return digest.hexdigest()
-
-
-def _spill_paths(folder: Path, digest: str) -> tuple[Path, Path]:
-    return folder / f"{digest}.npy", folder / f"{digest}.json"
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
@@ -113,26 +68,34 @@ class ActivationCache:
 
     Args:
         memory_gb: In-memory budget in GiB (``memory_gb * 2**30`` bytes); 0 keeps nothing in
-            memory. A tensor larger than the budget is returned (and spilled) but not kept.
+            memory. None: :func:`default_memory_gb` (15 % of the machine's memory). A tensor
+            larger than the budget is returned (and spilled) but not kept.
         spill_dir: Folder for evicted entries, created if missing; None drops evicted entries,
             which are then recomputed when asked for again.
         progress: Show a progress bar when spilling many entries at once
             (:meth:`clear_memory` with ``spill=True``); callers may read it for their own loops.
+        dtype: Storage dtype of activations that a :class:`StitchContext` caches
+            (``"float16"``, the default, halves memory and disk; computation stays float32).
+            Tensors handed to :meth:`get_or_compute` are stored as given.
 
     Raises:
-        ConfigError: If ``memory_gb`` is negative or not finite.
+        ConfigError: If ``memory_gb`` is negative or not finite, or ``dtype`` is unsupported.
         CacheError: If ``spill_dir`` cannot be created.
     """
 
     def __init__(
         self,
-        memory_gb: float = 2.0,
+        memory_gb: float | None = None,
         spill_dir: str | Path | None = None,
         progress: bool = False,
+        dtype: str | torch.dtype = "float16",
     ) -> None:
+        if memory_gb is None:
+            memory_gb = default_memory_gb()
         if not isinstance(memory_gb, (int, float)) or not math.isfinite(memory_gb) or memory_gb < 0:
             raise ConfigError(f"memory_gb={memory_gb!r} is invalid; pass a number >= 0 (GiB)")
         self.budget_bytes = int(memory_gb * 2**30)
+        self.dtype = storage_dtype(dtype)
         self.progress = progress
         self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
         if self.spill_dir is not None:
@@ -145,13 +108,27 @@ class ActivationCache:
                 ) from exc
         self._entries: OrderedDict[str, tuple[ActivationKey, torch.Tensor]] = OrderedDict()
         self._bytes = 0
+        self._reserved = 0  # buffers being filled, counted against the budget
+        self._spill_failed = False  # set once the disk refused a write: stop spilling
+        self._hashed: dict[str, tuple[int, int]] = {}  # digest -> (size, mtime_ns) verified
         self._lock = threading.RLock()
         self._counts = dict(hits=0, misses=0, disk_hits=0, evictions=0, spilled_files=0)
+        self._peak = 0
+
+    @property
+    def dtype_name(self) -> str:
+        """The storage dtype's name, as recorded in activation keys."""
+        return str(self.dtype).removeprefix("torch.")
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes of the tensors now held in memory."""
-        return self._bytes
+        """Bytes now held in memory: cached tensors plus buffers reserved for filling."""
+        return self._bytes + self._reserved
+
+    @property
+    def spilling(self) -> bool:
+        """Whether evicted or oversized entries go to disk (a folder, and no disk failure)."""
+        return self.spill_dir is not None and not self._spill_failed
 
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is in memory or has a spill file (the file is checked only on load)."""
@@ -164,23 +141,26 @@ class ActivationCache:
     def __repr__(self) -> str:
         return (
             f"ActivationCache({len(self._entries)} entries, {self._bytes / 2**20:.1f} MiB of "
-            f"{self.budget_bytes / 2**20:.1f} MiB, spill_dir={self.spill_dir})"
+            f"{self.budget_bytes / 2**20:.1f} MiB, dtype={self.dtype_name}, "
+            f"spill_dir={self.spill_dir})"
         )
 
     def stats(self) -> dict[str, int]:
         """Return counters since creation.
 
         ``hits`` were served from memory, ``disk_hits`` from the spill folder and ``misses`` by
-        calling ``compute``, so they sum to the calls of :meth:`get_or_compute`. ``evictions``
-        counts entries pushed out of memory by the budget and ``spilled_files`` the files this
-        cache wrote.
+        computing, so they sum to the lookups. ``evictions`` counts entries pushed out of memory
+        by the budget, ``spilled_files`` the files this cache wrote, ``peak_bytes`` the most
+        bytes held at once (reservations included) and ``disk_bytes`` the spill folder's size.
         """
         with self._lock:
             return {
                 **self._counts,
-                "bytes_in_memory": self._bytes,
+                "bytes_in_memory": self.memory_bytes,
+                "peak_bytes": self._peak,
                 "entries_in_memory": len(self._entries),
                 "budget_bytes": self.budget_bytes,
+                "disk_bytes": self._disk_bytes(),
             }
 
     def get_or_compute(
@@ -200,11 +180,9 @@ class ActivationCache:
         """
         digest = key.digest()
         with self._lock:
-            entry = self._entries.get(digest)
-            if entry is not None:
-                self._entries.move_to_end(digest)
-                self._counts["hits"] += 1
-                return entry[1]
+            hit = self.get(key)
+            if hit is not None:
+                return hit
             tensor = self._load(key, digest)
             if tensor is not None:
                 self._counts["disk_hits"] += 1
@@ -218,6 +196,101 @@ class ActivationCache:
                 self._counts["misses"] += 1
             self._insert(key, digest, tensor)
             return tensor
+
+    # -- pieces of a lookup, for callers that stream (StitchContext) ------------------------
+    def get(self, key: ActivationKey) -> torch.Tensor | None:
+        """The in-memory tensor for ``key`` (a hit, now most recently used), or None."""
+        digest = key.digest()
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            self._entries.move_to_end(digest)
+            self._counts["hits"] += 1
+            return entry[1]
+
+    def mapped(self, key: ActivationKey) -> np.ndarray | None:
+        """A read-only memory map of ``key``'s verified spill file, or None.
+
+        The sha256 is checked the first time this cache maps a file (and again if its size or
+        modification time changes); a damaged file is deleted with a warning and None returned.
+        """
+        digest = key.digest()
+        with self._lock:
+            if self.spill_dir is None or not self._on_disk(digest):
+                return None
+            npy_path, meta_path = spill_paths(self.spill_dir, digest)
+            try:
+                stat = npy_path.stat()
+                stamp = (stat.st_size, stat.st_mtime_ns)
+                array = map_verified(
+                    npy_path, meta_path, key, hashed=self._hashed.get(digest) == stamp
+                )
+            except (OSError, ValueError, KeyError, TypeError, CacheError) as exc:
+                self._drop_file(npy_path, meta_path, exc)
+                return None
+            self._hashed[digest] = stamp
+            self._counts["disk_hits"] += 1
+            return array
+
+    def count_miss(self) -> None:
+        """Record one activation computed because it was cached nowhere."""
+        with self._lock:
+            self._counts["misses"] += 1
+
+    def reserve(self, nbytes: int) -> bool:
+        """Make room for a buffer of ``nbytes`` and count it against the budget.
+
+        Evicts (and spills) least recently used entries, probe entries last. Returns False,
+        evicting nothing, when ``nbytes`` exceeds the budget. Pair with :meth:`release`.
+        """
+        with self._lock:
+            if nbytes > self.budget_bytes:
+                return False
+            self._evict_until(nbytes)
+            if self.memory_bytes + nbytes > self.budget_bytes:  # other buffers are filling
+                return False
+            self._reserved += nbytes
+            self._peak = max(self._peak, self.memory_bytes)
+            return True
+
+    def release(self, nbytes: int) -> None:
+        """Return a reservation (before :meth:`put` of the filled buffer, or on abandoning it)."""
+        with self._lock:
+            self._reserved -= nbytes
+
+    def put(self, key: ActivationKey, tensor: torch.Tensor) -> None:
+        """Keep ``tensor`` for ``key`` (evicting as needed; spilled only if it cannot stay)."""
+        with self._lock:
+            self._insert(key, key.digest(), tensor)
+
+    def spill_writer(
+        self, key: ActivationKey, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> SpillWriter | None:
+        """A writer that fills ``key``'s spill file batch by batch, or None.
+
+        None when there is no spill folder, spilling stopped after a disk failure, or the file
+        exists already; a disk that is full now stops spilling with one warning.
+        """
+        with self._lock:
+            if not self.spilling or self.spill_dir is None or self._on_disk(key.digest()):
+                return None
+            try:
+                np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+                return SpillWriter(self.spill_dir, key.digest(), FORMAT, key, shape, np_dtype)
+            except OSError as exc:
+                self._spill_failure(exc)
+                return None
+
+    def commit_spill(self, writer: SpillWriter) -> None:
+        """Move a filled writer's file into place (a disk failure stops spilling)."""
+        with self._lock:
+            try:
+                writer.commit()
+            except OSError as exc:
+                self._spill_failure(exc)
+                return
+            self._counts["spilled_files"] += 1
 
     def clear_memory(self, spill: bool = False) -> None:
         """Drop every in-memory entry, first writing them to the spill folder if ``spill``.
@@ -236,6 +309,7 @@ class ActivationCache:
             self._entries.clear()
             self._bytes = 0
 
+    # -- internals ---------------------------------------------------------------------------
     def _insert(self, key: ActivationKey, digest: str, tensor: torch.Tensor) -> None:
         size = _nbytes(tensor)
         if size > self.budget_bytes:
@@ -243,74 +317,73 @@ class ActivationCache:
             logger.debug("activation %s (%d bytes) exceeds the memory budget", digest, size)
             self._spill(key, digest, tensor)
             return
-        while self._entries and self._bytes + size > self.budget_bytes:
-            old_digest, (old_key, old_tensor) = self._entries.popitem(last=False)
-            self._bytes -= _nbytes(old_tensor)
-            self._counts["evictions"] += 1
-            self._spill(old_key, old_digest, old_tensor)
+        old = self._entries.pop(digest, None)
+        if old is not None:
+            self._bytes -= _nbytes(old[1])
+        self._evict_until(size)
         self._entries[digest] = (key, tensor)
         self._bytes += size
+        self._peak = max(self._peak, self.memory_bytes)
+
+    def _evict_until(self, extra: int) -> None:
+        """Evict until ``extra`` more bytes fit; other splits before the probe, LRU within."""
+        while self._entries and self.memory_bytes + extra > self.budget_bytes:
+            victim = next(
+                (d for d, (k, _) in self._entries.items() if k.split != "probe"),
+                next(iter(self._entries)),
+            )
+            old_key, old_tensor = self._entries.pop(victim)
+            self._bytes -= _nbytes(old_tensor)
+            self._counts["evictions"] += 1
+            self._spill(old_key, victim, old_tensor)
 
     def _on_disk(self, digest: str) -> bool:
         if self.spill_dir is None:
             return False
-        return all(path.is_file() for path in _spill_paths(self.spill_dir, digest))
+        return all(path.is_file() for path in spill_paths(self.spill_dir, digest))
+
+    def _disk_bytes(self) -> int:
+        if self.spill_dir is None:
+            return 0
+        return sum(p.stat().st_size for p in self.spill_dir.glob("*.npy") if p.is_file())
+
+    def _spill_failure(self, exc: OSError) -> None:
+        if not self._spill_failed:
+            logger.warning(
+                "stopped spilling activations to %s (%s); evicted ones will be recomputed",
+                self.spill_dir,
+                exc,
+            )
+        self._spill_failed = True
 
     def _spill(self, key: ActivationKey, digest: str, tensor: torch.Tensor) -> None:
         """Write ``tensor`` to the spill folder unless it is there; warn and go on on failure."""
-        if self.spill_dir is None or self._on_disk(digest):
+        if not self.spilling or self.spill_dir is None or self._on_disk(digest):
             return
-        npy_path, meta_path = _spill_paths(self.spill_dir, digest)
         try:
-            array = tensor.detach().cpu().numpy()
-            with atomic_file(npy_path) as handle:
-                np.save(handle, array, allow_pickle=False)
-                handle.flush()
-                # hash the temporary file: the final name may already hold another writer's bytes
-                size, sha256 = handle.tell(), sha256_file(Path(handle.name))
-            meta = {"format": _FORMAT, "key": asdict(key), "shape": list(array.shape)}
-            meta.update(dtype=array.dtype.str, size=size, sha256=sha256)
-            # the sidecar goes last: it marks the .npy as complete for other processes
-            with atomic_file(meta_path) as handle:
-                handle.write(json.dumps(meta, indent=1, sort_keys=True).encode())
-        except (OSError, TypeError, ValueError, RuntimeError) as exc:
-            # a full disk or a dtype numpy lacks costs a recomputation later, not the search
-            logger.warning("could not spill activation %s to %s (%s)", digest, npy_path, exc)
+            write_spill(self.spill_dir, digest, FORMAT, key, tensor.detach().cpu().numpy())
+        except OSError as exc:  # a full disk costs recomputations later, not the search
+            self._spill_failure(exc)
+            return
+        except (TypeError, ValueError, RuntimeError) as exc:  # a dtype numpy lacks
+            logger.warning("could not spill activation %s (%s)", digest, exc)
             return
         self._counts["spilled_files"] += 1
+
+    def _drop_file(self, npy_path: Path, meta_path: Path, exc: Exception) -> None:
+        logger.warning("spill file %s is corrupt (%s); deleting and recomputing", npy_path, exc)
+        # another process may have just replaced the pair; at worst both recompute once
+        npy_path.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
 
     def _load(self, key: ActivationKey, digest: str) -> torch.Tensor | None:
         """Return the verified spilled tensor, or None (deleting a bad file, with a warning)."""
         if self.spill_dir is None or not self._on_disk(digest):
             return None
-        npy_path, meta_path = _spill_paths(self.spill_dir, digest)
+        npy_path, meta_path = spill_paths(self.spill_dir, digest)
         try:
-            array = _read_verified(npy_path, meta_path, key)
+            array = read_verified(npy_path, meta_path, key)
         except (OSError, ValueError, KeyError, TypeError, CacheError) as exc:
-            logger.warning("spill file %s is corrupt (%s); deleting and recomputing", npy_path, exc)
-            # another process may have just replaced the pair; at worst both recompute once
-            npy_path.unlink(missing_ok=True)
-            meta_path.unlink(missing_ok=True)
+            self._drop_file(npy_path, meta_path, exc)
             return None
         return torch.from_numpy(array)
-
-
-def _read_verified(npy_path: Path, meta_path: Path, key: ActivationKey) -> np.ndarray:
-    """Load a spill file after checking it against its sidecar; raise CacheError on mismatch."""
-    meta = json.loads(meta_path.read_text())
-    if not isinstance(meta, dict) or meta.get("key") != asdict(key):
-        raise CacheError(f"sidecar {meta_path} describes another key")
-    size = npy_path.stat().st_size
-    if size != meta["size"]:
-        raise CacheError(f"size {size} != {meta['size']} bytes recorded in the sidecar")
-    # shape, dtype and size cannot catch flipped bytes in the data; only the hash can
-    if sha256_file(npy_path) != meta["sha256"]:
-        raise CacheError("sha256 mismatch with the sidecar")
-    mapped = np.load(npy_path, mmap_mode="r", allow_pickle=False)
-    if list(mapped.shape) != meta["shape"] or mapped.dtype.str != meta["dtype"]:
-        raise CacheError(
-            f"shape/dtype {mapped.shape}/{mapped.dtype.str} != {meta['shape']}/{meta['dtype']}"
-        )
-    # copy out of the map: a tensor over a read-only map would segfault on in-place writes, and
-    # an owned copy is what the memory budget counts (the hash already paged the file in)
-    return np.array(mapped, copy=True, order="C")

@@ -1,25 +1,29 @@
 """StitchContext: the zoo, the data, and everything computed once and shared by all trials.
 
-Cut points, fragment modules, preprocessed inputs, activations at every cut on the probe and
-validation splits, and the Gram matrices used by CKA are memoised here, so a trial only pays
-for what is new: fitting its stitch and running the suffix after it.
+Cut points, fragment modules, the preprocessed probe, activations at cut points and the Gram
+matrices used by CKA are memoised here, so a trial only pays for what is new: fitting its stitch
+and running the suffix after it. Activations are served batch by batch
+(:meth:`StitchContext.activation_batches`) under the cache's memory budget: the probe's cuts are
+filled in one chained pass, other splits one cut at a time, on first use (see :mod:`._stream`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from stitch_nas.activations._cache import ActivationCache, ActivationKey, weights_fingerprint
-from stitch_nas.data._splits import DataSplits
-from stitch_nas.errors import ConfigError, UnknownCutError, check_finite
-from stitch_nas.fragments._cuts import CutPoint, segment
-from stitch_nas.fragments._pieces import PieceChain
-from stitch_nas.similarity import _cka as similarity
-from stitch_nas.zoo._entry import Zoo, ZooEntry
+from stitch_nas import similarity
+from stitch_nas.data import DataSplits
+from stitch_nas.errors import ConfigError, UnknownNameError
+from stitch_nas.fragments import CutPoint, PieceChain, segment
+from stitch_nas.zoo import Zoo, ZooEntry
+
+from . import _stream
+from ._cache import ActivationCache, ActivationKey, weights_fingerprint
 
 __all__ = ["StitchContext", "zoo_models"]
 
@@ -36,13 +40,17 @@ class StitchContext:
         batch_size: batch size of every forward pass over a split.
         ridge: relative ridge term of least-squares stitches.
         cka_rows: "flatten" (per-position features, Kornblith) or "pooled" rows for CKA.
-        cache: where activations live; default: an in-memory cache of 2 GB without spill.
-            Pass ``ActivationCache(memory_gb=..., spill_dir=...)`` to bound memory or share
-            activations between worker processes.
+        cache: where activations live; default: ``ActivationCache()``, 15 % of the machine's
+            memory, float16 storage, no spill folder. Pass ``ActivationCache(memory_gb=...,
+            spill_dir=..., dtype=...)`` to set the budget, spill to disk or share activations
+            between worker processes. A budget (other than 0, which caches nothing in memory)
+            smaller than one batch of a model's largest cut raises ConfigError naming the
+            smallest workable budget.
         cost_tables: memoise MACs per fragment and per stitch shape (False: count the whole
             built network every trial, the slow reference path).
-        fill: on a cache miss, compute every cut of that model on that split in one chained
-            pass ("model", the default) or only the requested prefix ("cut").
+        fill: on a probe-split miss, store every cut of that model in one chained pass, batch
+            by batch ("model", the default), or only the requested cut ("cut"). Other splits
+            are always filled one cut at a time, on first use.
         channels_last: store convolutional zoo models (three or more Conv2d layers) and their
             inputs channels-last on the CPU, where it runs them 1.3-1.9x faster (measured on
             the mini zoo; a ViT gains nothing, so it is left alone). The zoo's models are
@@ -75,17 +83,23 @@ class StitchContext:
         self.batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
         self._chains: dict[str, PieceChain] = {}
         self._inputs: dict[tuple[str, str, bool], torch.Tensor] = {}
-        self.cache = cache if cache is not None else ActivationCache(memory_gb=2.0)
+        self.cache = cache if cache is not None else ActivationCache()
         self.cost_tables = cost_tables
         self._fingerprints: dict[str, str] = {}
         self.memo: dict[tuple, Any] = {}  # per-search memo of derived values (e.g. MACs)
         self._grams: dict[tuple[str, str, str, tuple[int, int] | None], torch.Tensor] = {}
         self._channels_last: set[str] = set()
+        self._budget_checked: set[str] = set()
         for name in zoo.names():
             model = zoo[name].model.to(self.device).eval()
             if channels_last and self.device.type == "cpu" and is_convolutional(model):
                 model.to(memory_format=torch.channels_last)
                 self._channels_last.add(name)
+
+    @property
+    def channels_last_models(self) -> frozenset[str]:
+        """Zoo models stored (and fed) channels-last by this context."""
+        return frozenset(self._channels_last)
 
     # -- models and cuts ---------------------------------------------------------------------
     def entry(self, model: str) -> ZooEntry:
@@ -124,7 +138,7 @@ class StitchContext:
     def split(self, name: str) -> Any:
         splits = self.data.splits()
         if name not in splits:
-            raise UnknownCutError(f"unknown split {name!r}; use one of {sorted(splits)}")
+            raise UnknownNameError(f"unknown split {name!r}; use one of {sorted(splits)}")
         return splits[name]
 
     @property
@@ -134,16 +148,35 @@ class StitchContext:
     def labels(self, split: str) -> torch.Tensor:
         return self.split(split).y
 
+    def _preprocess(self, model: str, x: torch.Tensor) -> torch.Tensor:
+        x = self.entry(model).input_spec.preprocess(x.to(self.device))
+        if model in self._channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
     def inputs(self, model: str, split: str) -> torch.Tensor:
-        """The split's images preprocessed for ``model`` (resize + normalise), on the device."""
+        """The split's images preprocessed for ``model`` (resize + normalise), on the device.
+
+        The probe's are memoised (small, read by every fit); other splits are preprocessed on
+        each call, so prefer :meth:`input_batches` for them.
+        """
         spec = self.entry(model).input_spec
         key = (repr(spec), split, model in self._channels_last)
-        if key not in self._inputs:
-            x = spec.preprocess(self.split(split).x).to(self.device)
-            if model in self._channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
+        if key in self._inputs:
+            return self._inputs[key]
+        x = torch.cat(list(self.input_batches(model, split)))
+        if split == "probe":
             self._inputs[key] = x
-        return self._inputs[key]
+        return x
+
+    def input_batches(self, model: str, split: str) -> Iterator[torch.Tensor]:
+        """The split's images preprocessed for ``model``, one batch at a time, on the device."""
+        spec = self.entry(model).input_spec
+        memo = self._inputs.get((repr(spec), split, model in self._channels_last))
+        images = self.split(split).x if memo is None else memo
+        for batch in self.batches(images):
+            # a copy of the memoised probe: a model may open with an in-place op
+            yield batch.clone() if memo is not None else self._preprocess(model, batch)
 
     def batches(self, x: torch.Tensor) -> Iterator[torch.Tensor]:
         for i in range(0, x.shape[0], self.batch_size):
@@ -170,56 +203,88 @@ class StitchContext:
             split=split,
             data=self._fingerprints["data"],
             preprocess=repr(self.entry(model).input_spec),
+            dtype=self.cache.dtype_name,
         )
 
-    def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:
-        """Output of ``model`` at ``cut`` (None: its final output) on ``split``, cached."""
+    def for_compute(self, model: str, batch: torch.Tensor) -> torch.Tensor:
+        """A stored batch as float32 on the device (channels-last for such models' grids)."""
+        # always a copy: the consumer may open with an in-place op (ReLU(inplace=True) after a
+        # norm cut), which must not overwrite the cached tensor
+        out = batch.to(self.device, torch.float32, copy=True)
+        if model in self._channels_last and out.dim() == 4:
+            out = out.contiguous(memory_format=torch.channels_last)
+        return out
+
+    def activation_batches(self, model: str, cut: str | None, split: str) -> Iterator[torch.Tensor]:
+        """Output of ``model`` at ``cut`` (None: its final output) on ``split``, batch by batch.
+
+        Float32 on the device, in split order, ``batch_size`` images at a time. Served from the
+        cache (memory, then spill files read through a memory map) or computed from the nearest
+        cached earlier cut and stored as it streams; see :mod:`stitch_nas.activations._stream`.
+        """
+        self.split(split)  # an unknown split is named before any work
+        self.check_budget(model)
         key = self.activation_key(model, cut, split)
-        if self.fill == "model" and key not in self.cache:
-            acts = self._every_cut(model, split)
-            for name, act in acts.items():
-                self.cache.get_or_compute(self.activation_key(model, name, split), _const(act))
-            return acts[cut].to(self.device)
+        values = _stream.stored(self, key)
+        if values is None and split == "probe" and self.fill == "model":
+            _stream.fill_every_cut(self, model, split)
+            values = _stream.stored(self, key)
+        if values is not None:
+            return _stream.stored_batches(self, model, values)
+        return _stream.compute_batches(self, model, cut, split)
 
-        def compute() -> torch.Tensor:
-            out = self.run(self.segment(model, None, cut), self.inputs(model, split))
-            check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
-            return out
+    def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:
+        """Output of ``model`` at ``cut`` (None: its final output) on ``split``, whole.
 
-        return self.cache.get_or_compute(key, compute).to(self.device)
+        Float32 on the device. Meant for the probe (small, always worth keeping); a trial's
+        accuracy pass reads :meth:`activation_batches` instead and never holds a whole split.
+        """
+        return torch.cat(list(self.activation_batches(model, cut, split)))
 
-    def _every_cut(self, model: str, split: str) -> dict[str | None, torch.Tensor]:
-        """All cut activations in one pass: segment by segment, each feeding the next."""
-        bounds: list[str | None] = [None, *(c.name for c in self.cuts(model)), None]
-        x, acts = self.inputs(model, split), {}
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-            # a copy in: a piece may open with an in-place op (ReLU(inplace=True) after a
-            # norm cut), which would overwrite the activation just cached for the previous cut
-            x = self.run(self.segment(model, start, end), x.clone())
-            check_finite(x, f"activations of {model!r} at {end or 'output'!r} on {split}")
-            acts[end] = x
-        return acts
+    def check_budget(self, model: str) -> None:
+        """Refuse a memory budget too small for one batch of ``model``'s largest activation.
+
+        Raises:
+            ConfigError: Naming the smallest workable budget (0 keeps nothing in memory and
+                is always allowed).
+        """
+        if model in self._budget_checked:
+            return
+        budget = self.cache.budget_bytes
+        element = torch.empty(0, dtype=self.cache.dtype).element_size()
+        per_image = max((math.prod(c.shape) for c in self.cuts(model)), default=0) * element
+        needed = per_image * self.batch_size
+        if 0 < budget < needed:
+            raise ConfigError(
+                f"cache memory budget {budget / 2**30:.4g} GiB is below one batch of {model!r} "
+                f"({self.batch_size} images at its largest cut need {needed / 2**30:.4g} GiB in "
+                f"{self.cache.dtype_name}); set the budget to >= {needed / 2**30:.4g} GiB, "
+                "lower batch_size, or use 0 to cache nothing in memory"
+            )
+        self._budget_checked.add(model)
 
     # -- similarity --------------------------------------------------------------------------
-    def _row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:
+    def row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:
         """How two cuts are compared: per-position rows on a common grid, else pooled rows."""
         sa, sb = a.spatial, b.spatial
         if a.layout in _GRIDS and b.layout in _GRIDS and sa is not None and sb is not None:
             return self.cka_rows, similarity.common_spatial((1, 1, *sa), (1, 1, *sb))
         return "pooled", None
 
-    def _rows(
+    def rows(
         self, act: torch.Tensor, cut: CutPoint, mode: str, spatial: tuple[int, int] | None
     ) -> torch.Tensor:
+        """``act`` (laid out as ``cut``) as CKA rows under a rule from :meth:`row_rule`."""
         return similarity.to_rows(act, cut.layout, spatial=spatial, mode=mode)
 
-    def _gram(
+    def probe_gram(
         self, model: str, cut: CutPoint, mode: str, spatial: tuple[int, int] | None
     ) -> torch.Tensor:
+        """The memoised Gram matrix of ``model`` at ``cut`` on the probe, under one row rule."""
         key = (model, cut.name, mode, spatial)
         if key not in self._grams:
             act = self.activation(model, cut.name, "probe")
-            self._grams[key] = similarity.gram(self._rows(act, cut, mode, spatial))
+            self._grams[key] = similarity.gram(self.rows(act, cut, mode, spatial))
         return self._grams[key]
 
     def joint_cka(self, src_model: str, src_cut: str, dst_model: str, dst_cut: str) -> float:
@@ -229,9 +294,10 @@ class StitchContext:
         (``cka_rows="flatten"``) or after global pooling; tokens and vectors are mean-pooled.
         """
         a, b = self.cut(src_model, src_cut), self.cut(dst_model, dst_cut)
-        mode, spatial = self._row_rule(a, b)
+        mode, spatial = self.row_rule(a, b)
         return similarity.cka_from_grams(
-            self._gram(src_model, a, mode, spatial), self._gram(dst_model, b, mode, spatial)
+            self.probe_gram(src_model, a, mode, spatial),
+            self.probe_gram(dst_model, b, mode, spatial),
         )
 
     def cka_matrix(self, model_a: str, model_b: str) -> torch.Tensor:
@@ -257,11 +323,11 @@ class StitchContext:
         Scoring one ``x`` against many cuts, pass the same dict as ``x_grams``: ``x``'s Gram
         matrix is then computed once per row rule instead of once per cut.
         """
-        rule = self._row_rule(x_cut, cut)
+        rule = self.row_rule(x_cut, cut)
         grams = {} if x_grams is None else x_grams
         if rule not in grams:
-            grams[rule] = similarity.gram(self._rows(x, x_cut, *rule))
-        return similarity.cka_from_grams(grams[rule], self._gram(model, cut, *rule))
+            grams[rule] = similarity.gram(self.rows(x, x_cut, *rule))
+        return similarity.cka_from_grams(grams[rule], self.probe_gram(model, cut, *rule))
 
 
 _GRIDS = ("nchw", "nhwc")
@@ -270,10 +336,6 @@ _GRIDS = ("nchw", "nhwc")
 def is_convolutional(model: torch.nn.Module) -> bool:
     """Three or more Conv2d layers: such models run faster channels-last on the CPU."""
     return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules()) >= 3
-
-
-def _const(value: torch.Tensor) -> Callable[[], torch.Tensor]:
-    return lambda: value
 
 
 def zoo_models(ctx: StitchContext, models: Sequence[str] | None, minimum: int) -> list[str]:

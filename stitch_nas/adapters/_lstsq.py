@@ -9,6 +9,9 @@ Where the first layer after cut j is a conv or linear layer that alone consumes 
 can be fused into that layer's weights (``W' = W A``), removing the stitch as a separate layer.
 Fusion saves MACs when the source cut has fewer channels than the destination cut; otherwise the
 widened layer costs more than the separate 1x1 map (the cost tables count either exactly).
+
+Fits accumulate the normal equations chunk by chunk (:class:`NormalEquations`), so the rows of a
+system (every position of every probe image, or a conv's unfolded patches) never exist whole.
 """
 
 from __future__ import annotations
@@ -27,13 +30,33 @@ from stitch_nas.errors import (
     TraceError,
     check_finite,
 )
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 
-__all__ = ["LinearStitch", "FusedStitch", "fit_lstsq", "fuse_into_segment", "joinable"]
+__all__ = [
+    "LinearStitch",
+    "FusedStitch",
+    "NormalEquations",
+    "chunk_images",
+    "fit_lstsq",
+    "fuse_into_segment",
+    "joinable",
+]
 
 logger = logging.getLogger(__name__)
 
 _GRID = ("nchw", "nhwc")
+
+#: float32 elements of the rows of one chunk of a least-squares fit (64 MiB)
+CHUNK_ELEMENTS = 2**24
+
+
+def chunk_images(elements_per_image: int, limit: int | None = None) -> int:
+    """How many images a chunk of a fit takes so its rows hold at most ``limit`` elements
+    (default :data:`CHUNK_ELEMENTS`)."""
+    limit = CHUNK_ELEMENTS if limit is None else limit
+    return max(1, limit // max(elements_per_image, 1))
+
+
 SUPPORTED_PAIRS = (
     "nchw/nhwc -> nchw/nhwc",
     "nchw/nhwc -> vector",
@@ -153,31 +176,82 @@ def fit_lstsq(
     check_finite(dst_act, f"activations at {dst.name!r}")
     stitch = LinearStitch(src, dst).to(src_act.device)
     with torch.no_grad():
-        x = stitch.align(src_act).reshape(-1, src.channels).float()
-        y = _channels_last(dst_act, dst.layout).reshape(-1, dst.channels).float()
-    if x.shape[0] != y.shape[0]:
+        per_x = stitch.align(src_act[:1]).numel() // src.channels
+    per_y = dst_act[:1].numel() // dst.channels
+    rows_x, rows_y = per_x * src_act.shape[0], per_y * dst_act.shape[0]
+    if rows_x != rows_y:
         raise LayoutError(
-            f"cut {src.name!r} gives {x.shape[0]} rows but {dst.name!r} gives {y.shape[0]}; "
+            f"cut {src.name!r} gives {rows_x} rows but {dst.name!r} gives {rows_y}; "
             "both activations must come from the same samples"
         )
-    weight, bias = _solve(x, y, ridge, f"{src.name!r} -> {dst.name!r}")
+    equations = NormalEquations()
+    step = chunk_images(max(src_act[:1].numel(), per_x * src.channels, dst_act[:1].numel()))
+    for xa, ya in zip(src_act.split(step), dst_act.split(step), strict=True):
+        with torch.no_grad():
+            x = stitch.align(xa).reshape(-1, src.channels).float()
+            y = _channels_last(ya, dst.layout).reshape(-1, dst.channels).float()
+        equations.add(x, y)
+    weight, bias = equations.solve(ridge, f"{src.name!r} -> {dst.name!r}")
     with torch.no_grad():
         stitch.weight.copy_(weight.T.float())
         stitch.bias.copy_(bias.float())
     return stitch
 
 
-def _solve(
+class NormalEquations:
+    """A ridge regression with an unpenalised bias, accumulated chunk by chunk of rows.
+
+    Rows are shifted by the first chunk's column means before the products, which run in
+    float32 and are summed in float64; :meth:`solve` centres exactly by subtracting the small
+    remaining mean. On one chunk this is the plain centred solution; over many chunks it agrees
+    with it to float32 rounding of nearly centred data, far below the ridge term.
+    """
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._shift: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._sums: list[torch.Tensor] = []  # shifted column sums of x and y, XᵀX, Xᵀy
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> NormalEquations:
+        """Add rows ``x`` (n, features) with targets ``y`` (n, outputs)."""
+        if x.shape[0] != y.shape[0]:
+            raise LayoutError(f"{x.shape[0]} input rows but {y.shape[0]} target rows")
+        x, y = x.float(), y.float()
+        if self._shift is None:
+            self._shift = (x.double().mean(0).float(), y.double().mean(0).float())
+        xs, ys = x - self._shift[0], y - self._shift[1]
+        parts = [xs.double().sum(0), ys.double().sum(0), (xs.T @ xs).double(), (xs.T @ ys).double()]
+        self._sums = (
+            parts if not self._sums else [a + b for a, b in zip(self._sums, parts, strict=True)]
+        )
+        self.rows += x.shape[0]
+        return self
+
+    def solve(self, ridge: float, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight (features, outputs) and bias (outputs,) in float64."""
+        if self._shift is None or self.rows == 0:
+            raise SingularSystemError(f"least-squares system for {what} has no rows")
+        sum_x, sum_y, xx, xy = self._sums
+        mean_x, mean_y = sum_x / self.rows, sum_y / self.rows
+        gram = xx - self.rows * torch.outer(mean_x, mean_x)
+        cross = xy - self.rows * torch.outer(mean_x, mean_y)
+        weight = _solve_centred(gram, cross, ridge, what, self.rows)
+        x_mean = self._shift[0].double() + mean_x
+        y_mean = self._shift[1].double() + mean_y
+        return weight, y_mean - x_mean @ weight
+
+
+def solve_normal(
     x: torch.Tensor, y: torch.Tensor, ridge: float, what: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ridge regression with an unpenalised bias on centred rows.
+    """Ridge regression with an unpenalised bias on all rows at once (one chunk)."""
+    return NormalEquations().add(x, y).solve(ridge, what)
 
-    The row sums (means) and the small C×C systems are float64; the products over the many
-    rows run in float32 on centred data, where their rounding is far below the ridge term.
-    """
-    x_mean, y_mean = x.double().mean(0), y.double().mean(0)
-    xc, yc = x - x_mean.float(), y - y_mean.float()
-    gram, cross = (xc.T @ xc).double(), (xc.T @ yc).double()
+
+def _solve_centred(
+    gram: torch.Tensor, cross: torch.Tensor, ridge: float, what: str, rows: int
+) -> torch.Tensor:
+    """Solve the centred normal equations (float64) with a relative ridge term."""
     scale = float(gram.diagonal().mean()) if gram.numel() else 0.0
     if ridge > 0:
         eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
@@ -189,7 +263,7 @@ def _solve(
         if rank < gram.shape[0]:
             raise SingularSystemError(
                 f"least-squares system for {what} is singular (rank {rank} of "
-                f"{gram.shape[0]}, {x.shape[0]} rows); use ridge > 0 (e.g. 1e-4) or more "
+                f"{gram.shape[0]}, {rows} rows); use ridge > 0 (e.g. 1e-4) or more "
                 "probe samples"
             )
         weight = solution.solution.to(gram.device)
@@ -202,7 +276,7 @@ def _solve(
                 "activations are constant on the probe set; pick another cut"
             ) from exc
     check_finite(weight, f"least-squares map {what}")
-    return weight, y_mean - x_mean @ weight
+    return weight
 
 
 class FusedStitch(nn.Module):

@@ -10,11 +10,13 @@ from ._build import (
     build,
 )
 from ._heads import (
+    HeadKind,
     KNNHead,
     LinearProbeHead,
     fit_head,
     head_from_recipe,
     head_recipe,
+    register_head,
 )
 from ._measure import (
     Measurement,
@@ -29,6 +31,7 @@ from ._measure import (
 )
 
 __all__ = [
+    "HeadKind",
     "KNNHead",
     "LinearProbeHead",
     "Measurement",
@@ -44,6 +47,7 @@ __all__ = [
     "head_accuracy",
     "head_from_recipe",
     "head_recipe",
+    "register_head",
     "measure",
     "model_macs",
     "net_outputs",

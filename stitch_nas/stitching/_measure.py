@@ -1,7 +1,9 @@
 """Measure a stitched network: accuracy, parameters, MACs, CKA score and (optionally) latency.
 
 The accuracy pass starts from the cached activation of the first fragment, so a trial runs only
-what is new (stitches and the fragments after them). MACs are summed from per-fragment counts
+what is new (stitches and the fragments after them), and streams: batch by batch from the cache
+(or from the prefix recomputed batch by batch), through the stitch, the suffix and the head, to a
+count of correct predictions; no split is held whole. MACs are summed from per-fragment counts
 that are memoised per (model, start, end), plus the stitches' own MACs.
 """
 
@@ -9,18 +11,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments._costs import count_macs, count_params_of
-from stitch_nas.similarity._cka import chain_score
-from stitch_nas.stitching._build import StitchedNet, build
-from stitch_nas.stitching._heads import fit_head
+from stitch_nas.fragments import count_macs, count_params_of
+from stitch_nas.similarity import chain_score
+
+from ._build import StitchedNet, build
+from ._heads import fit_head
 
 __all__ = [
     "Measurement",
@@ -31,6 +35,8 @@ __all__ = [
     "head_accuracy",
     "fit_net_head",
     "net_outputs",
+    "output_batches",
+    "streamed_accuracy",
     "model_macs",
 ]
 
@@ -144,16 +150,44 @@ def head_accuracy(
     return float((scores.argmax(1).cpu() == labels).float().mean())
 
 
-def net_outputs(ctx: StitchContext, net: StitchedNet, split: str) -> torch.Tensor:
-    """``net``'s outputs on ``split``, continuing from the first model's cached activation.
+def output_batches(ctx: StitchContext, net: StitchedNet, split: str) -> Iterator[torch.Tensor]:
+    """``net``'s outputs on ``split`` batch by batch, continuing from the first model's cached
+    activation (served or recomputed batch by batch by the context).
 
     When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
-    stands for it, and the whole network runs on the preprocessed images.
+    stands for it, and the whole network runs on the preprocessed images, batch by batch.
     """
     first = net.config.fragments[0]
     if net.cached_prefix:
-        return ctx.run(net.new_parts(), ctx.activation(first.model, first.end, split))
-    return ctx.run(torch.nn.Sequential(*net.parts), ctx.inputs(first.model, split))
+        rest: torch.nn.Module = net.new_parts()
+        source = ctx.activation_batches(first.model, first.end, split)
+    else:
+        rest, source = torch.nn.Sequential(*net.parts), ctx.input_batches(first.model, split)
+    for batch in source:
+        with torch.no_grad():
+            yield rest(batch)
+
+
+def net_outputs(ctx: StitchContext, net: StitchedNet, split: str) -> torch.Tensor:
+    """``net``'s outputs on the whole of ``split`` (see :func:`output_batches`)."""
+    return torch.cat(list(output_batches(ctx, net, split)))
+
+
+def streamed_accuracy(
+    ctx: StitchContext, net: StitchedNet, split: str, head: torch.nn.Module | None
+) -> float:
+    """Top-1 accuracy of ``net`` (then ``head``, None: native) on ``split``, batch by batch."""
+    labels = ctx.labels(split)
+    correct = seen = 0
+    for outputs in output_batches(ctx, net, split):
+        if head is not None:
+            with torch.no_grad():
+                outputs = head(outputs)
+        wanted = labels[seen : seen + len(outputs)]
+        correct += int((outputs.argmax(1).cpu() == wanted).sum())
+        seen += len(outputs)
+    # float32, as the mean over a whole split of 0/1 predictions has always been computed
+    return float(torch.tensor(correct, dtype=torch.float32) / max(seen, 1))
 
 
 def fit_net_head(ctx: StitchContext, net: StitchedNet) -> torch.nn.Module | None:
@@ -192,11 +226,7 @@ def measure(
     start = time.perf_counter()
     net = build(ctx, config, fuse=fuse)
     fitted = time.perf_counter()
-    outputs = net_outputs(ctx, net, split)
-    probe_outputs = None
-    if config.head.kind != "native":
-        probe_outputs = net_outputs(ctx, net, "probe")
-    accuracy = head_accuracy(ctx, config, outputs, ctx.labels(split), probe_outputs)
+    accuracy = streamed_accuracy(ctx, net, split, fit_net_head(ctx, net))
     evaluated = time.perf_counter()
     result = Measurement(
         accuracy=accuracy,

@@ -1,0 +1,177 @@
+"""Activations batch by batch: read from the cache, or computed and stored as they stream.
+
+Where an activation is served from, in order: the cache's memory, its spill folder (a memory
+map read batch by batch), the Ray object store (a shared cache), else it is computed batch by
+batch from the nearest earlier cut of the same model that is cached (the model's input if none)
+and stored while it streams: into a buffer reserved against the memory budget when it fits,
+else into a spill file written through a memory map, else nowhere (it is recomputed the next
+time). So at no moment does more than one batch exist outside the cache's budget, and no code
+path holds every cut of a model over a whole split.
+
+Stored values are rounded to the cache's storage dtype; every batch handed out, fresh or cached,
+is that rounded value in float32, so a cached and a freshly computed activation agree exactly.
+A recomputation that starts from a cached earlier cut starts from its rounded value: with
+float16 storage it agrees with the first computation to float16 precision, with float32
+storage exactly (see the README, "Memory and the activation cache").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from stitch_nas.errors import check_finite
+
+if TYPE_CHECKING:
+    from stitch_nas.activations._context import StitchContext
+    from stitch_nas.activations._keys import ActivationKey
+
+__all__ = ["stored_batches", "compute_batches", "fill_every_cut"]
+
+Stored = torch.Tensor | np.ndarray
+
+
+def stored(ctx: StitchContext, key: ActivationKey) -> Stored | None:
+    """The cached activation for ``key``: a tensor in memory, a memory map, or None."""
+    hit = ctx.cache.get(key)
+    if hit is not None:
+        return hit
+    mapped = ctx.cache.mapped(key)
+    if mapped is not None:
+        return mapped
+    if key in ctx.cache:  # a cache that shares arrays across processes (SharedActivationCache)
+        return ctx.cache.get_or_compute(key, _never(key))
+    return None
+
+
+def _never(key: ActivationKey):  # type: ignore[no-untyped-def]
+    def compute() -> torch.Tensor:
+        raise KeyError(f"{key.model}@{key.cut} on {key.split} vanished from the cache")
+
+    return compute
+
+
+def stored_batches(ctx: StitchContext, model: str, values: Stored) -> Iterator[torch.Tensor]:
+    """``values`` batch by batch, as float32 on the context's device."""
+    for i in range(0, len(values), ctx.batch_size):
+        part = values[i : i + ctx.batch_size]
+        batch = torch.from_numpy(np.array(part)) if isinstance(part, np.ndarray) else part
+        yield ctx.for_compute(model, batch)
+
+
+def _source(
+    ctx: StitchContext, model: str, cut: str | None, split: str
+) -> tuple[str | None, Iterator[torch.Tensor]]:
+    """The nearest earlier cut whose activation is cached, and its batches (else the input)."""
+    names = [c.name for c in ctx.cuts(model)]
+    end = len(names) if cut is None else names.index(cut)
+    for index in range(end - 1, -1, -1):
+        values = stored(ctx, ctx.activation_key(model, names[index], split))
+        if values is not None:
+            return names[index], stored_batches(ctx, model, values)
+    return None, ctx.input_batches(model, split)
+
+
+class _Sink:
+    """Where a streamed activation is stored: a reserved buffer, a spill file, or nowhere."""
+
+    def __init__(self, ctx: StitchContext, key: ActivationKey, n: int, first: torch.Tensor):
+        self.cache, self.key = ctx.cache, key
+        shape, dtype = (n, *first.shape[1:]), ctx.cache.dtype
+        self.nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+        self.buffer: torch.Tensor | None = None
+        self.writer = None
+        if self.cache.reserve(self.nbytes):
+            layout = torch.contiguous_format
+            if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last):
+                layout = torch.channels_last
+            self.buffer = torch.empty(shape, dtype=dtype, device=first.device, memory_format=layout)
+        else:
+            self.writer = self.cache.spill_writer(key, shape, dtype)
+
+    def write(self, start: int, batch: torch.Tensor) -> None:
+        if self.buffer is not None:
+            self.buffer[start : start + len(batch)].copy_(batch)
+        elif self.writer is not None:
+            self.writer.write(start, batch.detach().cpu().numpy())
+
+    def close(self, complete: bool) -> None:
+        if self.buffer is not None:
+            self.cache.release(self.nbytes)
+            if complete:
+                self.cache.put(self.key, self.buffer)
+            self.buffer = None
+        elif self.writer is not None:
+            if complete:
+                self.cache.commit_spill(self.writer)
+            else:
+                self.writer.abort()
+            self.writer = None
+
+
+def compute_batches(
+    ctx: StitchContext, model: str, cut: str | None, split: str
+) -> Iterator[torch.Tensor]:
+    """Compute ``model`` at ``cut`` on ``split`` batch by batch, storing it as it streams.
+
+    Stored only when the whole split went through (a caller that stops early stores nothing).
+    """
+    key = ctx.activation_key(model, cut, split)
+    ctx.cache.count_miss()
+    start, source = _source(ctx, model, cut, split)
+    piece = ctx.segment(model, start, cut)
+    n, done, sink = len(ctx.split(split)), 0, None
+    try:
+        for x in source:
+            with torch.no_grad():  # x is a copy (for_compute, input_batches): in-place is safe
+                out = piece(x)
+            check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
+            rounded = out.to(ctx.cache.dtype)
+            if sink is None:
+                sink = _Sink(ctx, key, n, rounded)
+            sink.write(done, rounded)
+            done += len(out)
+            yield ctx.for_compute(model, rounded)
+    finally:
+        if sink is not None:
+            sink.close(complete=done == n)
+
+
+def fill_every_cut(ctx: StitchContext, model: str, split: str) -> None:
+    """Store every cut of ``model`` on ``split`` (the probe) in one chained pass, batch by batch.
+
+    Each batch runs piece by piece, each cut's output is written into that cut's buffer (or
+    spill file) before the next piece runs; cuts already cached are skipped as targets.
+    """
+    bounds: list[str | None] = [None, *(c.name for c in ctx.cuts(model))]
+    keys = [ctx.activation_key(model, end, split) for end in (*bounds[1:], None)]
+    wanted = [stored(ctx, key) is None for key in keys]
+    if not any(wanted):
+        return
+    pieces = [ctx.segment(model, a, b) for a, b in zip(bounds, (*bounds[1:], None), strict=True)]
+    last = max(i for i, w in enumerate(wanted) if w)  # no need to run past the deepest wanted
+    n, done = len(ctx.split(split)), 0
+    sinks: list[_Sink | None] = [None] * len(keys)
+    ctx.cache.count_miss()
+    try:
+        for x in ctx.input_batches(model, split):
+            with torch.no_grad():
+                for i, piece in enumerate(pieces[: last + 1]):
+                    x = piece(x)
+                    what = f"activations of {model!r} at {keys[i].cut or 'output'!r} on {split}"
+                    check_finite(x, what)
+                    if wanted[i]:
+                        rounded = x.to(ctx.cache.dtype)
+                        if sinks[i] is None:
+                            sinks[i] = _Sink(ctx, keys[i], n, rounded)
+                        sinks[i].write(done, rounded)  # type: ignore[union-attr]
+                    # the next piece may open with an in-place op: hand it a copy
+                    x = x.clone()
+            done += len(x)
+    finally:
+        for sink in sinks:
+            if sink is not None:
+                sink.close(complete=done == n)
