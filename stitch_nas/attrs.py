@@ -20,6 +20,9 @@ __all__ = [
     "REFERENCES",
     "SETTINGS",
     "SPACE",
+    "SPLIT_SIZES",
+    "TEST_ACCURACY",
+    "TEST_RESULTS",
 ]
 
 # --- on each trial ---
@@ -50,3 +53,12 @@ BUDGETS = "budgets"
 REFERENCES = "references"
 #: the CLI settings the search ran with (what ``stitch-nas export`` rebuilds the zoo from)
 SETTINGS = "settings"
+#: ``{"data": name, "val": n_images, "test": n_images}``: what accuracy intervals are computed on
+SPLIT_SIZES = "split_sizes"
+#: ``{"<trial number>": test accuracy}`` of the front's networks, measured after the search on the
+#: test split that no choice used. It lives on the study because Optuna refuses to change a
+#: finished trial's user attributes.
+TEST_RESULTS = "test_results"
+#: a zoo reference's accuracy on the test split (a key of each ``REFERENCES`` dict); also the
+#: field name in ``pareto.json``, ``trials.csv`` and an export's ``meta.json``
+TEST_ACCURACY = "test_accuracy"

@@ -10,14 +10,20 @@ import pytest
 import torch
 
 from stitch_nas import errors, load
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
-from stitch_nas.export._load import ElasticNet, ExportedNet
-from stitch_nas.export._select import export_study, select_trials
-from stitch_nas.export._write import ExportItem, export_elastic, export_network
-from stitch_nas.fragments._costs import count_macs, count_params
-from stitch_nas.stitching._measure import measure
-from stitch_nas.zoo._entry import Zoo, ZooEntry
+from stitch_nas.export import (
+    ElasticNet,
+    ExportedNet,
+    ExportItem,
+    export_elastic,
+    export_network,
+    export_study,
+    select_trials,
+)
+from stitch_nas.fragments import count_macs, count_params
+from stitch_nas.stitching import measure
+from stitch_nas.zoo import Zoo, ZooEntry
 
 CONFIGS = {
     "grid": StitchConfig(
@@ -83,7 +89,7 @@ def exported(ctx, items, tmp_path_factory):
 
 
 def _in_memory(ctx, item) -> ExportedNet:
-    from stitch_nas.stitching._measure import fit_net_head
+    from stitch_nas.stitching import fit_net_head
 
     net, _ = measure(ctx, item.config)
     return ExportedNet(net, fit_net_head(ctx, net), tuple(ctx.data.label_names))
@@ -104,6 +110,16 @@ def test_loaded_network_equals_the_measured_one(ctx, items, exported, name):
     accuracy = float((got.argmax(1) == ctx.labels("val")[:64]).float().mean())
     assert accuracy >= 0.0 and meta["metrics"]["accuracy"] == items[name].metrics["accuracy"]
     assert set(meta["files"]) >= {"model.safetensors", "stitch.json", "model.onnx", "model.pt"}
+    # the held-out figure is the loaded network's own accuracy on the whole test split
+    test = ctx.split("test")
+    with torch.no_grad():
+        test_acc = float((loaded(test.x).argmax(1) == ctx.labels("test")).float().mean())
+    m = meta["metrics"]
+    assert m["test_accuracy"] == pytest.approx(test_acc, abs=1e-9)
+    assert (m["val_images"], m["test_images"]) == (len(ctx.labels("val")), len(test.x))
+    for acc, (low, high) in ((m["accuracy"], m["accuracy_interval"]),
+                             (m["test_accuracy"], m["test_accuracy_interval"])):  # fmt: skip
+        assert low <= acc <= high and low < high
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -194,7 +210,7 @@ def test_unknown_format_is_refused(ctx, items, tmp_path):
 def test_a_part_that_cannot_be_traced_is_named_and_the_rest_exported(
     ctx, items, tmp_path, monkeypatch
 ):
-    from stitch_nas.adapters._lstsq import LinearStitch
+    from stitch_nas.adapters import LinearStitch
     from stitch_nas.export import _traced as traced_formats
 
     real = traced_formats._WRITERS["onnx"]

@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from stitch_nas.errors import ConfigError
-from stitch_nas.report._write import (
+from stitch_nas.report import (
     dominated_references,
     front_hypervolume,
     hypervolume,
@@ -150,6 +150,7 @@ def test_write_report_files(study: optuna.Study, tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "pareto.json",
         "pareto.png",
+        "report.html",
         "trials.csv",
     ]  # no temp file left behind
     with summary.csv_path.open(newline="") as fh:
@@ -165,10 +166,8 @@ def test_write_report_files(study: optuna.Study, tmp_path: Path) -> None:
     assert json.loads(rows[0]["config"])["fragments"][1]["model"] == "vit"
 
     data = json.loads(summary.json_path.read_text())
-    assert {"objectives", "directions", "hypervolume", "reference_hypervolume", "front"} <= set(
-        data
-    )
-    assert {"references", "dominated_references", "counts"} <= set(data)
+    assert {"objectives", "directions", "hypervolume", "front", "data", "intervals"} <= set(data)
+    assert {"references", "claims", "domination_rule", "counts"} <= set(data)
     assert data["directions"] == ["maximize", "minimize"]
     assert [r["number"] for r in data["front"]] == [4, 1, 8, 0]
     assert data["front"][1]["values"] == [0.8, 200] and data["front"][1]["models"] == [
@@ -177,7 +176,16 @@ def test_write_report_files(study: optuna.Study, tmp_path: Path) -> None:
     ]
     assert data["counts"]["COMPLETE"] == 6 and data["counts"]["PRUNED"] == 1
     assert data["counts"]["FAIL"] == 1 and data["counts"]["RUNNING"] == 1
-    assert data["hypervolume"] == pytest.approx(360 / 550)
+    assert data["hypervolume"]["val"]["front"] == pytest.approx(360 / 550)
+    assert data["hypervolume"]["val"]["zoo"] == pytest.approx(288.5 / 550)
+    assert data["hypervolume"]["val"]["union"] == pytest.approx(361 / 550)
+    assert data["hypervolume"]["test"] is None  # never measured on test
+    assert data["hypervolume"]["reference_point"] == [0.0, pytest.approx(550.0)]
+    # no image counts recorded: no interval, no test figure, no claim
+    assert (
+        data["front"][0]["accuracy_interval"] is None and data["front"][0]["test_accuracy"] is None
+    )
+    assert {c["status"] for c in data["claims"]} == {"no_test"}
 
     png = summary.png_path.read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 1000
@@ -187,12 +195,13 @@ def test_table(study: optuna.Study, tmp_path: Path) -> None:
     table = write_report(study, tmp_path).table()
     for name in ("resnet", "vit", "tiny"):
         assert name in table
-    assert "resnet is dominated by stitched network(s) #1" in table
-    assert "no stitched network dominates vit" in table
-    assert "no stitched network dominates tiny (single-model trial(s) #4 do)" in table
-    assert "the search extends the zoo's front" in table
+    # without test figures nothing is claimed, and nothing says the search "extends" the zoo
+    assert "dominated by" not in table and "extends" not in table
+    assert "resnet: no claim, no test figures" in table
+    assert "test       (not measured" in table
+    assert "validation     0.5245       0.6545       0.6564" in table
     assert "single: resnet[..]" in table and "stitched: resnet[..] -lstsq-> vit[..]" in table
-    assert "0.6545" in table and "200" in table
+    assert "200" in table
 
 
 @pytest.mark.parametrize("states", [(), (TrialState.PRUNED, TrialState.FAIL)])

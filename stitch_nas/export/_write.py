@@ -22,17 +22,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ExportError
-from stitch_nas.export._files import checksums, save_weights
-from stitch_nas.export._load import FORMAT_VERSION, ElasticNet, ExportedNet, joint_recipes, load
-from stitch_nas.export._traced import FORMATS, write_traced
 from stitch_nas.files import atomic_folder
-from stitch_nas.stitching._build import StitchedNet
-from stitch_nas.stitching._heads import head_recipe
-from stitch_nas.stitching._measure import fit_net_head, measure
-from stitch_nas.zoo._architectures import check_architecture
+from stitch_nas.report import accuracy_figures, accuracy_on
+from stitch_nas.stitching import StitchedNet, fit_net_head, head_recipe, measure
+from stitch_nas.zoo import check_architecture
+
+from ._files import checksums, save_weights
+from ._load import FORMAT_VERSION, ElasticNet, ExportedNet, joint_recipes, load
+from ._traced import FORMATS, write_traced
 
 __all__ = ["ExportItem", "export_network", "export_elastic", "folder_size", "FORMATS"]
 
@@ -64,6 +64,11 @@ def _network(ctx: StitchContext, item: ExportItem, fuse: bool) -> ExportedNet:
             "setting of the search"
         )
     metrics = {**result.to_dict(), **{k: v for k, v in item.metrics.items() if v is not None}}
+    # meta.json carries the validation figure the search chose on and the held-out test one,
+    # each with its 95 % Wilson interval
+    test = accuracy_on(ctx, net, "test")
+    n_val, n_test = len(ctx.labels("val")), len(ctx.labels("test"))
+    metrics.update(accuracy_figures(result.accuracy, n_val, test, n_test))
     return ExportedNet(net, fit_net_head(ctx, net), tuple(ctx.data.label_names), metrics)
 
 

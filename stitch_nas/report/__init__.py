@@ -1,11 +1,21 @@
-"""Report: the Pareto front, hypervolume, dominance over zoo models, and the CSV / JSON /
-PNG files of a search folder.
+"""Report: the Pareto front, its re-measurement on the test split, accuracy intervals,
+hypervolumes, claims over zoo models, and the CSV / JSON / PNG / HTML files of a search folder.
 """
 
+from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
+from ._holdout import (
+    HoldoutPass,
+    accuracy_on,
+    holdout_accuracies,
+    holdout_missing,
+    measure_holdout,
+)
+from ._intervals import accuracy_figures, wilson_interval
 from ._pareto import (
     dominated_references,
     front_hypervolume,
     hypervolume,
+    hypervolume_box,
     pareto_trials,
 )
 from ._write import (
@@ -14,10 +24,21 @@ from ._write import (
 )
 
 __all__ = [
+    "DOMINATION_RULE",
+    "HoldoutPass",
     "ReportSummary",
+    "accuracy_figures",
+    "accuracy_on",
     "dominated_references",
     "front_hypervolume",
+    "holdout_accuracies",
+    "holdout_missing",
     "hypervolume",
+    "hypervolume_box",
+    "measure_holdout",
     "pareto_trials",
+    "split_hypervolumes",
+    "wilson_interval",
     "write_report",
+    "zoo_claims",
 ]

@@ -27,9 +27,20 @@ from stitch_nas.errors import ConfigError
 
 __all__ = [
     "dominated_references",
+    "finite_number",
     "front_hypervolume",
     "hypervolume",
+    "hypervolume_box",
+    "is_feasible",
+    "lookup_metric",
+    "n_fragments",
+    "normalised_hypervolume",
+    "objective_names",
     "pareto_trials",
+    "reference_values",
+    "trial_config",
+    "trial_metric",
+    "zoo_references",
 ]
 
 logger = logging.getLogger(__name__)
@@ -38,7 +49,8 @@ _COST_MARGIN = 1.1  # so the costliest point still spans a nonzero slab of the n
 _MAX, _MIN = StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE
 
 
-def _objectives(study: optuna.Study) -> list[str]:
+def objective_names(study: optuna.Study) -> list[str]:
+    """The objective names stored on ``study``, one per direction (``objective_<i>`` if none)."""
     names = study.user_attrs.get(attrs.OBJECTIVES)
     if names is None:
         return [f"objective_{i}" for i in range(len(study.directions))]
@@ -50,14 +62,15 @@ def _objectives(study: optuna.Study) -> list[str]:
     return [str(n) for n in names]
 
 
-def _references(study: optuna.Study) -> list[dict[str, Any]]:
+def zoo_references(study: optuna.Study) -> list[dict[str, Any]]:
+    """The zoo's own models as measured by the search: dicts with a ``name`` and metrics."""
     refs = study.user_attrs.get(attrs.REFERENCES) or []
     if not isinstance(refs, list) or not all(isinstance(r, dict) and "name" in r for r in refs):
         raise ConfigError("study.user_attrs['references'] must be a list of dicts with a 'name'")
     return refs
 
 
-def _number(value: Any) -> float | int | None:
+def finite_number(value: Any) -> float | int | None:
     """The value if it is a finite number, else None (keeps NaN out of JSON and tables)."""
     if isinstance(value, np.number):
         value = value.item()
@@ -66,36 +79,41 @@ def _number(value: Any) -> float | int | None:
     return value if math.isfinite(value) else None
 
 
-def _lookup(mapping: dict[str, Any], name: str) -> float | int | None:
+def lookup_metric(mapping: dict[str, Any], name: str) -> float | int | None:
+    """The finite number stored under ``name`` (or ``<name>_ms``) in ``mapping``, else None."""
     # An objective called "latency" is stored as "latency_ms" in user_attrs and references.
     for key in (name, f"{name}_ms"):
-        if _number(mapping.get(key)) is not None:
-            return _number(mapping[key])
+        if finite_number(mapping.get(key)) is not None:
+            return finite_number(mapping[key])
     return None
 
 
-def _feasible(trial: FrozenTrial) -> bool:
+def is_feasible(trial: FrozenTrial) -> bool:
+    """Whether every constraint of ``trial`` is satisfied (no constraint: feasible)."""
     # As Optuna 5 decides (FrozenTrial.constraints reads both storage formats): feasible when
     # every constraint is <= 0, so a trial without constraints is feasible.
     return all(v <= 0.0 for v in trial.constraints.values())
 
 
-def _config(trial: FrozenTrial) -> dict[str, Any]:
+def trial_config(trial: FrozenTrial) -> dict[str, Any]:
+    """The ``StitchConfig`` dict the trial recorded, or ``{}``."""
     config = trial.user_attrs.get(attrs.CONFIG)
     return config if isinstance(config, dict) else {}
 
 
-def _n_fragments(trial: FrozenTrial) -> int:
-    fragments = _config(trial).get("fragments")
+def n_fragments(trial: FrozenTrial) -> int:
+    """Number of fragments of the trial's network (more than one: a stitched network)."""
+    fragments = trial_config(trial).get("fragments")
     if isinstance(fragments, list):
         return len(fragments)
     return len(trial.user_attrs.get(attrs.MODELS, []))
 
 
-def _metric(trial: FrozenTrial, name: str, objectives: list[str]) -> float | int | None:
-    value = _lookup(trial.user_attrs, name)
+def trial_metric(trial: FrozenTrial, name: str, objectives: list[str]) -> float | int | None:
+    """A measured metric of ``trial``: its user attribute, else its objective value."""
+    value = lookup_metric(trial.user_attrs, name)
     if value is None and name in objectives and trial.values is not None:
-        return _number(trial.values[objectives.index(name)])
+        return finite_number(trial.values[objectives.index(name)])
     return value
 
 
@@ -198,17 +216,50 @@ def _hv_min(points: np.ndarray, ref: np.ndarray) -> float:
     )
 
 
-def _reference_values(ref: dict[str, Any], objectives: list[str]) -> list[float] | None:
-    values = [_lookup(ref, name) for name in objectives]
+def reference_values(ref: dict[str, Any], objectives: list[str]) -> list[float] | None:
+    """A zoo reference's value of each objective, or None if it lacks one."""
+    values = [lookup_metric(ref, name) for name in objectives]
     present = [float(v) for v in values if v is not None]
     return None if len(present) != len(values) else present
+
+
+def hypervolume_box(study: optuna.Study) -> tuple[list[float], list[float]]:
+    """The normalisation box of ``study``'s hypervolumes, in raw units: (worst, ideal) corners.
+
+    Per objective the worst corner is 0 for maximised objectives and 1.1 x the largest value over
+    completed trials and zoo references for minimised ones; the ideal corner is 1 (or the largest
+    value seen, if above 1) for maximised objectives and 0 for minimised ones.
+    """
+    objectives, directions = objective_names(study), study.directions
+    refs = [v for r in zoo_references(study) if (v := reference_values(r, objectives)) is not None]
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    seen = np.asarray([t.values for t in done] + refs, dtype=float).reshape(-1, len(directions))
+    tops = seen.max(axis=0) if len(seen) else np.ones(len(directions))
+    pairs = list(zip(directions, tops, strict=True))
+    worst = [0.0 if d == _MAX else (_COST_MARGIN * t if t > 0 else 1.0) for d, t in pairs]
+    ideal = [max(1.0, float(t)) if d == _MAX else 0.0 for d, t in pairs]
+    return worst, ideal
+
+
+def normalised_hypervolume(
+    points: Sequence[Sequence[float]],
+    directions: Sequence[StudyDirection | str],
+    worst: Sequence[float],
+    ideal: Sequence[float],
+) -> float:
+    """Hypervolume of ``points`` as a fraction of the box between ``worst`` and ``ideal``."""
+    if len(points) == 0:
+        return 0.0
+    box = float(np.prod(np.abs(np.subtract(ideal, worst))))
+    return min(1.0, hypervolume(points, directions, worst) / box)
 
 
 def front_hypervolume(study: optuna.Study) -> dict[str, Any]:
     """Normalised hypervolume of the front, of the zoo references alone, and of both together.
 
-    Each value is a fraction in [0, 1] (see the module docstring). The search extends the zoo's
-    own front exactly when ``combined_hypervolume > reference_hypervolume``.
+    Each value is a fraction in [0, 1] of the box of :func:`hypervolume_box`, computed on the
+    objective values the search optimised (validation accuracy). The union's hypervolume exceeds
+    the zoo's exactly when some front network is not dominated by the zoo's models.
 
     Args:
         study: A multi-objective study.
@@ -217,21 +268,14 @@ def front_hypervolume(study: optuna.Study) -> dict[str, Any]:
         ``hypervolume``, ``reference_hypervolume``, ``combined_hypervolume``, ``extends_front``
         and, in raw units, ``reference_point`` (worst corner) and ``ideal_point`` (best corner).
     """
-    objectives, directions = _objectives(study), study.directions
+    objectives, directions = objective_names(study), study.directions
     front = [list(t.values) for t in pareto_trials(study)]
-    refs = [v for r in _references(study) if (v := _reference_values(r, objectives)) is not None]
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    seen = np.asarray([t.values for t in done] + refs, dtype=float).reshape(-1, len(directions))
-    tops = seen.max(axis=0) if len(seen) else np.ones(len(directions))
-    pairs = list(zip(directions, tops, strict=True))
-    worst = [0.0 if d == _MAX else (_COST_MARGIN * t if t > 0 else 1.0) for d, t in pairs]
-    ideal = [max(1.0, float(t)) if d == _MAX else 0.0 for d, t in pairs]
-    box = float(np.prod(np.abs(np.subtract(ideal, worst))))
-
-    def norm(points: list[list[float]]) -> float:
-        return min(1.0, hypervolume(points, directions, worst) / box) if points else 0.0
-
-    hv, ref_hv, both = norm(front), norm(refs), norm(front + refs)
+    refs = [v for r in zoo_references(study) if (v := reference_values(r, objectives)) is not None]
+    worst, ideal = hypervolume_box(study)
+    hv, ref_hv, both = (
+        normalised_hypervolume(points, directions, worst, ideal)
+        for points in (front, refs, front + refs)
+    )
     return {
         "hypervolume": hv,
         "reference_hypervolume": ref_hv,
@@ -243,7 +287,11 @@ def front_hypervolume(study: optuna.Study) -> dict[str, Any]:
 
 
 def dominated_references(study: optuna.Study) -> list[dict[str, Any]]:
-    """For each zoo reference, the front trials that dominate it.
+    """For each zoo reference, the front trials that dominate it on the search's objective values.
+
+    This is plain Pareto dominance on validation figures, with no allowance for noise: the
+    report's claims use :func:`~stitch_nas.report.zoo_claims` (test split, 95 % intervals)
+    instead.
 
     Args:
         study: A multi-objective study with ``user_attrs[attrs.REFERENCES]``.
@@ -253,10 +301,10 @@ def dominated_references(study: optuna.Study) -> list[dict[str, Any]]:
         ``dominated_by_stitched`` (those of them with more than one fragment). A reference that
         lacks an objective value cannot be compared and gets empty lists.
     """
-    objectives, directions = _objectives(study), study.directions
+    objectives, directions = objective_names(study), study.directions
     front, out = pareto_trials(study), []
-    for ref in _references(study):
-        point = _reference_values(ref, objectives)
+    for ref in zoo_references(study):
+        point = reference_values(ref, objectives)
         if point is None:
             logger.warning("reference %s lacks one of %s; not compared", ref["name"], objectives)
         wins = [t for t in front if point and _dominates(t.values, point, directions)]
@@ -264,7 +312,7 @@ def dominated_references(study: optuna.Study) -> list[dict[str, Any]]:
             {
                 "reference": str(ref["name"]),
                 "dominated_by": [t.number for t in wins],
-                "dominated_by_stitched": [t.number for t in wins if _n_fragments(t) > 1],
+                "dominated_by_stitched": [t.number for t in wins if n_fragments(t) > 1],
             }
         )
     return out

@@ -1,8 +1,9 @@
-"""Report files of a multi-objective search: trials CSV, Pareto JSON, Pareto PNG and a table.
+"""Report files of a multi-objective search: ``trials.csv``, ``pareto.json``, ``pareto.png``,
+``report.html`` and the table printed in a terminal.
 
-The Pareto front, hypervolumes and dominance come from :mod:`.pareto` (re-exported here);
-this module writes ``trials.csv``, ``pareto.json`` and ``pareto.png`` and renders the summary
-table printed in a terminal.
+Every accuracy is shown with the split it was measured on and its 95 % Wilson score interval
+(:mod:`.intervals`); claims about zoo models follow the rule of :mod:`.claims` and are made on
+the test split only, which :func:`~stitch_nas.report.measure_holdout` fills in after the search.
 """
 
 from __future__ import annotations
@@ -12,94 +13,85 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import optuna
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.files import atomic_write
-from stitch_nas.report._pareto import (
-    _MAX,
-    _MIN,
-    _config,
-    _feasible,
-    _lookup,
-    _metric,
-    _n_fragments,
-    _number,
-    _objectives,
-    _references,
-    dominated_references,
-    front_hypervolume,
-    hypervolume,
-    pareto_trials,
-)
 
-__all__ = [
-    "ReportSummary",
-    "dominated_references",
-    "front_hypervolume",
-    "hypervolume",
-    "pareto_trials",
-    "write_report",
-]
+from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
+from ._holdout import holdout_accuracies, split_sizes
+from ._html import report_html
+from ._intervals import accuracy_figures
+from ._pareto import (
+    finite_number,
+    is_feasible,
+    lookup_metric,
+    n_fragments,
+    objective_names,
+    pareto_trials,
+    trial_config,
+    trial_metric,
+    zoo_references,
+)
+from ._plot import human, plot_png
+
+__all__ = ["ReportSummary", "write_report"]
 
 logger = logging.getLogger(__name__)
 
 _METRICS = ("accuracy", "macs", "params", "cka", "latency_ms")
-_FRONT_STYLE = {"s": 36, "c": "C0", "edgecolors": "k", "linewidths": 0.5, "label": "Pareto front"}
-_STAR_STYLE = {"marker": "*", "s": 280, "c": "C3", "edgecolors": "k", "label": "zoo models"}
-_LABEL_STYLE = {"textcoords": "offset points", "fontsize": 7}
-_AXIS_LABELS = {
-    "macs": "MACs per image",
-    "params": "parameters",
-    "accuracy": "validation accuracy",
-    "latency": "latency (ms per image)",
-    "latency_ms": "latency (ms per image)",
-}
+INTERVALS = "95 % Wilson score interval"
 
 
-def _front_row(trial: FrozenTrial, objectives: list[str]) -> dict[str, Any]:
-    row: dict[str, Any] = {"number": trial.number, "values": [_number(v) for v in trial.values]}
-    row.update({m: _metric(trial, m, objectives) for m in _METRICS})
+def _front_row(
+    trial: FrozenTrial, objectives: list[str], tests: dict[int, float], sizes: dict[str, Any]
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "number": trial.number,
+        "values": [finite_number(v) for v in trial.values],
+    }
+    row.update({m: trial_metric(trial, m, objectives) for m in _METRICS})
+    val, test = row["accuracy"], tests.get(trial.number)
+    row.update(accuracy_figures(val, sizes.get("val"), test, sizes.get("test")))
     row.update(
         describe=str(trial.user_attrs.get(attrs.DESCRIBE, "")),
-        config=_config(trial),
+        config=trial_config(trial),
         models=[str(m) for m in trial.user_attrs.get(attrs.MODELS, [])],
-        n_fragments=_n_fragments(trial),
-        stitched=_n_fragments(trial) > 1,
+        n_fragments=n_fragments(trial),
+        stitched=n_fragments(trial) > 1,
     )
     return row
 
 
-def _human(value: float | None) -> str:
-    """1234567 -> '1.2M', 3e8 -> '300M', None -> '-'."""
-    if value is None:
-        return "-"
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f}".removesuffix(".0") + unit
-    return f"{value:g}"
+def _reference_row(ref: dict[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
+    val, test = finite_number(ref.get("accuracy")), finite_number(ref.get(attrs.TEST_ACCURACY))
+    return {**ref, **accuracy_figures(val, sizes.get("val"), test, sizes.get("test"))}
 
 
-def _fixed(spec: str) -> Callable[[float | None], str]:
+def _fixed(spec: str) -> Callable[[Any], str]:
     return lambda v: "-" if v is None else format(v, spec)
 
 
-# (key, header, width, formatter) of the metric columns shared by the front and the references.
+def _interval(value: Any) -> str:
+    return "-" if not value else f"[{value[0]:.3f}, {value[1]:.3f}]"
+
+
+# (key, header, width, formatter) of the columns shared by the front and the zoo models.
 _COLUMNS = (
-    ("accuracy", "accuracy", 8, _fixed(".4f")),
-    ("macs", "MACs", 7, _human),
-    ("params", "params", 7, _human),
+    ("accuracy", "val acc", 7, _fixed(".4f")),
+    ("accuracy_interval", "95% interval", 14, _interval),
+    (attrs.TEST_ACCURACY, "test acc", 8, _fixed(".4f")),
+    ("test_accuracy_interval", "95% interval", 14, _interval),
+    ("macs", "MACs", 7, human),
+    ("params", "params", 7, human),
     ("cka", "CKA", 6, _fixed(".3f")),
 )
 
@@ -107,7 +99,18 @@ _COLUMNS = (
 def _cells(row: dict[str, Any] | None) -> str:
     if row is None:
         return " ".join(f"{head:>{w}}" for _, head, w, _ in _COLUMNS)
-    return " ".join(f"{fmt(_lookup(row, key)):>{w}}" for key, _, w, fmt in _COLUMNS)
+    cells = []
+    for key, _, w, fmt in _COLUMNS:
+        value = row.get(key) if key.endswith("interval") else lookup_metric(row, key)
+        cells.append(f"{fmt(value):>{w}}")
+    return " ".join(cells)
+
+
+def _corner(objectives: list[str], point: list[float]) -> str:
+    return ", ".join(
+        f"{n} {human(v) if n != 'accuracy' else format(v, 'g')}"
+        for n, v in zip(objectives, point, strict=True)
+    )
 
 
 @dataclass
@@ -116,22 +119,94 @@ class ReportSummary:
 
     objectives: list[str]
     front: list[dict[str, Any]]
-    hypervolume: float
-    reference_hypervolume: float
-    extends_front: bool
-    dominated: list[dict[str, Any]]
+    hypervolumes: dict[str, Any]  #: :func:`~stitch_nas.report.split_hypervolumes`
+    claims: list[dict[str, Any]]  #: :func:`~stitch_nas.report.zoo_claims`
     counts: dict[str, int]
     references: list[dict[str, Any]]
+    sizes: dict[str, Any]  #: data set name and images per split
     csv_path: Path
     json_path: Path
     png_path: Path
+    html_path: Path
+
+    @property
+    def hypervolume(self) -> float:
+        """The front's normalised hypervolume on validation (the search's objective values)."""
+        return float(self.hypervolumes["val"]["front"])
+
+    @property
+    def reference_hypervolume(self) -> float:
+        """The zoo models' normalised hypervolume on validation."""
+        return float(self.hypervolumes["val"]["zoo"])
+
+    def heading(self, n_trials: int) -> str:
+        """One line: data set, trials, image counts."""
+        data = self.sizes.get("data") or "search"
+        done = self.counts.get("COMPLETE", 0)
+        return f"{data}: {n_trials} trials ({done} completed), {len(self.front)} on the front"
+
+    def hypervolume_lines(self) -> list[str]:
+        """The three hypervolumes on each split, with the reference point they rest on."""
+        hv = self.hypervolumes
+        lines = [
+            *textwrap.wrap(
+                "hypervolume, as a fraction of the box from the reference point "
+                f"({_corner(self.objectives, hv['reference_point'])}) to the ideal point "
+                f"({_corner(self.objectives, hv['ideal_point'])}):",
+                width=100,
+            ),
+            f"  {'split':<10} {'zoo alone':>10} {'front alone':>12} {'front + zoo':>12}",
+        ]
+        for split, word in (("val", "validation"), ("test", "test")):
+            if hv.get(split) is None:
+                lines.append(f"  {word:<10} (not measured: run `stitch-nas report DIR`)")
+                continue
+            z, f, u = (hv[split][k] for k in ("zoo", "front", "union"))
+            lines.append(f"  {word:<10} {z:>10.4f} {f:>12.4f} {u:>12.4f}")
+        return lines
+
+    def claim_lines(self) -> list[str]:
+        """One line per zoo model: dominated, matched within noise, or neither (on test)."""
+        fronts = {r["number"]: r for r in self.front}
+        lines = []
+        for c in self.claims:
+            name, zoo_test = c["reference"], c[attrs.TEST_ACCURACY]
+            if c["status"] != "judged":
+                why = {
+                    "no_test": "no test figures (run `stitch-nas report DIR` without --no-test)",
+                    "no_accuracy": "accuracy is not an objective",
+                    "incomparable": "it lacks a value of some objective",
+                }[c["status"]]
+                lines.append(f"  {name}: no claim, {why}")
+                continue
+
+            def who(numbers: list[int]) -> str:
+                return ", ".join(
+                    f"#{n} ({fronts[n][attrs.TEST_ACCURACY]:.4f} "
+                    f"{_interval(fronts[n]['test_accuracy_interval'])})"
+                    for n in numbers
+                )
+
+            head = f"  {name} (test {zoo_test:.4f}):"
+            if c["dominated_by"]:
+                lines.append(f"{head} dominated by stitched {who(c['dominated_by'])}")
+            elif c["matched_by"]:
+                lines.append(
+                    f"{head} no stitched network dominates it; within noise at no "
+                    f"higher cost: {who(c['matched_by'])}"
+                )
+            else:
+                lines.append(
+                    f"{head} no stitched network dominates it or matches it at no higher cost"
+                )
+        return lines
 
     def table(self) -> str:
-        """Fixed-width text: the front, the references, the hypervolume and dominance lines."""
+        """Fixed-width text: the front, the zoo models, the hypervolumes and the claims."""
         counts = ", ".join(f"{n} {state}" for state, n in self.counts.items() if n)
         if not self.counts.get("COMPLETE"):
             return f"no completed trial ({counts or 'no trials'}): nothing to report"
-        lines = [f"Pareto front: {len(self.front)} networks ({counts})"]
+        lines = [f"Pareto front, chosen on validation: {len(self.front)} networks ({counts})"]
         lines.append(f"{'trial':>6} {_cells(None)}  network")
         for r in self.front:
             kind = "stitched" if r["stitched"] else "single"
@@ -140,127 +215,49 @@ class ReportSummary:
         if self.references:
             lines += ["", f"{'zoo model':<{width}} {_cells(None)}"]
             lines += [f"{str(ref['name']):<{width}} {_cells(ref)}" for ref in self.references]
-        lines += [
-            "",
-            f"hypervolume (normalised, 0-1): front {self.hypervolume:.4f}, "
-            f"zoo models alone {self.reference_hypervolume:.4f}",
-            f"the search {'extends' if self.extends_front else 'does not extend'} the zoo's front",
-        ]
-        for d in self.dominated:
-            name, by = d["reference"], ", ".join(f"#{n}" for n in d["dominated_by_stitched"])
-            if by:
-                lines.append(f"{name} is dominated by stitched network(s) {by}")
-                continue
-            single = ", ".join(f"#{n}" for n in d["dominated_by"])
-            also = f" (single-model trial(s) {single} do)" if single else ""
-            lines.append(f"no stitched network dominates {name}{also}")
+        n_val, n_test = self.sizes.get("val"), self.sizes.get("test")
+        if n_val:
+            data = self.sizes.get("data", "the data")
+            tested = f" / {n_test} test" if n_test else ""
+            lines += [
+                "",
+                f"accuracy intervals: {INTERVALS} on {n_val} validation{tested} images of {data}",
+            ]
+        lines += ["", *self.hypervolume_lines(), ""]
+        lines += textwrap.wrap(f"claims, on test only: {DOMINATION_RULE}.", width=100)
+        lines += self.claim_lines()
         return "\n".join(lines)
 
 
-def _plot_axes(
-    objectives: list[str], directions: Sequence[StudyDirection]
-) -> tuple[int, int] | None:
-    """Indices of x (a minimised cost, MACs before params) and y (accuracy, else maximised)."""
-    mins = [i for i, d in enumerate(directions) if d == _MIN]
-    maxs = [i for i, d in enumerate(directions) if d == _MAX]
-    named = [objectives.index(n) for n in ("macs", "params") if n in objectives]
-    x = next((i for i in named if i in mins), mins[0] if mins else None)
-    acc = [i for i in maxs if objectives[i] == "accuracy"]
-    y = acc[0] if acc else (maxs[0] if maxs else None)
-    return None if x is None or y is None else (x, y)
-
-
-def _xy(points: Sequence[Sequence[float]], xi: int, yi: int) -> tuple[list[float], list[float]]:
-    return [p[xi] for p in points], [p[yi] for p in points]
-
-
-def _draw(ax: Any, study: optuna.Study, refs: list[dict[str, Any]], names: list[str]) -> None:
-    """Draw x = ``names[0]`` against y = ``names[1]`` (objective names) on ``ax``."""
-    objectives = _objectives(study)
-    xi, yi = objectives.index(names[0]), objectives.index(names[1])
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    front = pareto_trials(study)
-    ok, bad = [t.values for t in done if _feasible(t)], [t.values for t in done if not _feasible(t)]
-    ax.scatter(*_xy(ok, xi, yi), s=12, c="0.8", label="completed trials")
-    if bad:  # drawn apart, or a trial off the front for a violated constraint looks like a bug
-        ax.scatter(*_xy(bad, xi, yi), s=16, c="0.7", marker="x", label="infeasible (constraints)")
-    # With 3+ objectives some front points are dominated in this plane; the step line joins only
-    # those that are not, so it stays a monotone staircase.
-    line: list[list[float]] = []
-    for v in sorted((t.values for t in front), key=lambda v: (v[xi], -v[yi])):
-        if not line or v[yi] > line[-1][yi]:
-            line.append(v)
-    ax.step(*_xy(line, xi, yi), where="post", c="C0", zorder=2)
-    ax.scatter(*_xy([t.values for t in front], xi, yi), zorder=3, **_FRONT_STYLE)
-    for t in (t for t in front if _n_fragments(t) > 1):
-        ax.annotate(f"#{t.number}", (t.values[xi], t.values[yi]), xytext=(4, -10), **_LABEL_STYLE)
-    stars: list[tuple[str, float, float]] = []
-    for r in refs:
-        name, x, y = str(r["name"]), _lookup(r, names[0]), _lookup(r, names[1])
-        if x is not None and y is not None:
-            stars.append((name, x, y))
-    star_xy = [(x, y) for _, x, y in stars]
-    if stars:
-        ax.scatter(*_xy(star_xy, 0, 1), zorder=4, **_STAR_STYLE)
-    # Alternate label sides along x so that neighbouring zoo models do not print over each other.
-    for k, (name, x, y) in enumerate(sorted(stars, key=lambda s: s[1])):
-        offset = (8, 4) if k % 2 == 0 else (8, -13)
-        ax.annotate(
-            name, (x, y), xytext=offset, **{**_LABEL_STYLE, "fontsize": 9, "weight": "bold"}
-        )
-    xs = [x for x in _xy(ok + bad, xi, yi)[0] + _xy(star_xy, 0, 1)[0] if x > 0]
-    if xs and max(xs) > 10 * min(xs):
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _human(v)))
-    ax.margins(0.08)
-    ax.set_xlabel(_AXIS_LABELS.get(names[0], names[0]))
-    ax.set_ylabel(_AXIS_LABELS.get(names[1], names[1]))
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-
-
-def _plot_png(
-    study: optuna.Study, objectives: list[str], refs: list[dict[str, Any]], hv: float
+def _trials_csv(
+    study: optuna.Study, objectives: list[str], front: dict[int, dict[str, Any]]
 ) -> bytes:
-    # Figure + FigureCanvasAgg instead of pyplot: the process-wide backend and figure registry
-    # of whoever imports us stay untouched.
-    fig = Figure(figsize=(7.5, 5.0), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    n_done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    xy = _plot_axes(objectives, study.directions)
-    if n_done and xy is not None:
-        _draw(ax, study, refs, [objectives[xy[0]], objectives[xy[1]]])
-    else:
-        why = "no completed trial" if not n_done else "no minimised/maximised pair to plot"
-        ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-    ax.set_title(f"{len(study.trials)} trials ({n_done} completed), hypervolume {hv:.3f}")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
-
-
-def _trials_csv(study: optuna.Study, objectives: list[str], on_front: set[int]) -> bytes:
     buf = io.StringIO()
     writer = csv.writer(buf)  # writes None as an empty field
+    intervals = "accuracy_low accuracy_high".split()
+    tested = [attrs.TEST_ACCURACY, "test_accuracy_low", "test_accuracy_high"]
     names = "feasible is_pareto n_fragments models describe prune_reason fail_reason duration_s"
     tail = [*names.split(), "config"]
-    writer.writerow(["number", "state", *(f"value_{n}" for n in objectives), *_METRICS, *tail])
+    writer.writerow(
+        ["number", "state", *(f"value_{n}" for n in objectives), *_METRICS, *intervals, *tested]
+        + tail
+    )
+    sizes, tests = split_sizes(study), holdout_accuracies(study)
     for t in study.get_trials(deepcopy=False):
-        ua, config = t.user_attrs, _config(t)
+        ua, config = t.user_attrs, trial_config(t)
         values = list(t.values) if t.values is not None else [None] * len(objectives)
-        metrics = [_metric(t, m, objectives) for m in _METRICS]
+        metrics = [trial_metric(t, m, objectives) for m in _METRICS]
+        acc = accuracy_figures(metrics[0], sizes.get("val"), tests.get(t.number), sizes.get("test"))
+        low_high = [*(acc["accuracy_interval"] or [None, None])]
+        test = [acc[attrs.TEST_ACCURACY], *(acc["test_accuracy_interval"] or [None, None])]
         duration = t.duration.total_seconds() if t.duration is not None else None
         models = "+".join(str(m) for m in ua.get(attrs.MODELS, []))
         config_json = json.dumps(config, sort_keys=True, default=str) if config else None
-        flags = [_feasible(t), t.number in on_front, _n_fragments(t), models]
+        flags = [is_feasible(t), t.number in front, n_fragments(t), models]
         reasons = [ua.get(attrs.DESCRIBE), ua.get(attrs.PRUNE_REASON), ua.get(attrs.FAIL_REASON)]
         writer.writerow(
-            [t.number, t.state.name, *values, *metrics, *flags, *reasons, duration, config_json]
+            [t.number, t.state.name, *values, *metrics, *low_high, *test, *flags, *reasons]
+            + [duration, config_json]
         )
     return buf.getvalue().encode()
 
@@ -271,13 +268,14 @@ def _jsonable(obj: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
-    return _number(obj) if isinstance(obj, (float, np.number)) else obj
+    return finite_number(obj) if isinstance(obj, (float, np.number)) else obj
 
 
 def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> ReportSummary:
-    """Write ``trials.csv``, ``pareto.json`` and ``pareto.png`` into ``out_dir``.
+    """Write ``trials.csv``, ``pareto.json``, ``pareto.png`` and ``report.html`` into ``out_dir``.
 
     Works on a running or empty study too: an empty front, hypervolume 0, a placeholder plot.
+    Test figures appear once :func:`~stitch_nas.report.measure_holdout` recorded them.
 
     Args:
         study: A multi-objective study following the search's conventions.
@@ -288,40 +286,48 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    objectives, refs = _objectives(study), _references(study)
-    front = [_front_row(t, objectives) for t in pareto_trials(study)]
-    hv, dominated = front_hypervolume(study), dominated_references(study)
+    objectives, sizes, tests = objective_names(study), split_sizes(study), holdout_accuracies(study)
+    front = [_front_row(t, objectives, tests, sizes) for t in pareto_trials(study)]
+    refs = [_reference_row(r, sizes) for r in zoo_references(study)]
     counts = {s.name: 0 for s in TrialState}
     for t in study.get_trials(deepcopy=False):
         counts[t.state.name] += 1
-    paths = (out / "trials.csv", out / "pareto.json", out / "pareto.png")
+    paths = [out / name for name in ("trials.csv", "pareto.json", "pareto.png", "report.html")]
     summary = ReportSummary(
         objectives,
         front,
-        hypervolume=hv["hypervolume"],
-        reference_hypervolume=hv["reference_hypervolume"],
-        extends_front=hv["extends_front"],
-        dominated=dominated,
+        hypervolumes=split_hypervolumes(study),
+        claims=zoo_claims(study),
         counts=counts,
         references=refs,
+        sizes=sizes,
         csv_path=paths[0],
         json_path=paths[1],
         png_path=paths[2],
+        html_path=paths[3],
     )
     payload = {
         "objectives": objectives,
         "directions": [d.name.lower() for d in study.directions],
-        **{k: hv[k] for k in ("hypervolume", "reference_hypervolume", "combined_hypervolume")},
-        "extends_front": hv["extends_front"],
-        "reference_point": hv["reference_point"],
+        "data": sizes,
+        "intervals": INTERVALS,
+        "hypervolume": summary.hypervolumes,
+        "domination_rule": DOMINATION_RULE,
+        "claims": summary.claims,
         "front": front,
         "references": refs,
-        "dominated_references": dominated,
         "counts": counts,
     }
     text = json.dumps(_jsonable(payload), indent=2, default=str, allow_nan=False)
-    atomic_write(paths[0], _trials_csv(study, objectives, {r["number"] for r in front}))
+    heading = summary.heading(len(study.trials))
+    note = None
+    if summary.hypervolumes.get("test") is not None:
+        note = f"error bars: {INTERVALS}s; the test split is used by no choice of the search"
+    atomic_write(paths[0], _trials_csv(study, objectives, {r["number"]: r for r in front}))
     atomic_write(paths[1], text.encode())
-    atomic_write(paths[2], _plot_png(study, objectives, refs, hv["hypervolume"]))
+    atomic_write(paths[2], plot_png(study, heading, note))
+    lines = [*summary.hypervolume_lines(), "", *summary.claim_lines()]
+    page = report_html(study, heading, front, refs, lines)
+    atomic_write(paths[3], page.encode())
     logger.info("wrote the report of %d trials to %s", len(study.trials), out)
     return summary

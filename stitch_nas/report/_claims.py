@@ -1,0 +1,153 @@
+"""What the report may claim: hypervolumes on both splits and domination over zoo models.
+
+**Domination rule.** The search picks its front on validation accuracy, so the report judges it
+on the test split only, and allows for the test split's size: a stitched front network
+*dominates* a zoo model when
+
+1. it costs no more than the zoo model on every objective other than accuracy (MACs,
+   parameters, latency: the search's values; a maximised one such as CKA must be no lower), and
+2. the lower end of the 95 % Wilson score interval of its test accuracy is above the zoo model's
+   test accuracy (a point estimate).
+
+If (1) holds and the zoo model's test accuracy lies inside the network's interval, the network
+*matches it within noise*; above the interval, it is worse. Nothing is claimed without test
+figures. Rule (2) treats the zoo model's accuracy as a point: it asks the network's accuracy to
+be distinguishable from the zoo model's measured value, whereas McNemar's paired test on the
+same images (which needs per-image correctness) would weigh the noise of both.
+
+**Hypervolumes** of the zoo's models alone, of the front alone and of front + zoo are computed in
+the normalised box of :func:`~stitch_nas.report.hypervolume_box` (reference point: accuracy 0
+and 1.1 x the largest cost seen), once with validation accuracy (what the search optimised) and
+once with test accuracy in place of it (the same networks, the same reference point).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial
+
+from stitch_nas import attrs
+
+from ._holdout import holdout_accuracies, split_sizes
+from ._intervals import wilson_interval
+from ._pareto import (
+    finite_number,
+    hypervolume_box,
+    n_fragments,
+    normalised_hypervolume,
+    objective_names,
+    pareto_trials,
+    reference_values,
+    zoo_references,
+)
+
+__all__ = ["DOMINATION_RULE", "split_hypervolumes", "zoo_claims"]
+
+DOMINATION_RULE = (
+    "a stitched network dominates a zoo model when it costs no more on every other objective "
+    "and the lower end of the 95 % Wilson interval of its test accuracy is above the zoo "
+    "model's test accuracy; it matches it within noise when that accuracy is inside its interval"
+)
+
+
+def _three(
+    front: list[list[float]], zoo: list[list[float]], study: optuna.Study
+) -> dict[str, float]:
+    worst, ideal = hypervolume_box(study)
+
+    def hv(points: list[list[float]]) -> float:
+        return normalised_hypervolume(points, study.directions, worst, ideal)
+
+    return {"zoo": hv(zoo), "front": hv(front), "union": hv(front + zoo)}
+
+
+def _with_test(values: list[float], index: int, test: float) -> list[float]:
+    return [test if i == index else v for i, v in enumerate(values)]
+
+
+def split_hypervolumes(study: optuna.Study) -> dict[str, Any]:
+    """Normalised hypervolumes of the zoo alone, the front alone and front + zoo, per split.
+
+    Returns:
+        ``reference_point`` and ``ideal_point`` (raw units), ``val`` and ``test``: each
+        ``{"zoo", "front", "union"}``; ``test`` is None when accuracy is not an objective or a
+        front network or zoo model has no test accuracy.
+    """
+    objectives = objective_names(study)
+    front = pareto_trials(study)
+    refs = [(r, v) for r in zoo_references(study) if (v := reference_values(r, objectives))]
+    worst, ideal = hypervolume_box(study)
+    out: dict[str, Any] = {"reference_point": worst, "ideal_point": ideal}
+    out["val"] = _three([list(t.values) for t in front], [v for _, v in refs], study)
+    out["test"] = None
+    tests = holdout_accuracies(study)
+    have = all(t.number in tests for t in front) and all(
+        finite_number(r.get(attrs.TEST_ACCURACY)) is not None for r, _ in refs
+    )
+    if "accuracy" in objectives and have:
+        i = objectives.index("accuracy")
+        out["test"] = _three(
+            [_with_test(list(t.values), i, tests[t.number]) for t in front],
+            [_with_test(v, i, float(r[attrs.TEST_ACCURACY])) for r, v in refs],
+            study,
+        )
+    return out
+
+
+def _costs_no_more(
+    values: list[float], ref: list[float], directions: list[StudyDirection], skip: int
+) -> bool:
+    for i, (v, r, d) in enumerate(zip(values, ref, directions, strict=True)):
+        if i != skip and (v < r if d == StudyDirection.MAXIMIZE else v > r):
+            return False
+    return True
+
+
+def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
+    """For each zoo model, the stitched front networks that dominate or match it on test.
+
+    The rule is the module docstring's (and :data:`DOMINATION_RULE`).
+
+    Returns:
+        One dict per zoo model: ``reference`` (name), ``test_accuracy`` (None if not measured),
+        ``dominated_by`` and ``matched_by`` (stitched front trial numbers, each no costlier on
+        every other objective) and ``status``: ``"judged"``, ``"no_test"`` (missing test
+        figures), ``"no_accuracy"`` (accuracy is not an objective) or ``"incomparable"`` (the
+        zoo model lacks an objective value).
+    """
+    objectives, directions = objective_names(study), list(study.directions)
+    tests, n_test = holdout_accuracies(study), split_sizes(study).get("test")
+    stitched: list[FrozenTrial] = [t for t in pareto_trials(study) if n_fragments(t) > 1]
+    out = []
+    for ref in zoo_references(study):
+        claim: dict[str, Any] = {
+            "reference": str(ref["name"]),
+            attrs.TEST_ACCURACY: finite_number(ref.get(attrs.TEST_ACCURACY)),
+            "dominated_by": [],
+            "matched_by": [],
+            "status": "judged",
+        }
+        out.append(claim)
+        point, zoo_test = reference_values(ref, objectives), claim[attrs.TEST_ACCURACY]
+        if "accuracy" not in objectives:
+            claim["status"] = "no_accuracy"
+            continue
+        if point is None:
+            claim["status"] = "incomparable"
+            continue
+        if zoo_test is None or not n_test or any(t.number not in tests for t in stitched):
+            claim["status"] = "no_test"
+            continue
+        acc = objectives.index("accuracy")
+        for t in stitched:
+            if not _costs_no_more(list(t.values), point, directions, acc):
+                continue
+            low, high = wilson_interval(tests[t.number], int(n_test))
+            if low > zoo_test:
+                claim["dominated_by"].append(t.number)
+            elif high >= zoo_test:
+                claim["matched_by"].append(t.number)
+    return out

@@ -1,0 +1,173 @@
+"""The front's networks and the zoo's models re-measured on the test split, after the search.
+
+The search chooses its front on the validation split: with many configs scored on a few hundred
+images, the best validation scores are biased upward. The test split is used by nothing the
+search decides, so measuring the chosen networks on it afterwards gives figures a reader can
+trust. :func:`measure_holdout` rebuilds each front network (and each zoo model) exactly as the
+search measured it, checks that it reproduces the recorded validation accuracy, and records its
+test accuracy on the study:
+
+- ``study.user_attrs[attrs.TEST_RESULTS]``: ``{"<trial number>": test accuracy}`` (Optuna
+  refuses to change a finished trial's own user attributes, so they live on the study);
+- ``attrs.TEST_ACCURACY`` in each dict of ``study.user_attrs[attrs.REFERENCES]``;
+- ``study.user_attrs[attrs.SPLIT_SIZES]``: the data set's name and the number of validation and
+  test images, which the accuracy intervals are computed on.
+
+Figures already recorded are kept, so after ``--resume`` only new front networks are measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from stitch_nas import attrs
+from stitch_nas.activations import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import ConfigError
+from stitch_nas.stitching import StitchedNet, fit_net_head, measure, net_outputs
+
+from ._pareto import (
+    finite_number,
+    pareto_trials,
+    trial_config,
+    trial_metric,
+    zoo_references,
+)
+
+__all__ = [
+    "HoldoutPass",
+    "accuracy_on",
+    "holdout_accuracies",
+    "holdout_missing",
+    "measure_holdout",
+    "split_sizes",
+]
+
+logger = logging.getLogger(__name__)
+
+HOLDOUT_SPLIT = "test"
+
+
+@dataclass
+class HoldoutPass:
+    """What :func:`measure_holdout` measured."""
+
+    trials: list[int] = field(default_factory=list)  #: front trials newly measured on test
+    references: list[str] = field(default_factory=list)  #: zoo models newly measured on test
+    n_images: int = 0  #: images in the test split
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        """One line for the terminal."""
+        if not self.trials and not self.references:
+            return "test split: every front network and zoo model already measured"
+        return (
+            f"test split ({self.n_images} images, used by no choice of the search): measured "
+            f"{len(self.trials)} front network(s) and {len(self.references)} zoo model(s) in "
+            f"{self.seconds:.1f} s"
+        )
+
+
+def accuracy_on(ctx: StitchContext, net: StitchedNet, split: str) -> float:
+    """Top-1 accuracy of a built network on ``split``, exactly ``correct / images``, scored as
+    :func:`stitch_nas.measure` scores it (a fitted head is fitted on the probe split)."""
+    head = fit_net_head(ctx, net)
+    outputs = net_outputs(ctx, net, split)
+    scores = outputs if head is None else ctx.run(head, outputs)
+    labels = ctx.labels(split)
+    return int((scores.argmax(1).cpu() == labels).sum()) / len(labels)
+
+
+def holdout_accuracies(study: optuna.Study) -> dict[int, float]:
+    """Test accuracy of each trial measured on the test split, by trial number."""
+    raw = study.user_attrs.get(attrs.TEST_RESULTS) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"study.user_attrs[{attrs.TEST_RESULTS!r}] must be a dict")
+    out = {}
+    for number, value in raw.items():
+        accuracy = finite_number(value)
+        if accuracy is not None:
+            out[int(number)] = float(accuracy)
+    return out
+
+
+def split_sizes(study: optuna.Study) -> dict[str, Any]:
+    """``{"data": name, "val": n, "test": n}`` as recorded by the test pass, or ``{}``."""
+    sizes = study.user_attrs.get(attrs.SPLIT_SIZES)
+    return dict(sizes) if isinstance(sizes, dict) else {}
+
+
+def holdout_missing(study: optuna.Study) -> tuple[list[FrozenTrial], list[str]]:
+    """Front trials and zoo models that have no test accuracy yet."""
+    done = holdout_accuracies(study)
+    trials = [t for t in pareto_trials(study) if t.number not in done]
+    refs = [str(r["name"]) for r in zoo_references(study) if attrs.TEST_ACCURACY not in r]
+    return trials, refs
+
+
+def _val_and_test(
+    ctx: StitchContext, config: StitchConfig, recorded: float | None, what: str, fuse: bool
+) -> float:
+    """Rebuild ``config``, check its validation accuracy against the search's, return test's."""
+    net, result = measure(ctx, config, fuse=fuse)
+    if recorded is not None and abs(result.accuracy - recorded) > 1e-9:
+        raise ConfigError(
+            f"{what}: the rebuilt network measures validation accuracy {result.accuracy:.4f}, the "
+            f"search recorded {recorded:.4f}, so its test figure would be of another network; "
+            "re-measure with the zoo, data and fuse setting of the search (or skip the test "
+            "pass with `stitch-nas report --no-test`)"
+        )
+    return accuracy_on(ctx, net, HOLDOUT_SPLIT)
+
+
+def measure_holdout(study: optuna.Study, ctx: StitchContext, *, fuse: bool = False) -> HoldoutPass:
+    """Measure the front's networks and the zoo's models on the test split; record on ``study``.
+
+    Args:
+        study: The search's study, with its zoo references.
+        ctx: The zoo and data the search ran on (the same data: the check below fails otherwise).
+        fuse: The search's ``fuse`` setting, so the rebuilt networks are the measured ones.
+
+    Returns:
+        What was measured now (figures already on the study are kept, not measured again).
+
+    Raises:
+        ConfigError: If a rebuilt network does not reproduce the validation accuracy the search
+            recorded for it (another zoo, data or fuse setting).
+    """
+    start = time.perf_counter()
+    n_val, n_test = len(ctx.labels("val")), len(ctx.labels(HOLDOUT_SPLIT))
+    sizes = {"data": ctx.data.name, "val": n_val, "test": n_test}
+    recorded = split_sizes(study)
+    if recorded and (recorded.get("val"), recorded.get("test")) != (n_val, n_test):
+        raise ConfigError(
+            f"the study's test figures were measured on {recorded.get('val')} validation and "
+            f"{recorded.get('test')} test images, this data has {n_val} and {n_test}; "
+            "re-measure with the data of the search"
+        )
+    study.set_user_attr(attrs.SPLIT_SIZES, sizes)
+    trials, names = holdout_missing(study)
+    results = {str(k): v for k, v in holdout_accuracies(study).items()}
+    for trial in trials:
+        config = StitchConfig.from_dict(trial_config(trial))
+        val = trial_metric(trial, "accuracy", [])
+        what = f"trial {trial.number}"
+        results[str(trial.number)] = _val_and_test(ctx, config, val, what, fuse)
+        logger.info("trial %d: test accuracy %.4f", trial.number, results[str(trial.number)])
+    refs = zoo_references(study)
+    for ref in refs:
+        if str(ref["name"]) in names:
+            val = finite_number(ref.get("accuracy"))
+            config = StitchConfig.single(str(ref["name"]))
+            ref[attrs.TEST_ACCURACY] = _val_and_test(ctx, config, val, str(ref["name"]), False)
+    study.set_user_attr(attrs.TEST_RESULTS, results)
+    study.set_user_attr(attrs.REFERENCES, refs)
+    return HoldoutPass(
+        [t.number for t in trials], names, n_test, seconds=time.perf_counter() - start
+    )
