@@ -5,9 +5,9 @@ from __future__ import annotations
 import timm
 import torch
 
-from stitch_nas.activations._context import StitchContext
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.zoo._entry import InputSpec, Zoo, ZooEntry
+from stitch_nas.activations import StitchContext
+from stitch_nas.data import load_digits_splits
+from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
 
 LABELS = tuple(str(i) for i in range(10))
 SPEC = InputSpec(size=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))

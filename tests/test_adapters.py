@@ -12,12 +12,10 @@ import timm
 import torch
 
 from stitch_nas import adapters, errors
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import ActivationCache, StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.fragments._costs import count_macs
-from stitch_nas.fragments._cuts import CutPoint, cut_points, segment
-from stitch_nas.stitching._build import build
-from stitch_nas.stitching._measure import measure, network_macs
+from stitch_nas.fragments import CutPoint, count_macs, cut_points, segment
+from stitch_nas.stitching import build, measure, network_macs
 from tests._tiny import tiny_context, tiny_swin
 
 SHAPE = (1, 3, 32, 32)
@@ -55,7 +53,7 @@ def activations():
         for model, name in ((a, ca), (b, cb)):
             cut = next(c for c in cut_points(models[model], input_shape=SHAPE) if c.name == name)
             with torch.no_grad():
-                acts[(model, name)] = cut, segment(models[model], None, name)(x)
+                acts[(model, name)] = cut, segment(models[model], None, name, input_shape=SHAPE)(x)
     return acts
 
 
@@ -178,7 +176,8 @@ def test_lstsq_initialised_adapter_at_the_same_cut_keeps_accuracy(mini_ctx, mode
 
 @pytest.fixture(scope="module")
 def ctx():
-    return tiny_context()
+    # float32 storage: a 5-step fine-tune below must beat its float32-fitted initialisation
+    return tiny_context(cache=ActivationCache(dtype="float32"))
 
 
 GAP = (("resnet", "layer1.0"), ("resnet", "layer3.0"))

@@ -194,3 +194,87 @@ def test_count_params_of_union_of_fragments() -> None:
 def test_count_params_of_rejects_non_modules() -> None:
     with pytest.raises(ConfigError, match="nn.Module"):
         count_params_of([nn.Linear(2, 2), "oops"])  # type: ignore[list-item]
+
+
+# --- every attention op PyTorch can emit, against FlopCounterMode -------------------------
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, mha: nn.MultiheadAttention, need_weights: bool = False) -> None:
+        super().__init__()
+        self.mha, self.need_weights = mha, need_weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, need_weights=self.need_weights)[0]
+
+
+def _attention_macs(model: nn.Module, shape: tuple[int, ...]) -> int:
+    by_op = count_macs_by_operator(model, shape, strict=True)
+    return sum(n for op, n in by_op.items() if op not in _FVCORE_ONLY_OPS)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_multihead_attention_fast_and_math_paths_match_flop_counter(
+    batch_first: bool, need_weights: bool
+) -> None:
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(32, 4, batch_first=batch_first).eval()
+    model = _SelfAttention(mha, need_weights)
+    shape = (3, 7, 32)  # (batch, tokens, dim) or (tokens, batch, dim)
+    ops = count_macs_by_operator(model, shape, strict=True)
+    # batch_first takes the fused kernel in eval under no_grad; the others the math path
+    assert ("_native_multi_head_attention" in ops) == batch_first, ops
+    tokens, batch = (7, 3) if batch_first else (3, 7)
+    by_hand = batch * (4 * tokens * 32 * 32 + 2 * tokens * tokens * 32)
+    assert _attention_macs(model, shape) == by_hand == count_macs_reference(model, shape)
+
+
+def test_transformer_encoder_layer_fast_path_counts_its_math_path() -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0).eval()
+
+    class Fused(nn.Module):  # the kernel nn.TransformerEncoderLayer's fast path calls
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            a, n1, n2 = self.layer.self_attn, self.layer.norm1, self.layer.norm2
+            lin1, lin2 = self.layer.linear1, self.layer.linear2
+            return torch._transformer_encoder_layer_fwd(
+                x, 32, 4, a.in_proj_weight, a.in_proj_bias, a.out_proj.weight, a.out_proj.bias,
+                False, False, n1.eps, n1.weight, n1.bias, n2.weight, n2.bias,
+                lin1.weight, lin1.bias, lin2.weight, lin2.bias, None,
+            )  # fmt: skip
+
+    x = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        assert torch.allclose(Fused()(x), layer(x), atol=1e-5)
+    fused = count_macs_by_operator(Fused(), (2, 5, 32), strict=True)
+    assert set(fused) == {"_transformer_encoder_layer_fwd"}
+    assert sum(fused.values()) == count_macs(layer, (2, 5, 32), strict=True)
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    ["_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu"],
+)
+def test_sdpa_kernels_are_counted_like_sdpa(kernel: str) -> None:
+    class Kernel(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return getattr(torch.ops.aten, kernel)(q, k, v)[0]
+
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    expected = count_macs(_Attention(), None, inputs=(q, k, v), strict=True)
+    assert expected == 2 * 3 * 5 * 6 * (8 + 8)
+    assert count_macs(Kernel(), None, inputs=(q, k, v), strict=True) == expected
+
+
+def test_an_op_without_handler_is_an_error_when_strict() -> None:
+    class Cdist(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cdist(x, x)
+
+    with pytest.raises(TraceError, match=r"aten::cdist"):
+        count_macs(Cdist(), (2, 5, 3), strict=True)

@@ -10,8 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from stitch_nas.data._datasets import load_image_folder, load_torchvision_dataset
-from stitch_nas.data._splits import DataSplits, Split, load_digits_splits
+from stitch_nas.data import (
+    DataSplits,
+    Split,
+    load_digits_splits,
+    load_image_folder,
+    load_torchvision_dataset,
+)
 from stitch_nas.errors import DataError, UnknownNameError
 
 
@@ -161,3 +166,74 @@ def test_torchvision_errors(tmp_path: Path) -> None:
         load_torchvision_dataset("MNIST", tmp_path / "missing", size=32)
     with pytest.raises(DataError, match="nothing is downloaded"):
         load_torchvision_dataset("CIFAR10", tmp_path, size=32)
+
+
+# --- fixed splits: .npz arrays and split folders -----------------------------------------
+
+
+def _write_npz(path: Path, n: int, *, seed: int = 0, layout: str = "nhwc") -> None:
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(4), n // 4)  # class-major, like realzoo's files
+    x = rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8)
+    x[..., 0] = 60 * y[:, None, None]  # the class is visible in the first channel
+    if layout == "nchw":
+        x = x.transpose(0, 3, 1, 2)
+    np.savez(path, images=x, labels=y.astype(np.int64), extra=np.arange(n))
+
+
+def _npz_splits(root: Path) -> dict:
+    return {
+        "probe": {"file": str(root / "train.npz"), "start": 0, "count": 32},
+        "train": {"file": str(root / "train.npz"), "start": 32, "count": None},
+        "val": {"file": str(root / "test.npz"), "start": 0, "count": 40},
+        "test": {"file": str(root / "test.npz"), "start": 40, "count": 40},
+    }
+
+
+def test_npz_fixed_splits_are_shuffled_disjoint_runs(tmp_path: Path) -> None:
+    from stitch_nas.data import load_npz_splits
+
+    _write_npz(tmp_path / "train.npz", 100)
+    _write_npz(tmp_path / "test.npz", 80, seed=1, layout="nchw")
+    data = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", size=16)
+    assert [len(s) for s in data.splits().values()] == [68, 32, 40, 40]
+    assert data.label_names == ("0", "1", "2", "3") and data.image_size == (16, 16)
+    for split in data.splits().values():  # a prefix of a class-major file would hold 1-2 classes
+        assert split.y.unique().numel() == 4
+        assert split.x.min() >= 0.0 and split.x.max() <= 1.0
+    # the splits of one file are disjoint runs of one seeded permutation
+    x = np.load(tmp_path / "train.npz")["images"]
+    order = np.random.default_rng(0).permutation(100)
+    expected = torch.from_numpy(x[np.sort(order[:32])]).permute(0, 3, 1, 2).float() / 255
+    kept = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels")
+    assert torch.equal(kept.probe.x, expected)
+    assert (
+        kept.fingerprint()
+        == load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels").fingerprint()
+    )
+    other = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", seed=1)
+    assert other.fingerprint() != kept.fingerprint()
+    named = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels",
+                            label_names=list("abcd"))  # fmt: skip
+    assert named.label_names == ("a", "b", "c", "d")
+    with pytest.raises(DataError, match=r"needs 'x' and 'y'"):
+        load_npz_splits(_npz_splits(tmp_path))
+    with pytest.raises(DataError, match=r"2 label names for labels up to 3"):
+        load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", label_names="ab")
+
+
+def test_split_folders_keep_their_splits(tmp_path: Path) -> None:
+    from stitch_nas.data import load_split_folders
+
+    _write_folder(tmp_path / "set" / "train", per_class=30)
+    _write_folder(tmp_path / "set" / "val", per_class=6)
+    _write_folder(tmp_path / "set" / "test", per_class=7)
+    data = load_split_folders(tmp_path / "set", size=16, probe_size=32)
+    assert [len(s) for s in data.splits().values()] == [60 - 32, 32, 12, 14]
+    assert data.label_names == ("class_a", "class_b")
+    assert data.val.y.tolist() == [0] * 6 + [1] * 6  # val/ used as it is, in its own order
+    (tmp_path / "set" / "test" / "class_c").mkdir()
+    with pytest.raises(DataError, match="same class folders"):
+        load_split_folders(tmp_path / "set", size=16, probe_size=32)
+    with pytest.raises(DataError, match=r"missing or empty"):
+        load_split_folders(tmp_path / "nothing", size=16, probe_size=32)

@@ -8,7 +8,7 @@ import torch
 import torchvision
 
 from stitch_nas import errors
-from stitch_nas.fragments._cuts import LAYOUTS, cut_points, get_cut, segment, split
+from stitch_nas.fragments import LAYOUTS, cut_points, get_cut, segment, split
 from tests._tiny import tiny_swin
 
 MODELS = {
@@ -117,3 +117,122 @@ def test_train_mode_is_restored():
     model = timm.create_model("test_resnet").train()
     cut_points(model, input_shape=(1, 3, 32, 32))
     assert model.training
+
+
+# --- input size, plain Sequential stacks, blocks finished by their parent, declared blocks --
+
+
+def test_a_module_without_an_input_size_needs_input_shape():
+    model = torchvision.models.resnet18(weights=None).eval()
+    with pytest.raises(
+        errors.ConfigError, match=r"input size of ResNet cannot be known.*input_shape"
+    ):
+        cut_points(model)
+    cuts = cut_points(model, input_shape=(1, 3, 32, 32))
+    assert cuts[0].shape[1:] == (16, 16)  # the cut is at the size the model is fed
+    timm_model = timm.create_model("test_resnet").eval()
+    assert cut_points(timm_model)[0].shape[1:] == (80, 80)  # its pretrained_cfg: 160x160
+
+
+class _AllConv(torch.nn.Module):
+    """A plain Sequential stack in the layout of realzoo's all-conv CNN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+
+        def cbr(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+
+        layers = cbr(3, 8) + cbr(8, 8) + [nn.MaxPool2d(2)] + cbr(8, 8)
+        self.body = nn.Sequential(*layers, nn.Conv2d(8, 4, 1), nn.AdaptiveAvgPool2d(1))
+
+    def forward(self, x):
+        return torch.flatten(self.body(x), 1)
+
+
+def test_plain_sequential_is_cut_between_layer_groups():
+    model = _AllConv().eval()
+    shape = (1, 3, 16, 16)
+    names = [c.name for c in cut_points(model, input_shape=shape)]
+    # after each ReLU and the pool, never between a conv and its batch norm or activation
+    assert names == ["body.2", "body.5", "body.6", "body.9", "body.10", "body"]
+    _assert_exact(model, shape)
+
+
+class _StageGlue(torch.nn.Module):
+    """Blocks whose skip addition and ReLU happen in the stage's forward (fattorib layout)."""
+
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        nn = torch.nn
+
+        def pair(c):
+            return nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+                                 nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c))  # fmt: skip
+
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.ModuleList(pair(8) for _ in range(n - 1))
+        self.final = pair(8)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for block in self.blocks:
+            x = torch.relu(block(x) + x)
+        x = torch.relu(self.final(x) + x)
+        return self.fc(x.mean((2, 3)))
+
+
+class _Stage(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _StageGlue()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_blocks_finished_by_their_parent_are_cut_after_the_glue():
+    model = _StageGlue().eval()
+    shape = (1, 3, 8, 8)
+    cuts = cut_points(model, input_shape=shape)
+    assert [c.name for c in cuts] == ["stem", "blocks.0", "blocks.1", "final"]
+    assert cuts[-1].shape == (8, 8, 8)  # after the skip and ReLU, not after the pooling
+    _assert_exact(model, shape)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():  # the cut carries the block's output after the skip and the ReLU
+        after_stem = torch.relu(model.stem(x))
+        expected = torch.relu(model.blocks[0](after_stem) + after_stem)
+        assert torch.allclose(segment(model, None, "blocks.0", input_shape=shape)(x), expected)
+
+
+def test_declared_blocks_replace_the_automatic_cuts():
+    from stitch_nas.fragments import declare_blocks
+
+    model = declare_blocks(_StageGlue().eval(), ["blocks.1", "final"])
+    shape = (1, 3, 8, 8)
+    assert [c.name for c in cut_points(model, input_shape=shape)] == ["blocks.1", "final"]
+    _assert_exact(model, shape)
+    nested = declare_blocks(_Stage().eval(), ["inner.blocks.*"])
+    assert [c.name for c in cut_points(nested, input_shape=shape)] == [
+        "inner.blocks.0",
+        "inner.blocks.1",
+    ]
+    with pytest.raises(errors.UnknownCutError, match=r"'blocks.7' is not a module"):
+        cut_points(declare_blocks(_StageGlue().eval(), ["blocks.7"]), input_shape=shape)
+    with pytest.raises(errors.UnknownCutError, match=r"'blocks.0.3'.*skip connection"):
+        cut_points(declare_blocks(_StageGlue().eval(), ["blocks.0.3"]), input_shape=shape)
+    with pytest.raises(errors.UnknownCutError, match=r"pattern 'head\*' .* matches no module"):
+        cut_points(declare_blocks(_StageGlue().eval(), ["head*"]), input_shape=shape)
+    with pytest.raises(errors.ConfigError, match="non-empty list"):
+        declare_blocks(_StageGlue(), [])
+
+
+def _assert_exact(model, shape):
+    x = torch.randn(2, *shape[1:])
+    with torch.no_grad():
+        reference = model(x)
+        for cut in cut_points(model, input_shape=shape):
+            head, tail = split(model, cut, input_shape=shape)
+            assert torch.equal(tail(head(x)), reference), cut.name

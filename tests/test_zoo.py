@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -16,11 +18,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 import stitch_nas.zoo._mini as mz
-from stitch_nas.data._splits import DataSplits, load_digits_splits
+from stitch_nas.cli._zoo_keys import entry_from_settings
+from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import CacheError, ConfigError, DataError, UnknownModelError
-from stitch_nas.zoo._entry import InputSpec, Zoo, ZooEntry
+from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
 from stitch_nas.zoo._sources import (
-    entry_from_settings,
     from_module,
     from_timm,
     from_torchvision,
@@ -213,14 +215,20 @@ def test_entry_from_settings_torchvision(tmp_path: Path) -> None:
         ({"source": "timm", "model": "test_resnet", "weight": "w.pt"}, r"unknown key 'weight'"),
         (
             {"source": "hf", "model": "test_resnet"},
-            r"source must be one of timm, torchvision.*'hf'",
+            r"unknown zoo source 'hf'; available: module, timm, torchvision",
         ),
         ({"source": "torchvision", "model": "resnet18"}, r"missing key 'weights'"),
         ({"model": "test_resnet"}, r"missing key 'source'"),
         ({"source": "timm", "model": "test_resnet", "num_classes": "10"}, r"num_classes must be"),
         ({"source": "timm", "model": "test_resnet", "pretrained": "yes"}, r"pretrained must be"),
         ({"source": "timm", "model": "m", "weights": "w.pt", "pretrained": True}, "pretrained"),
-        (["timm", "resnet18"], "must be mappings"),
+        (["timm", "resnet18"], "must be a mapping"),
+        ({"source": "module", "module": "pkg.mod", "input_size": 8}, r"module must be 'package"),
+        ({"source": "module", "module": "a:b", "mean": [0, 0, 0]}, r"missing key 'input_size'"),
+        ({"source": "timm", "model": "m", "std": [1, 0, 1]}, r"std must be 3 numbers > 0"),
+        ({"source": "timm", "model": "m", "weights": "/no/such.pt"}, r"not an existing file"),
+        ({"source": "timm", "model": "m", "weights": "$NO_SUCH_VAR/w.pt"}, r"\$NO_SUCH_VAR"),
+        ({"source": "timm", "model": "m", "blocks": "layer1"}, r"blocks must be a non-empty list"),
     ],
 )
 def test_entry_from_settings_errors(item: object, match: str) -> None:
@@ -357,3 +365,163 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert mz.default_cache_dir() == tmp_path
     monkeypatch.delenv("STITCH_NAS_CACHE")
     assert mz.default_cache_dir() == Path.home() / ".cache" / "stitch_nas"
+
+
+# --- checkpoints as PyTorch loads them --------------------------------------------------
+
+
+def _bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(2))
+
+
+@pytest.fixture()
+def bn_net() -> nn.Module:
+    net = _bn_net()
+    net(torch.zeros(1, 3, 8, 8))  # materialise the lazy layer
+    return net.eval()
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda sd: {"net": sd, "acc": 92.9, "epoch": 180},
+        lambda sd: {"state_dict": sd, "optimizer": {"lr": 0.1}},
+        lambda sd: {"model": sd},
+        lambda sd: {"checkpoint": 1, "model": {"state_dict": sd}},
+        lambda sd: {f"module.{k}": v for k, v in sd.items()},
+        lambda sd: {"net": {f"module.{k}": v for k, v in sd.items()}, "acc": 70.8},
+    ],
+)
+def test_checkpoint_wrappers_and_prefixes(tmp_path: Path, bn_net: nn.Module, wrap) -> None:
+    torch.save(wrap(bn_net.state_dict()), tmp_path / "c.pth")
+    state = load_state_dict_file(tmp_path / "c.pth")
+    assert set(state) == set(bn_net.state_dict())
+    fresh = _bn_net()
+    fresh(torch.zeros(1, 3, 8, 8))
+    entry = from_module(
+        "m", fresh, checkpoint=tmp_path / "c.pth", input_spec=SPEC, label_names="ab"
+    )
+    assert _same_weights(entry.model, bn_net)
+    assert entry.weights_sha256 == hashlib.sha256((tmp_path / "c.pth").read_bytes()).hexdigest()
+
+
+def _torch_accepts(state: dict) -> bool:
+    model = _bn_net()
+    model(torch.zeros(1, 3, 8, 8))
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("version", [None, 1, 2])
+def test_missing_num_batches_tracked_as_strict_as_pytorch(
+    tmp_path: Path, bn_net: nn.Module, version: int | None
+) -> None:
+    """Old BatchNorm checkpoints lack num_batches_tracked; PyTorch fills it in for module
+    versions before 2 (and for a dict without version metadata), and refuses it otherwise."""
+    state = bn_net.state_dict()
+    metadata = dict(state._metadata)  # type: ignore[attr-defined]
+    del state["1.num_batches_tracked"]
+    if version is None:
+        state = dict(state)  # a plain dict carries no version metadata
+    else:
+        metadata["1"] = {"version": version}
+        state._metadata = metadata  # type: ignore[attr-defined]
+    torch.save({"net": state, "epoch": 1}, tmp_path / "old.pth")
+    accepted = _torch_accepts(torch.load(tmp_path / "old.pth", weights_only=True)["net"])
+    assert accepted == (version != 2)  # PyTorch's own rule, checked so this test can fail
+    fresh = _bn_net()
+    fresh(torch.zeros(1, 3, 8, 8))
+    if accepted:
+        entry = from_module("m", fresh, checkpoint=tmp_path / "old.pth", input_spec=SPEC,
+                            label_names="ab")  # fmt: skip
+        assert torch.equal(entry.model[1].running_mean, bn_net[1].running_mean)
+    else:
+        with pytest.raises(DataError, match=r"1 missing.*num_batches_tracked"):
+            from_module("m", fresh, checkpoint=tmp_path / "old.pth", input_spec=SPEC,
+                        label_names="ab")  # fmt: skip
+
+
+def test_legacy_non_zip_checkpoint_loads(tmp_path: Path, bn_net: nn.Module) -> None:
+    torch.save(bn_net.state_dict(), tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    assert _same_weights(
+        from_module("m", _loaded_bn(), checkpoint=tmp_path / "legacy.pth", input_spec=SPEC,
+                    label_names="ab").model, bn_net,
+    )  # fmt: skip
+
+
+def _loaded_bn() -> nn.Module:
+    net = _bn_net()
+    net(torch.zeros(1, 3, 8, 8))
+    return net
+
+
+def test_extra_and_missing_keys_are_one_line(tmp_path: Path, bn_net: nn.Module) -> None:
+    state = bn_net.state_dict() | {"extra.weight": torch.zeros(1)}
+    torch.save(state, tmp_path / "x.pth")
+    with pytest.raises(DataError, match=r"0 missing, 1 unexpected.*extra.weight") as info:
+        from_module("m", _loaded_bn(), checkpoint=tmp_path / "x.pth", input_spec=SPEC,
+                    label_names="ab")  # fmt: skip
+    assert len(str(info.value).splitlines()) == 1
+
+
+# --- zoo entries from YAML items of the user's own modules ------------------------------
+
+
+def _write_package(root: Path) -> None:
+    (root / "mynets").mkdir(parents=True)
+    (root / "mynets" / "__init__.py").write_text("")
+    (root / "mynets" / "small.py").write_text(
+        "import torch.nn as nn\n"
+        "def tiny(width=4, classes=3):\n"
+        "    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width),\n"
+        "                         nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(width, width, 3,\n"
+        "                         padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),\n"
+        "                         nn.Linear(width, classes))\n"
+    )
+
+
+def test_module_source_from_settings(tmp_path: Path) -> None:
+    _write_package(tmp_path / "code")
+    sys.path.insert(0, str(tmp_path / "code"))
+    try:
+        from mynets.small import tiny  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path / "code"))
+    torch.manual_seed(3)
+    reference = tiny(width=6).eval()
+    torch.save({"net": reference.state_dict(), "acc": 1.0}, tmp_path / "w.pth")
+    item = {
+        "name": "mine",
+        "source": "module",
+        "module": "mynets.small:tiny",
+        "module_path": "code",
+        "kwargs": {"width": 6},
+        "weights": "w.pth",
+        "input_size": 16,
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.25, 0.25, 0.25],
+        "blocks": ["3", "5"],
+    }
+    entry = entry_from_settings(item, ("a", "b", "c"), base=tmp_path)
+    assert entry.label_names == ("a", "b", "c") and entry.input_spec.size == (16, 16)
+    assert entry.input_spec.std == (0.25, 0.25, 0.25) and entry.source == "module:mynets.small:tiny"
+    assert _same_weights(entry.model, reference)
+    assert entry.weights_sha256 == hashlib.sha256((tmp_path / "w.pth").read_bytes()).hexdigest()
+    from stitch_nas.fragments import cut_points
+
+    cuts = cut_points(entry.model, input_shape=(1, 3, 16, 16))
+    assert [c.name for c in cuts] == ["3", "5"]  # the declared blocks, nothing else
+    with pytest.raises(
+        ConfigError, match=r"maps a 1x3x16x16 input to shape \(1, 3\), not \(1, 2\)"
+    ):
+        entry_from_settings(item, ("a", "b"), base=tmp_path)
+    with pytest.raises(ConfigError, match=r"cannot import module 'nosuch'.*module_path"):
+        entry_from_settings(item | {"module": "nosuch:tiny"}, ("a", "b", "c"), base=tmp_path)
+    with pytest.raises(ConfigError, match=r"has no 'huge'"):
+        entry_from_settings(item | {"module": "mynets.small:huge"}, ("a", "b", "c"), base=tmp_path)
+    with pytest.raises(ConfigError, match=r"fix kwargs"):
+        entry_from_settings(item | {"kwargs": {"depth": 3}}, ("a", "b", "c"), base=tmp_path)

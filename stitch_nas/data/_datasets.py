@@ -19,18 +19,19 @@ import torch
 from stitch_nas.data._splits import (
     _CHUNK,
     DataSplits,
+    Split,
     _check_probe_size,
     _check_size,
     _class_interleaved_order,
     _cut,
-    _resize,
     _split_sizes,
     _splits_from,
     _subset,
+    resize_images,
 )
 from stitch_nas.errors import ConfigError, DataError, UnknownNameError
 
-__all__ = ["load_image_folder", "load_torchvision_dataset"]
+__all__ = ["load_image_folder", "load_split_folders", "load_torchvision_dataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def _to_tensors(dataset: Any, size: int, limit: int | None) -> tuple[torch.Tenso
     arrays = _bulk_arrays(dataset)
     if arrays is not None:
         data, labels = arrays[0][:count], arrays[1][:count]
-        chunks = [_resize(chunk.float().div_(255.0), size) for chunk in data.split(_CHUNK)]
+        chunks = [resize_images(chunk.float().div_(255.0), size) for chunk in data.split(_CHUNK)]
         x = torch.cat(chunks)
         return x.expand(-1, 3, -1, -1).contiguous(), labels.contiguous()
     # generic path: slower, but works for any data set that yields (PIL image, int)
@@ -235,4 +236,65 @@ def load_torchvision_dataset(
         test=_subset(x_test, y_test, test_idx),
         label_names=tuple(str(label) for label in label_names),
         name=f"{name}{size}",
+    )
+
+
+def load_split_folders(
+    root: str | Path, *, size: int, probe_size: int = 128, seed: int = 0
+) -> DataSplits:
+    """Load an image folder whose splits are fixed: ``root/{train,val,test}/<class>/<image>``.
+
+    The val and test folders are used as they are; the probe is ``probe_size`` images of
+    ``train/`` (a seeded, class-interleaved pick) and train is the rest of ``train/``, so the
+    data set's own train/test separation is kept. Every split must have the same class
+    folders (a class with no images in a split still needs its empty folder).
+
+    Raises:
+        DataError: a split folder is missing, holds other classes than train/, or too few
+            images for the probe.
+    """
+    from torchvision import transforms
+    from torchvision.datasets import ImageFolder
+
+    _check_probe_size(probe_size)
+    _check_size(size)
+    root = Path(root).expanduser()
+    transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
+    parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    classes: list[str] | None = None
+    for split in ("train", "val", "test"):
+        folder = root / split
+        try:
+            dataset = ImageFolder(str(folder), transform=transform, allow_empty=True)
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise DataError(
+                f"split folder {str(folder)!r} is missing or empty ({exc}); add "
+                f"{split}/<class>/<image> files"
+            ) from exc
+        if classes is not None and dataset.classes != classes:
+            raise DataError(
+                f"{str(folder)!r} has classes {dataset.classes[:5]}..., train/ has "
+                f"{classes[:5]}...; give every split the same class folders"
+            )
+        classes = dataset.classes
+        if len(dataset) == 0:
+            raise DataError(f"split folder {str(folder)!r} holds no images; add some")
+        parts[split] = _read_all(dataset)
+    assert classes is not None
+    x_train, y_train = parts["train"]
+    if len(y_train) <= probe_size:
+        raise DataError(
+            f"{root}/train has {len(y_train)} images; need more than probe_size={probe_size}"
+        )
+    probe_idx, train_idx = _cut(
+        _class_interleaved_order(y_train, seed), [probe_size, len(y_train) - probe_size]
+    )
+    logger.info("loaded split folders of %s: %s", root, {s: len(p[1]) for s, p in parts.items()})
+    return DataSplits(
+        train=_subset(x_train, y_train, train_idx),
+        probe=_subset(x_train, y_train, probe_idx),
+        val=Split(*parts["val"]),
+        test=Split(*parts["test"]),
+        label_names=tuple(classes),
+        name=f"{root.name}{size}-split-folders",
     )

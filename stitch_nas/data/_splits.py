@@ -180,7 +180,7 @@ def _splits_from(
     return DataSplits(train, probe, val, test, tuple(str(label) for label in labels), name)
 
 
-def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
+def resize_images(x: torch.Tensor, size: int) -> torch.Tensor:
     """Resize a float batch to ``size`` x ``size`` (bilinear; antialiased when shrinking)."""
     if tuple(x.shape[-2:]) == (size, size):
         return x
@@ -216,7 +216,7 @@ def load_digits_splits(*, size: int = 32, probe_size: int = 128, seed: int = 0) 
     _check_size(size)
     bunch = load_digits()
     x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
-    x = _resize(x, size).expand(-1, 3, -1, -1).contiguous()
+    x = resize_images(x, size).expand(-1, 3, -1, -1).contiguous()
     y = torch.from_numpy(bunch.target.astype(np.int64))
     test_size = len(y) - _DIGITS_TRAIN - probe_size - _DIGITS_VAL
     sizes = [_DIGITS_TRAIN, probe_size, _DIGITS_VAL, test_size]

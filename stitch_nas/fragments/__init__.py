@@ -2,6 +2,10 @@
 parameters.
 """
 
+from ._blocks import (
+    declare_blocks,
+    declared_blocks,
+)
 from ._costs import (
     count_macs,
     count_macs_by_operator,
@@ -31,6 +35,8 @@ __all__ = [
     "count_params",
     "count_params_of",
     "cut_points",
+    "declare_blocks",
+    "declared_blocks",
     "get_cut",
     "segment",
     "split",

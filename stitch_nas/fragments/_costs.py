@@ -75,6 +75,40 @@ def _sdpa_macs(inputs: list[Any], outputs: list[Any]) -> int:
     return math.prod(q[:-2]) * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
+def _projected_attention_macs(
+    q: list[int], k: list[int], qkv_weight: list[int], proj_weight: list[int]
+) -> int:
+    """In-projections of Q, K and V, Q·Kᵀ plus attn·V over all heads, and the out-projection.
+
+    ``q`` is ``(B, L, E)`` or unbatched ``(L, E)``, ``k`` likewise with ``S`` tokens;
+    ``qkv_weight`` is the packed ``(3E, E)`` in-projection, ``proj_weight`` ``(E, E)``.
+    """
+    batch = math.prod(q[:-2]) if len(q) > 2 else 1
+    length, source, dim = q[-2], k[-2], qkv_weight[-1]
+    inner = qkv_weight[0] // 3  # embed dim after projection, summed over heads
+    projections = batch * (length + 2 * source) * dim * inner
+    attention = 2 * batch * length * source * inner
+    return projections + attention + batch * length * proj_weight[0] * proj_weight[1]
+
+
+def _native_mha_macs(inputs: list[Any], outputs: list[Any]) -> int:
+    """MACs of ``aten::_native_multi_head_attention``, ``nn.MultiheadAttention``'s fast path
+    (eval, no grad, ``batch_first``): the same work as its math path."""
+    q, k = _shape(inputs[0]), _shape(inputs[1])
+    return _projected_attention_macs(q, k, _shape(inputs[5]), _shape(inputs[7]))
+
+
+def _encoder_layer_macs(inputs: list[Any], outputs: list[Any]) -> int:
+    """MACs of ``aten::_transformer_encoder_layer_fwd``, ``nn.TransformerEncoderLayer``'s fast
+    path: self-attention, the two feed-forward linears and the two layer norms, each counted
+    as its math path is (layer norm: 5 per element, fvcore's convention)."""
+    x = _shape(inputs[0])
+    attention = _projected_attention_macs(x, x, _shape(inputs[3]), _shape(inputs[5]))
+    hidden = _shape(inputs[14])  # (F, E)
+    tokens = math.prod(x[:-1])
+    return attention + 2 * tokens * hidden[0] * hidden[1] + 2 * 5 * tokens * x[-1]
+
+
 def _product_macs(arg: int) -> _Handle:
     """Handle for ``out = [bias +] a @ b`` with ``a = inputs[arg]``: out size × inner dim.
 
@@ -101,7 +135,21 @@ def _conv_mode_macs(inputs: list[Any], outputs: list[Any]) -> int:
 
 # Ops that carry MACs but have no fvcore handler (or a fragile one).
 _EXTRA_HANDLES: dict[str, _Handle] = {
-    "aten::scaled_dot_product_attention": _sdpa_macs,
+    # every kernel scaled_dot_product_attention can dispatch to takes (q, k, v, ...) first
+    **{
+        f"aten::{op}": _sdpa_macs
+        for op in (
+            "scaled_dot_product_attention",
+            "_scaled_dot_product_attention_math",
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_flash_attention_for_cpu",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_fused_attention_overrideable",
+        )
+    },
+    "aten::_native_multi_head_attention": _native_mha_macs,
+    "aten::_transformer_encoder_layer_fwd": _encoder_layer_macs,
     "aten::matmul": _product_macs(0),
     "aten::mv": _product_macs(0),
     "aten::dot": _product_macs(0),
@@ -156,7 +204,7 @@ def _resolve_inputs(
 
 
 def count_macs_by_operator(
-    model: nn.Module, input_shape: Sequence[int] | None, *, inputs: Any = None
+    model: nn.Module, input_shape: Sequence[int] | None, *, inputs: Any = None, strict: bool = False
 ) -> dict[str, int]:
     """MACs of one forward pass, broken down by operator; see :func:`count_macs`.
 
@@ -164,6 +212,7 @@ def count_macs_by_operator(
         model: Network to analyse, as for :func:`count_macs`.
         input_shape: Full input shape with the batch dimension first, or ``None``.
         inputs: Optional positional arguments used instead of a random input.
+        strict: Raise instead of warning when an op that may do multiply-adds has no handler.
 
     Returns:
         MACs per operator, keyed by fvcore's short names (``"linear"``, ``"conv"``,
@@ -202,12 +251,19 @@ def count_macs_by_operator(
     loud = ", ".join(sorted(op for op in unsupported if op not in _NO_MAC_OPS))
     if quiet:
         logger.debug("count_macs(%s): no-MAC ops counted as 0: %s", name, quiet)
+    if loud and strict:
+        raise TraceError(
+            f"count_macs({name}): ops without a MAC handler: {loud}; add a handler in "
+            "stitch_nas/fragments/_costs.py or list the op as MAC-free"
+        )
     if loud:
         logger.warning("count_macs(%s): ops without a MAC handler, counted as 0: %s", name, loud)
     return {op: int(round(n)) for op, n in by_op.items()}
 
 
-def count_macs(model: nn.Module, input_shape: Sequence[int] | None, *, inputs: Any = None) -> int:
+def count_macs(
+    model: nn.Module, input_shape: Sequence[int] | None, *, inputs: Any = None, strict: bool = False
+) -> int:
     """Multiply-accumulates of one forward pass, in the fvcore convention.
 
     Convention: one fused multiply-add is one MAC (half of what a "2 FLOPs per MAC"
@@ -217,11 +273,15 @@ def count_macs(model: nn.Module, input_shape: Sequence[int] | None, *, inputs: A
 
     Counted: linear/addmm/mm/bmm/matmul/einsum/mv/dot/baddbmm (inner-product MACs only,
     biases ignored), convolutions including transposed and ``padding="same"`` ones, and
-    ``F.scaled_dot_product_attention`` as ``B·heads·L·S·E + B·heads·L·S·Ev`` (Q·Kᵀ plus
-    attn·V), which fvcore alone silently counts as 0. Also counted, because fvcore's
-    default handlers count them: batch norm (eval: 1-2 per element, train: 4-5), layer,
-    group and instance norm (4-5 per element), ``adaptive_avg_pool2d`` (1 per input
-    element), nearest/bilinear upsampling (1/4 per output element) and ``grid_sample``.
+    ``F.scaled_dot_product_attention`` (and each kernel it dispatches to) as
+    ``B·heads·L·S·E + B·heads·L·S·Ev`` (Q·Kᵀ plus attn·V), which fvcore alone silently
+    counts as 0, and the fast paths of ``nn.MultiheadAttention``
+    (``aten::_native_multi_head_attention``) and ``nn.TransformerEncoderLayer``
+    (``aten::_transformer_encoder_layer_fwd``) as the work of their math paths. Also
+    counted, because fvcore's default handlers count them: batch norm (eval: 1-2 per
+    element, train: 4-5), layer, group and instance norm (4-5 per element),
+    ``adaptive_avg_pool2d`` (1 per input element), nearest/bilinear upsampling (1/4 per
+    output element) and ``grid_sample``.
     Not counted: activations, softmax, residual adds and other elementwise ops,
     ``avg_pool``/``max_pool``, ``rms_norm`` and anything else without a handler (such ops
     are logged; ones not known to be MAC-free are logged as a warning).
@@ -236,6 +296,8 @@ def count_macs(model: nn.Module, input_shape: Sequence[int] | None, *, inputs: A
             ``(1, 3, 224, 224)``. May be ``None`` when ``inputs`` is given.
         inputs: Optional tensor or tuple of positional arguments used instead of a random
             input of ``input_shape`` (for models with several inputs).
+        strict: Raise TraceError naming any op that may do multiply-adds and has no
+            handler (the default logs a warning naming it and counts it as 0).
 
     Returns:
         Total MACs for the batch.
@@ -244,7 +306,7 @@ def count_macs(model: nn.Module, input_shape: Sequence[int] | None, *, inputs: A
         ConfigError: ``input_shape`` is malformed or disagrees with ``inputs``.
         TraceError: The model cannot be traced or counted.
     """
-    return sum(count_macs_by_operator(model, input_shape, inputs=inputs).values())
+    return sum(count_macs_by_operator(model, input_shape, inputs=inputs, strict=strict).values())
 
 
 def count_macs_reference(model: nn.Module, input_shape: Sequence[int]) -> int:

@@ -3,8 +3,9 @@
 A model is traced once with torch.fx (timm's non-traceable modules and functions stay leaves).
 A *cut point* is a node of that graph where one tensor carries all the state: every value
 computed before it, other than constants derived from parameters, is dead after it. Among those
-we keep block boundaries: nodes that end a module whose parent is the model itself or a
-``Sequential``/``ModuleList`` container. Nothing here is written per architecture.
+we keep the ends of blocks (:mod:`stitch_nas.fragments._blocks`: children of the model, modules
+in ``Sequential``/``ModuleList`` containers, layer boundaries in plain ``Sequential`` stacks, or
+the modules a user declares). Nothing here is written per architecture.
 
 ``segment(model, start, end)`` builds a ``GraphModule`` that runs the model from one cut to
 another. Segments share the model's parameters (no copies), so the prefix of A, then the suffix
@@ -24,15 +25,24 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from stitch_nas.errors import TraceError, UnknownCutError
+from stitch_nas.errors import ConfigError, TraceError, UnknownCutError
 
-__all__ = ["CutPoint", "LAYOUTS", "cut_points", "get_cut", "split", "segment"]
+from ._blocks import BlockNamer, declared_blocks
+
+__all__ = [
+    "CutPoint",
+    "LAYOUTS",
+    "cut_points",
+    "default_input_shape",
+    "get_cut",
+    "split",
+    "segment",
+]
 
 logger = logging.getLogger(__name__)
 
 LAYOUTS = ("nchw", "nhwc", "tokens", "vector")
 _IDENTITY_LIKE = (nn.Identity, nn.Dropout, nn.Dropout2d, nn.Dropout1d)
-_CONTAINERS = (nn.Sequential, nn.ModuleList)
 
 
 @dataclass(frozen=True)
@@ -102,24 +112,46 @@ class _Traced:
         self.node_of = {cut.name: node for cut, node in found}
 
 
-_CACHE: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], _Traced]] = (
-    weakref.WeakKeyDictionary()
-)
+_TraceKey = tuple[tuple[int, ...], tuple[str, ...] | None]
+_CACHE: weakref.WeakKeyDictionary[nn.Module, dict[_TraceKey, _Traced]] = weakref.WeakKeyDictionary()
 
 
 def _traced(model: nn.Module, input_shape: tuple[int, ...] | None) -> _Traced:
-    shape = tuple(input_shape) if input_shape is not None else default_input_shape(model)
+    shape = _input_shape(model, input_shape)
     per_model = _CACHE.setdefault(model, {})
-    if shape not in per_model:
-        per_model[shape] = _Traced(model, shape)
-    return per_model[shape]
+    key = (shape, declared_blocks(model))  # declaring other blocks later traces anew
+    if key not in per_model:
+        per_model[key] = _Traced(model, shape)
+    return per_model[key]
+
+
+def _input_shape(model: nn.Module, input_shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    if input_shape is not None:
+        shape = tuple(input_shape)
+        if len(shape) < 2 or not all(type(s) is int and s > 0 for s in shape):
+            raise ConfigError(
+                f"input_shape={input_shape!r} is invalid; pass positive ints with the batch "
+                "first, e.g. (1, 3, 32, 32)"
+            )
+        return shape
+    return default_input_shape(model)
 
 
 def default_input_shape(model: nn.Module) -> tuple[int, ...]:
-    """(1, C, H, W) from a timm model's ``pretrained_cfg``, else ImageNet's (1, 3, 224, 224)."""
-    cfg = getattr(model, "pretrained_cfg", None) or {}
-    size = cfg.get("input_size", (3, 224, 224))
-    return (1, *size)
+    """(1, C, H, W) from a timm model's ``pretrained_cfg``.
+
+    Raises:
+        ConfigError: the model does not say its input size (any non-timm module): guessing
+            would put every cut at the wrong resolution, so pass ``input_shape``.
+    """
+    cfg = getattr(model, "pretrained_cfg", None)
+    size = cfg.get("input_size") if isinstance(cfg, dict) else None
+    if not size:
+        raise ConfigError(
+            f"the input size of {type(model).__name__} cannot be known (it has no timm "
+            "pretrained_cfg); pass input_shape=(1, 3, height, width)"
+        )
+    return (1, *(int(s) for s in size))
 
 
 def _trace(model: nn.Module) -> fx.Graph:
@@ -169,43 +201,31 @@ def _single_state_nodes(traced: _Traced) -> list[fx.Node]:
     return found
 
 
-def _ended_module(traced: _Traced, node: fx.Node, model: nn.Module) -> str | None:
-    """Innermost block-level module whose computation ends at ``node``, if any."""
-    stack = list(node.meta.get("nn_module_stack", {}).keys())
-    if node.op == "call_module":
-        stack.append(str(node.target))
-    nxt = traced.nodes[traced.position[node] + 1]
-    next_stack = set(nxt.meta.get("nn_module_stack", {}).keys())
-    if nxt.op == "call_module":
-        next_stack.add(str(nxt.target))
-    modules = dict(model.named_modules())
-    for path in reversed(stack):
-        if path in next_stack or path not in modules:
-            continue
-        parent = path.rpartition(".")[0]
-        if parent == "":
-            return path
-        # a plain layer (conv, norm, act) inside a block container is not a block itself
-        composite = any(True for _ in modules[path].children())
-        if composite and isinstance(modules.get(parent), _CONTAINERS):
-            return path
-    return None
-
-
 def _find_cuts(
     model: nn.Module, traced: _Traced, input_shape: tuple[int, ...]
 ) -> list[tuple[CutPoint, fx.Node]]:
     shapes = _propagate_shapes(model, traced, input_shape)
+    namer = BlockNamer(model, traced.nodes)
     named: list[tuple[str, fx.Node]] = []
+    direct: set[str] = set()  # blocks cut at their own last node
     final = traced.output.args[0]
     for node in _single_state_nodes(traced):
-        name = _ended_module(traced, node, model)
+        name, glue = namer.name(traced.position[node])
         shape = shapes.get(node)
         if name is None or node is final or shape is None or len(shape) not in (2, 3, 4):
             continue
-        if named and _is_identity_of(model, node, named[-1][1]):
+        if glue and name in direct:
+            continue  # already cut where it ends; its parent's glue adds no new cut
+        if glue and named and named[-1][0] == name:
+            if shapes.get(named[-1][1]) != shape:
+                continue  # pooling or flattening after the block is no longer its output
+            named.pop()  # the parent's glue goes on (skip add, then ReLU): cut after the last
+        elif named and _is_identity_of(model, node, named[-1][1]):
             named.pop()  # same tensor as the previous cut: keep the later name only
         named.append((name, node))
+        if not glue:
+            direct.add(name)
+    namer.check_found(name for name, _ in named)
     found = []
     total = max(len(traced.nodes) - 1, 1)
     for index, (name, node) in enumerate(named):
@@ -305,7 +325,14 @@ def cut_points(model: nn.Module, *, input_shape: tuple[int, ...] | None = None) 
     Args:
         model: any module torch.fx can trace with timm's leaf modules.
         input_shape: full input shape used to read tensor shapes at each cut; defaults to the
-            timm ``pretrained_cfg`` input size, else (1, 3, 224, 224).
+            timm ``pretrained_cfg`` input size. Required for any other module (its cuts would
+            be at the wrong resolution otherwise); a :class:`~stitch_nas.zoo.ZooEntry` gives
+            it as ``(1, 3, *entry.input_spec.size)``.
+
+    Raises:
+        ConfigError: no ``input_shape`` for a module that does not declare its input size.
+        TraceError: torch.fx cannot trace the model or it fails on ``input_shape``.
+        UnknownCutError: a declared block (:func:`declare_blocks`) gives no cut point.
     """
     return list(_traced(model, input_shape).cuts)
 

@@ -13,7 +13,8 @@ import torch.fx as fx
 from torch import nn
 
 from stitch_nas.errors import UnknownCutError
-from stitch_nas.fragments._cuts import CutPoint, cut_points, get_cut, segment
+
+from ._cuts import CutPoint, cut_points, get_cut, segment
 
 __all__ = ["PieceChain"]
 

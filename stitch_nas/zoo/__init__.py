@@ -25,10 +25,12 @@ from ._mini import (
     load_mini_zoo,
 )
 from ._sources import (
-    entry_from_settings,
     from_module,
     from_timm,
     from_torchvision,
+)
+from ._yaml import (
+    import_factory,
 )
 
 __all__ = [
@@ -44,10 +46,10 @@ __all__ = [
     "check_architecture",
     "create_architecture",
     "default_cache_dir",
-    "entry_from_settings",
     "from_module",
     "from_timm",
     "from_torchvision",
+    "import_factory",
     "load_mini_zoo",
     "load_state_dict_file",
 ]

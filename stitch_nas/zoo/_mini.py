@@ -33,11 +33,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
-from stitch_nas.data._splits import DataSplits, load_digits_splits
+from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import DataError, UnknownModelError
 from stitch_nas.files import atomic_write, sha256_file
-from stitch_nas.zoo._checkpoints import _load_into
-from stitch_nas.zoo._entry import InputSpec, Zoo, ZooEntry
+
+from ._checkpoints import load_into
+from ._entry import InputSpec, Zoo, ZooEntry
 
 __all__ = ["MINI_ZOO_NAMES", "architecture_of", "build_model", "default_cache_dir", "load_mini_zoo"]
 
@@ -100,7 +101,7 @@ def build_model(name: str, *, num_classes: int = 10, img_size: int = 32) -> nn.M
     Raises:
         UnknownModelError: If ``name`` is not a mini zoo model.
     """
-    from stitch_nas.zoo._architectures import create_architecture
+    from ._architectures import create_architecture
 
     recipe = _recipe_of(name)
     model = create_architecture(architecture_of(name, num_classes=num_classes, img_size=img_size))
@@ -228,7 +229,7 @@ def _load_cached(
         return None
     model = build_model(name, num_classes=data.num_classes, img_size=data.image_size[0])
     try:
-        _load_into(model, load_file(str(path)), f"in {str(path)!r}")
+        load_into(model, load_file(str(path)), f"in {str(path)!r}")
     except (SafetensorError, DataError, OSError) as exc:
         logger.warning("cached mini zoo file %s does not load (%s); rebuilding it", path, exc)
         return None

@@ -1,16 +1,16 @@
 """Sources of zoo entries: timm, torchvision, any ``nn.Module`` and YAML settings items.
 
 :func:`from_timm` (weights from a local file, the local Hugging Face cache, or random),
-:func:`from_torchvision` (local file), :func:`from_module` and :func:`entry_from_settings`
-(one ``zoo.models`` item) each return a :class:`~stitch_nas.zoo.ZooEntry`. Nothing here
-downloads; checkpoints are read with safetensors or ``torch.load(..., weights_only=True)``.
+:func:`from_torchvision` (local file) and :func:`from_module` each return a
+:class:`~stitch_nas.zoo.ZooEntry` (YAML items are built by :mod:`stitch_nas.zoo._yaml`).
+Nothing here downloads; checkpoints are read with safetensors or
+``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -20,14 +20,14 @@ from torch import nn
 
 from stitch_nas.errors import CacheError, ConfigError, UnknownModelError
 from stitch_nas.files import sha256_file
-from stitch_nas.zoo._checkpoints import _BAD_FILE, _load_into, load_state_dict_file
-from stitch_nas.zoo._entry import IMAGENET_MEAN, IMAGENET_STD, InputSpec, ZooEntry
+
+from ._checkpoints import BAD_FILE, load_into, load_state_dict_file
+from ._entry import IMAGENET_MEAN, IMAGENET_STD, InputSpec, ZooEntry
 
 __all__ = [
     "from_timm",
     "from_torchvision",
     "from_module",
-    "entry_from_settings",
     "load_state_dict_file",
     "sha256_file",
 ]
@@ -106,7 +106,7 @@ def _create_timm(
             if found is not None:
                 kwargs["num_classes"] = found
         model = timm.create_model(name, pretrained=False, **kwargs)
-        _load_into(model, state, f"file {str(weights)!r}")
+        load_into(model, state, f"file {str(weights)!r}")
         return model, sha256_file(Path(weights).expanduser())
     if pretrained:
         cached = _hub_cached_file(name)
@@ -116,7 +116,7 @@ def _create_timm(
             model = timm.create_model(
                 name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs
             )
-        except _BAD_FILE as exc:
+        except BAD_FILE as exc:
             raise CacheError(
                 f"cached weights {str(cached)!r} are unreadable ({exc}); delete them"
             ) from exc
@@ -224,7 +224,7 @@ def from_torchvision(
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     model = torchvision.models.get_model(name, weights=None, **kwargs)
-    _load_into(model, state, f"file {str(weights_path)!r}")
+    load_into(model, state, f"file {str(weights_path)!r}")
     outputs = _classifier_outputs(model.state_dict(), None) or kwargs.get("num_classes", 1000)
     try:
         categories = torchvision.models.get_model_weights(name).DEFAULT.meta["categories"]
@@ -265,7 +265,7 @@ def from_module(
     """
     sha = None
     if checkpoint is not None:
-        _load_into(module, load_state_dict_file(checkpoint), f"file {str(checkpoint)!r}")
+        load_into(module, load_state_dict_file(checkpoint), f"file {str(checkpoint)!r}")
         sha = sha256_file(Path(checkpoint).expanduser())
     return ZooEntry(
         name=name,
@@ -275,64 +275,3 @@ def from_module(
         source=source,
         weights_sha256=sha,
     )
-
-
-def _is_size(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _side(size: int | Sequence[int]) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (size[0], size[1])
-
-
-_SETTINGS_KEYS: dict[str, tuple[str, Any]] = {  # key of a zoo.models item: (type, check)
-    "name": ("a non-empty string", lambda v: isinstance(v, str) and bool(v)),
-    "source": ("one of timm, torchvision", lambda v: v in ("timm", "torchvision")),
-    "model": ("a non-empty string", lambda v: isinstance(v, str) and bool(v)),
-    "weights": ("a file path", lambda v: isinstance(v, (str, os.PathLike))),
-    "num_classes": ("an int >= 1", _is_size),
-    "label_names": ("a list of names", lambda v: isinstance(v, list)),
-    "pretrained": ("true or false", lambda v: isinstance(v, bool)),
-    "img_size": ("an int or [height, width]", lambda v: _is_size(v) or (
-        isinstance(v, list) and len(v) == 2 and all(map(_is_size, v)))),
-}  # fmt: skip
-
-
-def entry_from_settings(item: Mapping[str, Any]) -> ZooEntry:
-    """Create a zoo entry from one ``zoo.models`` item of a ``stitch-nas search`` file.
-
-    Keys: ``source`` (timm | torchvision) and ``model`` (required), ``weights`` (local file;
-    required for torchvision) or ``pretrained`` (timm; local cache only), ``name``,
-    ``num_classes``, ``label_names``, ``img_size`` (side or ``[height, width]`` the model is
-    fed; passed on to timm models that take it, e.g. ViTs). Bad keys raise ConfigError.
-    """
-    if not isinstance(item, Mapping):
-        raise ConfigError(f"zoo.models items must be mappings, got {type(item).__name__}")
-    at = f"zoo.models item {item.get('name', item.get('model', '?'))!r}"
-    for key, value in item.items():
-        wanted, check = _SETTINGS_KEYS.get(key, ("", None))
-        if check is None:
-            raise ConfigError(f"{at}: unknown key {key!r}; valid: {', '.join(_SETTINGS_KEYS)}")
-        if not check(value):
-            raise ConfigError(f"{at}: {key} must be {wanted}, got {type(value).__name__} {value!r}")
-    need = ["source", "model"] + ["weights"] * (item.get("source") == "torchvision")
-    for key in need:
-        if key not in item:
-            raise ConfigError(f"{at}: missing key {key!r}; required keys: {', '.join(need)}")
-    if item.get("pretrained") and ("weights" in item or len(need) == 3):
-        raise ConfigError(f"{at}: pretrained: true is for timm without weights; drop one of them")
-    get, size = item.get, item.get("img_size")
-    kwargs: dict[str, Any] = {k: get(k) for k in ("num_classes", "label_names")}
-    kwargs["entry_name"] = get("name")
-    if item["source"] == "torchvision":
-        spec = InputSpec(_side(size), IMAGENET_MEAN, IMAGENET_STD) if size else None
-        return from_torchvision(item["model"], item["weights"], input_spec=spec, **kwargs)
-    kwargs |= {"weights": get("weights"), "pretrained": get("pretrained", False)}
-    try:
-        return from_timm(item["model"], **kwargs, **({"img_size": size} if size else {}))
-    except TypeError as exc:  # models taking any input size (CNNs) have no img_size argument
-        if not size or "img_size" not in str(exc):
-            raise
-    entry = from_timm(item["model"], **kwargs)
-    entry.input_spec = InputSpec(_side(size), entry.input_spec.mean, entry.input_spec.std)
-    return entry
