@@ -1,14 +1,24 @@
 """Trials per minute of the Ray executor with 1 and 2 workers on the embedded zoo.
 
-    python benchmarks/ray_scaling.py [--trials 150] [--workers 1 2]
+    python benchmarks/ray_scaling.py [--trials 150] [--workers 1 2] [--repeat 3]
+    python benchmarks/ray_scaling.py --two-node [--trials 60]
 
 Each setting runs a fresh study (random sampler, same seed, CKA threshold 0.3) on one local Ray
 started with as many CPUs as the largest worker count; the local executor is timed on the same
 searches for reference, with one torch thread and the same warm-up as a worker (models traced,
 MAC tables and activations filled). Rates count the trials that ran on a worker (sampled
 duplicates are answered by the driver and reported apart) over the search time, start-up
-excluded; start-up (sharing the activations, starting the actors) is reported separately. Writes
-benchmarks/results/ray_scaling.json. A benchmark, not a test: the figures depend on the machine.
+excluded; start-up (sharing the activations, starting the actors) is reported separately. The
+worker settings alternate ``--repeat`` times, so the ratio's spread shows how much the machine's
+load moved; the 1, 5 and 15 minute load averages are recorded before and after.
+
+``--two-node`` starts a two-node Ray cluster on this machine instead (Ray's own test helper
+``ray.cluster_utils.Cluster``: a head and a second node of one CPU each, loopback only), runs
+the search with two workers joined to it by address, and reports how many trials ran on each
+node (each trial records its node as ``ray_node``); the cluster is torn down after.
+
+Writes benchmarks/results/ray_scaling.json (or ray_two_node.json). A benchmark, not a test: the
+figures depend on the machine and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -17,23 +27,34 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import optuna
-import ray
-import torch
+# Loopback only: Ray otherwise rewrites 127.0.0.1 in a cluster address to this machine's
+# outward address (read when ray is imported, so set first)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-from stitch_nas.activations._context import StitchContext
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.search._ray_executor import RayExecutor
-from stitch_nas.search._runner import StitchObjective, run_search
-from stitch_nas.search._studies import create_study
-from stitch_nas.stitching._measure import fragment_macs
-from stitch_nas.zoo._mini import load_mini_zoo
+import optuna  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+from stitch_nas.activations import StitchContext  # noqa: E402
+from stitch_nas.data import load_digits_splits  # noqa: E402
+from stitch_nas.search import (  # noqa: E402
+    RAY_NODE,
+    RayExecutor,
+    StitchObjective,
+    create_study,
+    run_search,
+)
+from stitch_nas.stitching import fragment_macs  # noqa: E402
+from stitch_nas.zoo import load_mini_zoo  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "ray_scaling.json"
+TWO_NODE_RESULTS = Path(__file__).parent / "results" / "ray_two_node.json"
 
 
 def _local(ctx: StitchContext, trials: int, seed: int) -> dict:
@@ -57,13 +78,20 @@ def _local(ctx: StitchContext, trials: int, seed: int) -> dict:
     }
 
 
-def _ray(ctx: StitchContext, trials: int, seed: int, workers: int) -> dict:
+def _ray(
+    ctx: StitchContext, trials: int, seed: int, workers: int, address: str | None = None
+) -> dict:
     objective = StitchObjective(ctx, cka_threshold=0.3)
     study = create_study(objective, tempfile.mkdtemp(), sampler="random", seed=seed)
-    executor = RayExecutor(workers=workers)
+    executor = RayExecutor(workers=workers, address=address)
     run_search(objective, study, trials, executor=executor)
     run = executor.last_run
     ran = run["complete"] + run["pruned"] + run["failed"]
+    nodes: dict[str, int] = {}
+    for trial in study.trials:
+        node = trial.user_attrs.get(RAY_NODE)
+        if node is not None:
+            nodes[node] = nodes.get(node, 0) + 1
     return {
         "workers": workers,
         "startup_seconds": round(run["startup_seconds"], 2),
@@ -72,61 +100,127 @@ def _ray(ctx: StitchContext, trials: int, seed: int, workers: int) -> dict:
         "duplicates": run["duplicates"],
         "failed": run["failed"],
         "trials_per_minute": round(60 * ran / run["search_seconds"], 1),
+        "driver_cpu_ms_per_trial": round(
+            1000 * run["driver_cpu_seconds"] / max(1, len(study.trials)), 1
+        ),
+        "trials_per_node": nodes,
     }
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _machine() -> dict:
+    return {
+        "cores": os.cpu_count(),
+        "torch_threads_local_and_per_worker": 1,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+    }
+
+
+def _two_node(ctx: StitchContext, trials: int, seed: int) -> None:
+    from ray.cluster_utils import Cluster
+
+    start = time.perf_counter()
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    try:
+        cluster.add_node(**node)
+        cluster.wait_for_nodes()
+        up = time.perf_counter() - start
+        row = _ray(ctx, trials, seed, 2, address=cluster.address)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    print(
+        f"two-node cluster ({up:.1f} s to start): {row['ran']} trials on workers, per node "
+        f"{sorted(row['trials_per_node'].values())}, {row['trials_per_minute']:,.0f} trials/min"
+    )
+    result = {
+        "machine": {**_machine(), "load_average_1_5_15_min_at_end": _load()},
+        "cluster": "ray.cluster_utils.Cluster: head + 1 node, 1 CPU each, 127.0.0.1",
+        "cluster_start_seconds": round(up, 2),
+        "trials": trials,
+        "run": row,
+    }
+    TWO_NODE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    TWO_NODE_RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {TWO_NODE_RESULTS}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=150)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of every worker count")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--two-node", action="store_true", help="the two-node cluster run")
+    parser.add_argument("--no-local", action="store_true", help="skip the local reference")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
     data = load_digits_splits()
     ctx = StitchContext(load_mini_zoo(data), data)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as a worker with one CPU: oversubscribed threads distort timing
-    local = _local(ctx, args.trials, args.seed)
-    torch.set_num_threads(threads)
-    print(f"local executor: {local['trials_per_minute']:,.0f} trials/min")
+    if args.two_node:
+        _two_node(ctx, args.trials, args.seed)
+        return
+    load_before = _load()
+    local = None
+    if not args.no_local:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as a worker with one CPU: oversubscribed threads distort timing
+        local = _local(ctx, args.trials, args.seed)
+        torch.set_num_threads(threads)
+        print(f"local executor: {local['trials_per_minute']:,.0f} trials/min")
     ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
-    rows = []
+    rounds: list[list[dict]] = []
     try:
-        for workers in args.workers:
-            row = _ray(ctx, args.trials, args.seed, workers)
-            rows.append(row)
-            print(
-                f"ray, {workers} worker(s): {row['trials_per_minute']:,.0f} trials/min "
-                f"({row['ran']} trials on workers in {row['search_seconds']} s, "
-                f"start-up {row['startup_seconds']} s)"
-            )
+        for _ in range(args.repeat):
+            rows = []
+            for workers in args.workers:
+                row = _ray(ctx, args.trials, args.seed, workers)
+                rows.append(row)
+                print(
+                    f"ray, {workers} worker(s): {row['trials_per_minute']:,.0f} trials/min "
+                    f"({row['ran']} trials on workers in {row['search_seconds']} s, "
+                    f"start-up {row['startup_seconds']} s, driver CPU "
+                    f"{row['driver_cpu_ms_per_trial']} ms/trial, load {_load()})"
+                )
+            base = rows[0]["trials_per_minute"]
+            for row in rows:
+                row["speedup_over_first"] = round(row["trials_per_minute"] / base, 2)
+            rounds.append(rows)
     finally:
         ray.shutdown()
-    base = rows[0]["trials_per_minute"]
-    for row in rows:
-        row["speedup_over_first"] = round(row["trials_per_minute"] / base, 2)
-    if len(rows) > 1:
+    ratios = [rows[-1]["speedup_over_first"] for rows in rounds]
+    summary = {}
+    if len(args.workers) > 1:
+        summary = {
+            "ratio_last_to_first_workers": ratios,
+            "median": round(statistics.median(ratios), 2),
+            "min": min(ratios),
+            "max": max(ratios),
+        }
         print(
-            f"ratio {rows[-1]['workers']} : {rows[0]['workers']} workers: "
-            f"{rows[-1]['speedup_over_first']:.2f}"
+            f"ratio {args.workers[-1]} : {args.workers[0]} workers over {len(ratios)} rounds: "
+            f"median {summary['median']:.2f} (min {summary['min']:.2f}, max {summary['max']:.2f})"
         )
     result = {
         "machine": {
-            "cores": os.cpu_count(),
-            "torch_threads_local_and_per_worker": 1,
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "ray": ray.__version__,
-            "load_average_1_5_15_min_at_end": [round(x, 2) for x in os.getloadavg()],
+            **_machine(),
+            "load_average_1_5_15_min_at_start": load_before,
+            "load_average_1_5_15_min_at_end": _load(),
         },
         "trials": args.trials,
         "sampler": "random",
         "local": local,
-        "ray": rows,
-        "note": "trials/min counts trials run on workers (duplicates excluded) over search time; "
-        "start-up (object store fill, actor start) excluded and reported apart",
+        "ray_rounds": rounds,
+        "ratio": summary,
+        "note": "trials/min counts trials run on workers (duplicates excluded) over search "
+        "time; start-up (object store fill, actor start) excluded and reported apart",
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stitch_nas.data._splits import DataSplits, load_digits_splits
-from stitch_nas.zoo._entry import Zoo
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.data import DataSplits, load_digits_splits
+from stitch_nas.zoo import Zoo, load_mini_zoo
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from stitch_nas import errors
-from stitch_nas.cli._main import main
+from stitch_nas.cli import main
 from stitch_nas.cli._settings import load_settings, settings_from_dict
 
 
@@ -117,7 +117,7 @@ def test_search_with_a_small_activation_cache_spills_to_its_folder(
     config = tmp_path / "c.yaml"
     config.write_text(
         f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
-        f"search: {{trials: 4, cache_memory_gb: 0.001, cache_dir: {spill}, sampler: random}}\n"
+        f"search: {{trials: 4, cache_memory_gb: 0.004, cache_dir: {spill}, sampler: random}}\n"
     )
     code, out, err = _run(
         capsys, "search", str(config), "--out", str(tmp_path / "o"), "--no-progress"
@@ -147,3 +147,130 @@ def test_search_with_snnet_joint_training_exports_from_a_fresh_context(
     code, stdout, err = _run(capsys, "export", str(out), "--no-progress")
     assert code == 0, err
     assert (out / "models").is_dir() and "exported" in stdout
+
+
+# --- per-run flags over the YAML file -------------------------------------------------------
+
+
+class _Captured:
+    def table(self) -> str:
+        return "captured"
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """What the CLI hands to the pipeline, without running it."""
+    from stitch_nas.cli import _pipeline
+
+    seen: dict = {}
+
+    def run_settings(settings, out_dir, **kwargs):
+        seen.update(settings=settings, out_dir=out_dir, **kwargs)
+        return _Captured()
+
+    monkeypatch.setattr(_pipeline, "run_settings", run_settings)
+    return seen
+
+
+def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "search: {device: cpu, cka_threshold: 0.3, objectives: [accuracy, macs], "
+        "budgets: {params: 5}}\n"
+    )
+    argv = ["search", str(path), "--out", str(tmp_path / "o"), "--device", "cuda:1"]
+    argv += ["--cka-threshold", "0.5", "--objectives", "accuracy,params,latency"]
+    argv += ["--budget", "macs=2e6", "--budget", "params=1e5", "--study-name", "exp-1"]
+    argv += ["--join", "-q"]
+    code, out, _ = _run(capsys, *argv)
+    assert code == 0 and "captured" in out
+    search = captured["settings"].search
+    assert search.device == "cuda:1" and search.cka_threshold == 0.5
+    assert search.objectives == ["accuracy", "params", "latency"]
+    assert search.budgets == {"macs": 2e6, "params": 1e5}
+    assert search.study_name == "exp-1"
+    assert captured["join"] is True and captured["resume"] is False
+    assert captured["progress"] is False  # -q after the command
+    code, _, _ = _run(capsys, "-q", "demo", "--out", str(tmp_path / "d"))  # -q before it
+    assert code == 0 and captured["progress"] is False
+    assert captured["settings"].search.cka_threshold == 0.3  # the YAML default, untouched
+    code, _, _ = _run(capsys, "demo", "--out", str(tmp_path / "d"))
+    assert code == 0 and captured["progress"] is True
+
+
+BAD_FLAGS = [
+    (["--device", "gpu"], "--device 'gpu': use cpu, cuda, cuda:N or mps"),
+    (["--cka-threshold", "1.5"], "--cka-threshold '1.5' must be in [0, 1]"),
+    (["--cka-threshold", "high"], "--cka-threshold 'high' is not a number"),
+    (["--objectives", "accuracy,flops"], "unknown objective 'flops'"),
+    (["--objectives", "macs,macs"], "names an objective twice"),
+    (["--objectives", ","], "--objectives is empty"),
+    (["--budget", "flops=3"], "--budget 'flops=3': use KEY=VALUE with KEY one of macs, params"),
+    (["--budget", "macs=2M"], "--budget 'macs=2M': '2M' is not a number"),
+    (["--budget", "macs=-1"], "the limit must be a positive number"),
+    (["--budget", "macs=1", "--budget", "macs=2"], "--budget macs is given twice"),
+    (["--study-name", " "], "--study-name ' ': give a non-empty name"),
+    (["--resume", "--join"], "--resume and --join exclude each other"),
+]
+
+
+def test_bad_flag_values_are_one_line_errors_before_torch_loads(tmp_path):
+    """Each bad value: exit 2, one line naming it, torch never imported, in well under 1 s."""
+    import json
+    import sys
+
+    script = (
+        "import json, sys, time\n"
+        "from stitch_nas.cli import main\n"
+        "cases, out = json.loads(sys.argv[1]), []\n"
+        "for argv in cases:\n"
+        "    start = time.perf_counter()\n"
+        "    code = main(['demo', '--out', sys.argv[2], *argv])\n"
+        "    out.append([code, time.perf_counter() - start, 'torch' in sys.modules])\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps([a for a, _ in BAD_FLAGS]), str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    errs = [line for line in proc.stderr.splitlines() if line.startswith("stitch-nas: error:")]
+    assert len(errs) == len(BAD_FLAGS) and "Traceback" not in proc.stderr, proc.stderr
+    for (argv, match), (code, seconds, torch_loaded), err in zip(
+        BAD_FLAGS, results, errs, strict=True
+    ):
+        assert code == 2, argv
+        assert match in err, (argv, err)
+        assert not torch_loaded, argv
+        assert seconds < 0.5, (argv, seconds)
+    assert not (tmp_path / "o").exists()
+
+
+def test_version_flag(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"stitch-nas {version('stitch-nas')}"
+
+
+def test_a_taken_study_name_is_refused_before_the_zoo_is_built(capsys, tmp_path):
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    optuna.create_study(storage=url, study_name="exp", directions=["maximize", "minimize"])
+    argv = ["demo", "--storage", url, "--study-name", "exp", "--out", str(tmp_path / "o")]
+    argv += ["--cache-dir", str(tmp_path / "no_zoo_here")]
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "already holds a study named 'exp'; pass --resume (or --join" in err
+    assert not (tmp_path / "no_zoo_here").exists()  # refused before any zoo build
+    code, _, err = _run(capsys, "demo", "--device", "cuda:7", "--out", str(tmp_path / "p"))
+    assert code == 2 and "device 'cuda:7' is not available here" in err
+    bad = tmp_path / "device.yaml"
+    bad.write_text("search: {device: gpu}\n")
+    code, _, err = _run(capsys, "search", str(bad), "--out", str(tmp_path / "q"))
+    assert code == 2 and "search.device 'gpu': use cpu, cuda, cuda:N or mps" in err

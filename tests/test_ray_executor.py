@@ -25,10 +25,18 @@ from safetensors.torch import save_file
 
 from stitch_nas import errors
 from stitch_nas.config import StitchConfig
-from stitch_nas.report._write import write_report
-from stitch_nas.search._ray_executor import TEST_HOOKS_ENV, RayExecutor
-from stitch_nas.search._runner import StitchObjective, TrialOutcome, evaluate_config, run_search
-from stitch_nas.search._studies import completed_count, create_study
+from stitch_nas.report import write_report
+from stitch_nas.search import (
+    RAY_NODE,
+    RayExecutor,
+    StitchObjective,
+    TrialOutcome,
+    completed_count,
+    create_study,
+    evaluate_config,
+    run_search,
+)
+from tests._faults import FaultyWorker
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -92,18 +100,17 @@ def test_ray_trials_match_the_local_executor(ray_session, ctx, tmp_path):
     assert local_keys - {"duplicate_of"} <= remote_keys
 
 
-def test_a_crashing_worker_and_a_raising_trial_do_not_stop_the_study(
-    ray_session, ctx, tmp_path, monkeypatch
-):
-    monkeypatch.setenv(TEST_HOOKS_ENV, json.dumps({"crash_on_trials": [1], "raise_on_trials": [2]}))
+def test_a_crashing_worker_and_a_raising_trial_do_not_stop_the_study(ray_session, ctx, tmp_path):
     objective = StitchObjective(ctx)
     study = create_study(objective, tmp_path / "run", sampler="random", seed=3)
-    executor = RayExecutor(workers=2)
+    executor = RayExecutor(workers=2, worker_class=FaultyWorker)  # dies on 1, raises on 2
     run_search(objective, study, 5, executor=executor)
     assert completed_count(study) == 5, _states(study)
     crashed, raised = study.trials[1], study.trials[2]
     assert crashed.state == Fail and "worker died" in crashed.user_attrs["fail_reason"]
     assert raised.state == Fail and "trial 2 raises" in raised.user_attrs["fail_reason"]
+    node = ray.get_runtime_context().get_node_id()
+    assert all(t.user_attrs[RAY_NODE] == node for t in study.trials if t.state == Complete)
     assert executor.last_run["worker_restarts"] == 1
     assert executor.last_run["failed"] == 2
 
@@ -161,21 +168,15 @@ def _count(db: Path, state: str) -> int:
 def test_killed_driver_resumes_keeping_completed_trials(tmp_path):
     config = _write_tiny_search(tmp_path)
     out, total = tmp_path / "run", 10
-    command = [
-        sys.executable,
-        "-m",
-        "stitch_nas.cli._main",
-        "search",
-        str(config),
-        "--out",
-        str(out),
-    ]
-    command += ["--trials", str(total), "--executor", "ray", "--workers", "2", "--no-progress"]
+    command = [sys.executable, "-m", "stitch_nas.cli._main", "search", str(config)]
+    command += ["--out", str(out), "--trials", str(total)]
+    command += ["--executor", "ray", "--workers", "2", "--no-progress"]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    slow = {**env, TEST_HOOKS_ENV: json.dumps({"delay_s": 0.5})}  # time to kill it mid-search
+    # trials 0.5 s slower, injected by the test's wrapper: time to kill the driver mid-search
+    slow = [sys.executable, "-m", "tests._faults", "0.5", *command[3:]]
     # its own session, so that what the killed driver's Ray leaves behind can be cleaned up
     driver = subprocess.Popen(
-        command, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        slow, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )
     try:
         deadline = time.monotonic() + 240
@@ -192,14 +193,14 @@ def test_killed_driver_resumes_keeping_completed_trials(tmp_path):
             os.killpg(driver.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    before = optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{out}/study.db")
+    before = optuna.load_study(study_name="run", storage=f"sqlite:///{out}/study.db")
     kept = {t.number: t.values for t in before.trials if t.state == Complete}
     running = [t.number for t in before.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert 3 <= len(kept) < total
 
     resumed = subprocess.run(command + ["--resume"], env=env, capture_output=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
-    after = optuna.load_study(study_name="stitch_nas", storage=f"sqlite:///{out}/study.db")
+    after = optuna.load_study(study_name="run", storage=f"sqlite:///{out}/study.db")
     assert completed_count(after) == total
     for number, values in kept.items():
         assert after.trials[number].state == Complete and after.trials[number].values == values
@@ -215,7 +216,10 @@ def test_a_second_driver_joins_a_study_in_shared_storage(ctx, tmp_path):
     study = create_study(first, tmp_path / "a", sampler="random", storage=url)
     run_search(first, study, 2)
     second = StitchObjective(ctx)
-    joined = create_study(second, tmp_path / "b", sampler="random", seed=5, storage=url)
+    name = study.study_name
+    with pytest.raises(errors.ConfigError, match=f"already holds a study named '{name}'"):
+        create_study(second, tmp_path / "a", sampler="random", storage=url)
+    joined = create_study(second, tmp_path / "a", sampler="random", seed=5, storage=url, join=True)
     assert completed_count(joined) == 2  # joined, without --resume, nothing marked FAIL
     run_search(second, joined, 4)
     assert completed_count(study) == 4
@@ -224,7 +228,7 @@ def test_a_second_driver_joins_a_study_in_shared_storage(ctx, tmp_path):
 
 
 def test_cli_executor_options_are_checked_before_any_work(capsys, tmp_path):
-    from stitch_nas.cli._main import main
+    from stitch_nas.cli import main
 
     out = str(tmp_path / "o")
     assert main(["demo", "--executor", "local", "--workers", "2", "--out", out]) == 2

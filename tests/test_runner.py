@@ -9,9 +9,8 @@ import pytest
 
 import stitch_nas
 from stitch_nas import errors
+from stitch_nas.search import StitchObjective, create_study, run_search
 from stitch_nas.search import _runner as runner
-from stitch_nas.search._runner import StitchObjective, run_search
-from stitch_nas.search._studies import create_study
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -127,7 +126,7 @@ def test_nan_objective_is_marked_failed_with_reason(ctx):
     objective = StitchObjective(ctx)
     study = optuna.create_study(directions=objective.directions)
     trial = study.ask()
-    from stitch_nas.stitching._measure import Measurement
+    from stitch_nas.stitching import Measurement
 
     values = objective.record(trial, Measurement(math.nan, 10, 10, 0.5))
     assert math.isnan(values[0]) and "non-finite" in trial.user_attrs["fail_reason"]

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from stitch_nas.config import StitchConfig
-from stitch_nas.search._runner import StitchObjective, evaluate_config
+from stitch_nas.search import StitchObjective, evaluate_config
 from stitch_nas.search._tune import CONFIG_KEY, StitchOptunaSearch, StitchTuneSpace, outcome_metrics
 from tests._tiny import tiny_context
 

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stitch_nas.errors import ConfigError, StitchNASError
+
+if TYPE_CHECKING:
+    from ._settings import SearchSettings
 
 __all__ = ["main"]
 
@@ -21,7 +27,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="stitch-nas",
         description="Search networks stitched from fragments of pretrained models.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    loud.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bars (and no INFO logging)"
+    )
+    parser.add_argument("--version", action="version", version=f"stitch-nas {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="search the embedded digits zoo (no downloads)")
@@ -39,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="write and print the report of a search folder")
     report.add_argument("dir", help="a folder written by demo or search")
+    report.add_argument(
+        "--no-test",
+        action="store_true",
+        help="do not measure front networks and zoo models that lack test figures",
+    )
 
     export = sub.add_parser("export", help="export networks of a search folder to DIR/models")
     export.add_argument("dir", help="a folder written by demo or search")
@@ -52,11 +68,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--elastic", action="store_true", help="also write one elastic package")
     export.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _quiet(export)
 
     zoo = sub.add_parser("zoo", help="list or build the embedded mini zoo")
     zoo.add_argument("action", choices=["list", "build"])
     zoo.add_argument("--cache-dir", default=None, help="where the zoo is cached")
     return parser
+
+
+def _quiet(parser: argparse.ArgumentParser) -> None:
+    # also after the command (stitch-nas demo -q); SUPPRESS keeps a -q given before it
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars"
+    )
 
 
 def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
@@ -67,6 +91,7 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampler seed")
     parser.add_argument("--cache-dir", default=None, help="where the mini zoo is cached")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    _quiet(parser)
     parser.add_argument(
         "--no-export", action="store_true", help="do not export the Pareto front to OUT/models"
     )
@@ -76,7 +101,31 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--workers", type=int, default=None, help="Ray workers (default 2)")
     parser.add_argument("--ray-address", default=None, help="Ray cluster to join (e.g. auto)")
     parser.add_argument(
-        "--storage", default=None, help="Optuna RDB URL shared by several drivers (PostgreSQL)"
+        "--storage",
+        default=None,
+        help="Optuna RDB URL (postgresql://...) or journal file shared by several drivers",
+    )
+    parser.add_argument(
+        "--study-name", default=None, help="the study's name (default: the --out folder's name)"
+    )
+    parser.add_argument(
+        "--join",
+        action="store_true",
+        help="continue or create the study while other drivers may run on it",
+    )
+    parser.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or mps")
+    parser.add_argument(
+        "--cka-threshold", default=None, help="prune stitches with CKA below this, in [0, 1]"
+    )
+    parser.add_argument(
+        "--objectives", default=None, help="comma-separated, e.g. accuracy,macs,params"
+    )
+    parser.add_argument(
+        "--budget",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="a constraint such as macs=2e6 or params=1e5 (repeatable)",
     )
 
 
@@ -94,7 +143,7 @@ _DEMO_SPACE_OPTIONS: dict[str, dict] = {
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from stitch_nas.cli._settings import Settings, load_settings
+    from ._settings import Settings, load_settings
 
     settings = load_settings(args.config) if args.command == "search" else Settings()
     if args.command == "demo":
@@ -118,13 +167,105 @@ def _run_search(args: argparse.Namespace) -> int:
         if args.executor == "local":
             raise ConfigError("--workers and --ray-address need --executor ray; drop them")
         settings.search.executor = "ray"
-    from stitch_nas.cli._pipeline import run_settings  # torch and the zoo load from here on
+    _apply_run_flags(args, settings.search)
+    from ._pipeline import run_settings  # torch and the zoo load from here on
 
+    _quiet_optuna(args)
     summary = run_settings(
-        settings, Path(args.out), resume=args.resume, progress=not args.no_progress, echo=print
+        settings,
+        Path(args.out),
+        resume=args.resume,
+        join=args.join,
+        progress=not (args.no_progress or args.quiet),
+        echo=print,
     )
     print(summary.table())
     return 0
+
+
+_DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
+_BUDGET_KEYS = ("macs", "params")
+
+
+def _apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
+    """Check the per-run flags and let them override the YAML file's search section.
+
+    Everything is checked here, after parsing and before torch or the zoo load, so a bad
+    value answers at once with one line.
+    """
+    if args.resume and args.join:
+        raise ConfigError(
+            "--resume and --join exclude each other: --resume is for a study no other driver "
+            "runs on, --join for one they may; pick one"
+        )
+    if args.study_name is not None:
+        if not args.study_name.strip() or args.study_name != args.study_name.strip():
+            raise ConfigError(
+                f"--study-name {args.study_name!r}: give a non-empty name without leading or "
+                "trailing spaces"
+            )
+        search.study_name = args.study_name
+    if args.device is not None:
+        if not _DEVICE.fullmatch(args.device):
+            raise ConfigError(f"--device {args.device!r}: use cpu, cuda, cuda:N or mps")
+        search.device = args.device
+    if args.cka_threshold is not None:
+        search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)
+    if args.objectives is not None:
+        names = [n.strip() for n in args.objectives.split(",") if n.strip()]
+        if not names:
+            raise ConfigError("--objectives is empty; give names such as accuracy,macs")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"--objectives {args.objectives!r} names an objective twice")
+        search.objectives = names
+    if args.budget is not None:
+        search.budgets = _budgets(args.budget)
+    from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
+
+    for name in search.objectives:
+        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
+
+
+def _unit_number(flag: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not a number; give one in [0, 1]") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{flag} {text!r} must be in [0, 1]")
+    return value
+
+
+def _budgets(items: list[str]) -> dict[str, float]:
+    """``["macs=2e6", "params=1e5"]`` -> ``{"macs": 2e6, "params": 1e5}``, checked."""
+    budgets: dict[str, float] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _BUDGET_KEYS:
+            raise ConfigError(
+                f"--budget {item!r}: use KEY=VALUE with KEY one of {', '.join(_BUDGET_KEYS)}, "
+                "e.g. --budget macs=2e6"
+            )
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"--budget {item!r}: {text!r} is not a number") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--budget {item!r}: the limit must be a positive number")
+        if key in budgets:
+            raise ConfigError(f"--budget {key} is given twice; give it once")
+        budgets[key] = value
+    return budgets
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stitch-nas")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _trial_numbers(text: str) -> str | list[int]:
@@ -136,33 +277,46 @@ def _trial_numbers(text: str) -> str | list[int]:
         raise ConfigError(f"--trials {text!r}: use 'pareto' or trial numbers like 12,40") from None
 
 
-def _export(args: argparse.Namespace) -> int:
-    from stitch_nas.cli._pipeline import export_folder
+def _quiet_optuna(args: argparse.Namespace) -> None:
+    """Keep Optuna at WARNING unless -v: one INFO line per trial drowns the progress bar.
 
+    Set after the pipeline import because importing optuna resets its logger to INFO.
+    """
+    if not args.verbose:
+        import optuna
+
+        optuna.logging.set_verbosity(logging.WARNING)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ._pipeline import export_folder
+
+    _quiet_optuna(args)
     formats = [f.strip() for f in args.format.split(",") if f.strip()]
     summary = export_folder(
         Path(args.dir),
         trials=_trial_numbers(args.trials),
         formats=formats,
         elastic=args.elastic,
-        progress=not args.no_progress,
+        progress=not (args.no_progress or args.quiet),
     )
     print(summary.describe())
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stitch_nas.cli._pipeline import report_folder
+    from ._pipeline import report_folder
 
-    print(report_folder(Path(args.dir)).table())
+    _quiet_optuna(args)
+    print(report_folder(Path(args.dir), test=not args.no_test, echo=print).table())
     return 0
 
 
 def _zoo(args: argparse.Namespace) -> int:
-    from stitch_nas.data._splits import load_digits_splits
-    from stitch_nas.zoo._mini import load_mini_zoo
+    from stitch_nas.data import load_digits_splits
+    from stitch_nas.zoo import load_mini_zoo
 
-    zoo = load_mini_zoo(load_digits_splits(), cache_dir=args.cache_dir, progress=True)
+    zoo = load_mini_zoo(load_digits_splits(), cache_dir=args.cache_dir, progress=not args.quiet)
     for name in zoo.names():
         entry = zoo[name]
         params = sum(p.numel() for p in entry.model.parameters())
@@ -183,9 +337,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": _export,
         "zoo": _zoo,
     }
-    if not args.verbose:  # one INFO line per trial drowns the progress bar
-        # optuna's own logger, set without importing optuna (which takes seconds)
-        logging.getLogger("optuna").setLevel(logging.WARNING)
     try:
         return handlers[args.command](args)
     except StitchNASError as exc:

@@ -14,16 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas import attrs
-from stitch_nas.activations._cache import ActivationCache
-from stitch_nas.activations._context import StitchContext
-from stitch_nas.cli._settings import DataSettings, Settings, ZooSettings, settings_from_dict
-from stitch_nas.data._datasets import load_image_folder, load_torchvision_dataset
-from stitch_nas.data._splits import DataSplits, load_digits_splits
+from stitch_nas.activations import ActivationCache, StitchContext
+from stitch_nas.data import DataSplits
 from stitch_nas.errors import ConfigError
-from stitch_nas.export._select import FORMATS, ExportSummary, export_study
-from stitch_nas.search._runner import StitchObjective, run_search
-from stitch_nas.search._studies import create_study, load_folder_study
-from stitch_nas.zoo._entry import Zoo
+from stitch_nas.export import FORMATS, ExportSummary, export_study
+from stitch_nas.search import (
+    StitchObjective,
+    check_study,
+    create_study,
+    load_folder_study,
+    run_search,
+)
+from stitch_nas.zoo import Zoo
+
+from ._settings import DataSettings, Settings, ZooSettings, settings_from_dict
 
 __all__ = [
     "load_data",
@@ -34,30 +38,23 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-DATA_KINDS = ("digits", "image_folder", "torchvision")
 
 
 def load_data(settings: DataSettings) -> DataSplits:
-    common = {"size": settings.size, "probe_size": settings.probe_size, "seed": settings.seed}
-    if settings.kind == "digits":
-        return load_digits_splits(**common)
-    if settings.root is None:
-        raise ConfigError(f"data.kind {settings.kind!r} needs data.root (a local folder)")
-    if settings.kind == "image_folder":
-        return load_image_folder(settings.root, **common)
-    if settings.kind == "torchvision":
-        if settings.name is None:
-            raise ConfigError("data.kind 'torchvision' needs data.name, e.g. CIFAR10")
-        return load_torchvision_dataset(settings.name, settings.root, **common)
-    raise ConfigError(f"unknown data.kind {settings.kind!r}; use one of {DATA_KINDS}")
+    """The splits ``settings`` describe, loaded by its registered data kind."""
+    from ._data_keys import DATA_KINDS
+
+    return DATA_KINDS.get(settings.kind).build(settings)
 
 
 def load_zoo(settings: ZooSettings, data: DataSplits, *, progress: bool = False) -> Zoo:
     """The embedded mini zoo (if enabled) plus every model listed in ``zoo.models``."""
-    from stitch_nas.zoo._mini import load_mini_zoo
-    from stitch_nas.zoo._sources import entry_from_settings
+    from stitch_nas.zoo import load_mini_zoo
 
-    extra = [entry_from_settings(item) for item in settings.models]  # bad items fail first
+    from ._zoo_keys import entry_from_settings
+
+    labels = tuple(data.label_names)  # what models of the user's own answer in by default
+    extra = [entry_from_settings(item, labels) for item in settings.models]  # bad items first
     zoo = Zoo()
     if settings.mini_zoo:
         zoo = load_mini_zoo(data, cache_dir=settings.cache_dir, progress=progress)
@@ -73,15 +70,25 @@ def run_settings(
     out_dir: Path,
     *,
     resume: bool = False,
+    join: bool = False,
     progress: bool = True,
     echo: Callable[[str], Any] = logger.info,
 ):
     """Run the whole search described by ``settings`` and write its report to ``out_dir``."""
-    from stitch_nas.report._write import write_report
-    from stitch_nas.search._ray_executor import executor_from_settings
+    from stitch_nas.report import measure_holdout, write_report
+    from stitch_nas.search import executor_from_settings
 
     search = settings.search
     executor = executor_from_settings(search)  # a bad executor fails before any work
+    study_options: dict[str, Any] = {
+        "resume": resume,
+        "storage": search.storage,
+        "study_name": search.study_name,
+        "join": join,
+        "heartbeat_s": search.heartbeat_s,
+    }
+    _check_device(search.device)
+    check_study(out_dir, **study_options)  # a taken study name fails before any work too
     data = load_data(settings.data)
     start = time.perf_counter()
     zoo = load_zoo(settings.zoo, data, progress=progress)
@@ -102,13 +109,16 @@ def run_settings(
         out_dir,
         sampler=search.sampler,
         seed=search.seed,
-        resume=resume,
-        storage=search.storage,
+        **study_options,
     )
+    echo(f"study {study.study_name!r} in {search.storage or Path(out_dir) / 'study.db'}")
     study.set_user_attr(attrs.SETTINGS, asdict(settings))  # what `stitch-nas export` rebuilds from
     start = time.perf_counter()
     run_search(objective, study, search.trials, progress=progress, executor=executor)
     echo(f"{search.trials} trials in {time.perf_counter() - start:.1f} s")
+    # the front is chosen on validation: its networks and the zoo's are measured once more on
+    # the test split, which no choice used, before anything is reported
+    echo(measure_holdout(study, ctx, fuse=search.fuse).describe())
     summary = write_report(study, out_dir)
     if search.export:
         models = Path(out_dir) / "models"
@@ -127,11 +137,57 @@ def run_settings(
     return summary
 
 
-def report_folder(out_dir: Path):
-    """Rewrite and return the report of the study stored in ``out_dir``."""
-    from stitch_nas.report._write import write_report
+def _check_device(device: str) -> None:
+    """A device this machine has, checked before the zoo is built."""
+    import torch
 
-    return write_report(load_folder_study(out_dir), out_dir)
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"search.device {device!r}: use cpu, cuda, cuda:N or mps")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (index and int(index) >= count):
+            raise ConfigError(
+                f"device {device!r} is not available here ({count} CUDA device(s)); "
+                "use --device cpu or another index"
+            )
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device 'mps' is not available here; use --device cpu")
+
+
+def report_folder(
+    out_dir: Path,
+    *,
+    test: bool = True,
+    progress: bool = True,
+    echo: Callable[[str], Any] = logger.info,
+):
+    """Rewrite and return the report of the study stored in ``out_dir``.
+
+    With ``test``, front networks and zoo models that have no test figure yet are measured on
+    the test split first (the zoo and data are rebuilt from the study's settings for that).
+    """
+    from stitch_nas.report import holdout_missing, measure_holdout, write_report
+
+    study = load_folder_study(out_dir)
+    if test and any(holdout_missing(study)):
+        ctx, settings = _rebuild(study, out_dir, progress)
+        echo(measure_holdout(study, ctx, fuse=settings.search.fuse).describe())
+    return write_report(study, out_dir)
+
+
+def _rebuild(study: Any, out_dir: Path, progress: bool) -> tuple[StitchContext, Settings]:
+    """The zoo and data of the search in ``out_dir``, from the settings its study stored."""
+    raw = study.user_attrs.get(attrs.SETTINGS)
+    if raw is None:
+        raise ConfigError(
+            f"the study in {out_dir} does not record its settings (written by an older "
+            "stitch_nas); run the search again (or `stitch-nas report --no-test`)"
+        )
+    settings = settings_from_dict(raw)
+    data = load_data(settings.data)
+    zoo = load_zoo(settings.zoo, data, progress=progress)
+    return StitchContext(zoo, data, device=settings.search.device), settings
 
 
 def export_folder(
@@ -148,16 +204,7 @@ def export_folder(
     exported networks are the ones it measured (the export checks their accuracy again).
     """
     study = load_folder_study(out_dir)
-    raw = study.user_attrs.get(attrs.SETTINGS)
-    if raw is None:
-        raise ConfigError(
-            f"the study in {out_dir} does not record its settings (written by an older "
-            "stitch_nas); run the search again to export from it"
-        )
-    settings = settings_from_dict(raw)
-    data = load_data(settings.data)
-    zoo = load_zoo(settings.zoo, data, progress=progress)
-    ctx = StitchContext(zoo, data, device=settings.search.device)
+    ctx, settings = _rebuild(study, out_dir, progress)
     return export_study(
         study,
         ctx,

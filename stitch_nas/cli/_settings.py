@@ -17,7 +17,8 @@ __all__ = ["ZooSettings", "DataSettings", "SearchSettings", "Settings", "load_se
 
 @dataclass
 class ZooSettings:
-    """``mini_zoo``: include the embedded digits zoo; ``models``: extra entries (see README)."""
+    """``mini_zoo``: include the embedded digits zoo; ``models``: extra entries, each checked
+    by its source (:mod:`stitch_nas.cli._zoo_keys`; see README)."""
 
     mini_zoo: bool = True
     models: list = field(default_factory=list)
@@ -26,14 +27,21 @@ class ZooSettings:
 
 @dataclass
 class DataSettings:
-    """``kind``: digits | image_folder | torchvision; ``root`` and ``name`` for the latter two."""
+    """``kind``: digits | image_folder | npz | torchvision (:mod:`stitch_nas.cli._data_keys`
+    says which keys each reads)."""
 
     kind: str = "digits"
-    root: str | None = None
-    name: str | None = None
+    root: str | None = None  #: folder of image_folder / torchvision / npz (relative: to the YAML)
+    name: str | None = None  #: torchvision data set class, e.g. CIFAR10
     size: int = 32
     probe_size: int = 128
-    seed: int = 0
+    seed: int = 0  #: seed of the split permutation (npz: of each file's one shuffle)
+    split_folders: bool = False  #: image_folder: keep root/train, root/val, root/test as splits
+    splits: dict = field(default_factory=dict)  #: npz: {train|probe|val|test: {file, start, count}}
+    x_key: str = "x"  #: npz: name of the image array
+    y_key: str = "y"  #: npz: name of the label array
+    label_names: list = field(default_factory=list)  #: npz: class names (default "0", "1"...)
+    shuffle: bool = True  #: npz: shuffle each file (seeded) before taking rows
 
 
 @dataclass
@@ -59,6 +67,8 @@ class SearchSettings:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = -1.0  #: -1: share the visible GPUs when device is CUDA, else 0
     storage: str | None = None  #: Optuna RDB URL (e.g. PostgreSQL) instead of DIR/study.db
+    study_name: str | None = None  #: None: the output folder's name
+    heartbeat_s: int = 60  #: Optuna heartbeat of RDB storages; dead drivers' trials FAIL after 2x
 
 
 @dataclass
@@ -101,7 +111,17 @@ def _section(cls: type, section: str, raw: Any) -> Any:
     return cls(**values)
 
 
-def settings_from_dict(raw: Any) -> Settings:
+def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
+    """Check a whole configuration (as read from YAML) and return it as :class:`Settings`.
+
+    Args:
+        raw: the mapping with ``zoo``, ``data`` and ``search`` sections.
+        base: the folder relative paths start from (the YAML file's); None: as given, that
+            is relative to the working directory. Paths are stored absolute.
+    """
+    from ._data_keys import check_data
+    from ._zoo_keys import check_zoo_item
+
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -109,11 +129,20 @@ def settings_from_dict(raw: Any) -> Settings:
     unknown = sorted(set(raw) - {"zoo", "data", "search"})
     if unknown:
         raise ConfigError(f"unknown section {unknown[0]!r}; valid sections: zoo, data, search")
-    return Settings(
+    settings = Settings(
         zoo=_section(ZooSettings, "zoo", raw.get("zoo")),
         data=_section(DataSettings, "data", raw.get("data")),
         search=_section(SearchSettings, "search", raw.get("search")),
     )
+    items = [check_zoo_item(item, i, base) for i, item in enumerate(settings.zoo.models)]
+    settings.zoo.models = items
+    names = [item["name"] for item in items]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"zoo.models has two models named {repeated[0]!r}; give each a name")
+    given = set(raw.get("data") or {})
+    check_data(settings.data, given, base)
+    return settings
 
 
 def load_settings(path: str | Path) -> Settings:
@@ -128,4 +157,4 @@ def load_settings(path: str | Path) -> Settings:
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "syntax error"
         raise ConfigError(f"{file} is not valid YAML: {first}") from exc
-    return settings_from_dict(raw)
+    return settings_from_dict(raw, file.resolve().parent)

@@ -3,7 +3,7 @@ that run trials (local, Ray actors, Ray Tune).
 """
 
 from ._ray_executor import (
-    TEST_HOOKS_ENV,
+    RAY_NODE,
     RayExecutor,
     TrialWorker,
     executor_from_settings,
@@ -12,6 +12,7 @@ from ._ray_shared import (
     SharedActivationCache,
     SharedContext,
     import_ray,
+    models_on_cpu,
     share_context,
 )
 from ._runner import (
@@ -24,13 +25,16 @@ from ._runner import (
     run_search,
 )
 from ._studies import (
+    LEGACY_STUDY_NAME,
     SAMPLERS,
-    STUDY_NAME,
+    check_study,
     completed_count,
     create_study,
+    default_study_name,
     fail_stale_running,
     load_folder_study,
     make_sampler,
+    set_metric_names,
 )
 from ._tune import (
     CONFIG_KEY,
@@ -44,19 +48,21 @@ from ._tune import (
 __all__ = [
     "CONFIG_KEY",
     "Executor",
+    "RAY_NODE",
     "RayExecutor",
+    "LEGACY_STUDY_NAME",
     "SAMPLERS",
-    "STUDY_NAME",
     "SharedActivationCache",
     "SharedContext",
     "StitchObjective",
     "StitchOptunaSearch",
     "StitchTuneSpace",
-    "TEST_HOOKS_ENV",
     "TrialOutcome",
     "TrialWorker",
+    "check_study",
     "completed_count",
     "create_study",
+    "default_study_name",
     "evaluate_config",
     "executor_from_settings",
     "fail_stale_running",
@@ -64,8 +70,10 @@ __all__ = [
     "load_folder_study",
     "make_objective",
     "make_sampler",
+    "set_metric_names",
     "make_trainable",
     "measure_references",
+    "models_on_cpu",
     "run_search",
     "share_context",
     "stitch_trainable",

@@ -12,21 +12,21 @@ Failures are isolated: a trial that raises or returns NaN is recorded FAIL with 
 worker that dies (killed, out of memory) fails only its trial and is replaced. A run stops with
 an error when ``max_failures_in_a_row`` trials fail in a row, rather than spin.
 
-Test hooks (for tests only): the environment variable ``STITCH_NAS_TEST_HOOKS`` holds JSON such as
-``{"crash_on_trials": [2], "raise_on_trials": [3], "delay_s": 0.2}``, read by the driver when a
-run starts and passed to the workers: a worker ``os._exit``\\ s on the listed trial numbers (a
-worker death), raises on others, or sleeps before each trial.
+The driver writes each trial's user attributes in one transaction, twice per trial (the config
+when it is sent, the measurement when it is back), and records Optuna heartbeats for the trials
+in flight when the storage has them (a killed driver's trials then become FAIL for the others).
+Each finished trial records the Ray node it ran on (``ray_node``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import optuna
 import torch
@@ -35,16 +35,19 @@ from stitch_nas import attrs
 from stitch_nas.cli._settings import SearchSettings
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, StitchNASError
-from stitch_nas.search._ray_shared import SharedContext, import_ray, share_context
-from stitch_nas.search._runner import StitchObjective, TrialOutcome, evaluate_config
-from stitch_nas.search._studies import completed_count
-from stitch_nas.stitching._measure import fragment_macs
+from stitch_nas.stitching import fragment_macs
 
-__all__ = ["RayExecutor", "TrialWorker", "TEST_HOOKS_ENV", "executor_from_settings"]
+from ._ray_shared import SharedContext, import_ray, share_context
+from ._runner import StitchObjective, TrialOutcome, evaluate_config
+from ._storage import BufferedTrial, heartbeat_of
+from ._studies import completed_count
+
+__all__ = ["RAY_NODE", "RayExecutor", "TrialWorker", "executor_from_settings"]
 
 logger = logging.getLogger(__name__)
 
-TEST_HOOKS_ENV = "STITCH_NAS_TEST_HOOKS"
+#: trial user attribute: the Ray node id the trial ran on
+RAY_NODE = "ray_node"
 START_TIMEOUT_S = 300.0  # workers that cannot be placed (too few CPUs/GPUs) fail the run
 _TrialState = optuna.trial.TrialState
 
@@ -56,7 +59,6 @@ class TrialWorker:
         shared: The driver's shared context.
         evaluation: Keyword arguments of :func:`~stitch_nas.search.evaluate_config`.
         num_threads: Torch CPU threads of this worker.
-        hooks: Test hooks (see the module docstring); empty in real runs.
     """
 
     def __init__(
@@ -64,7 +66,6 @@ class TrialWorker:
         shared: SharedContext,
         evaluation: dict[str, Any],
         num_threads: int,
-        hooks: dict[str, Any],
     ) -> None:
         ray = import_ray()
         torch.set_num_threads(max(1, num_threads))
@@ -73,22 +74,19 @@ class TrialWorker:
         for name in self.ctx.zoo.names():  # trace each model and fill its MAC table up front
             fragment_macs(self.ctx, name, None, None)
         self.evaluation = dict(evaluation)
-        self.hooks = dict(hooks)
+        self.node = ray.get_runtime_context().get_node_id()
 
     def ready(self) -> int:
         """The worker's process id, once it is built (used to wait for start-up)."""
         return os.getpid()
 
     def evaluate(self, number: int, config: dict[str, Any]) -> dict[str, Any]:
-        """Evaluate one config (as JSON) for trial ``number``; return the outcome as a dict."""
-        if self.hooks.get("delay_s"):
-            time.sleep(float(self.hooks["delay_s"]))
-        if number in self.hooks.get("crash_on_trials", ()):
-            os._exit(17)  # test hook: a worker death, as the OOM killer would cause
-        if number in self.hooks.get("raise_on_trials", ()):
-            raise RuntimeError(f"test hook: trial {number} raises")
+        """Evaluate one config (as JSON) for trial ``number``; the outcome as a dict.
+
+        The dict also holds ``"node"``, the Ray node id of this worker.
+        """
         outcome = evaluate_config(self.ctx, StitchConfig.from_dict(config), **self.evaluation)
-        return asdict(outcome)
+        return {**asdict(outcome), "node": self.node}
 
     def cache_stats(self) -> dict[str, int]:
         """Counters of this worker's activation cache (shared fetches and hits included)."""
@@ -100,6 +98,7 @@ class _Pending:
     trial: optuna.Trial
     config: StitchConfig
     worker: int
+    node: str | None = None
 
 
 @dataclass
@@ -115,7 +114,10 @@ class RayExecutor:
             CUDA, the visible GPUs shared out (at most 1 each), else 0.
         max_failures_in_a_row: Stop with an error after this many consecutive failed trials;
             None: ``max(10, 2 * workers)``.
-        last_run: Figures of the latest :meth:`run` (trials, seconds, restarts...).
+        worker_class: The actor body; a subclass of :class:`TrialWorker` (tests inject
+            faults this way).
+        last_run: Figures of the latest :meth:`run` (trials, seconds, restarts, trials per
+            Ray node...).
     """
 
     workers: int = 2
@@ -123,6 +125,7 @@ class RayExecutor:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float | None = None
     max_failures_in_a_row: int | None = None
+    worker_class: type[TrialWorker] = TrialWorker
     last_run: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -138,15 +141,20 @@ class RayExecutor:
     ) -> optuna.Study:
         """Run until ``study`` holds ``n_trials`` finished (complete or pruned) trials."""
         ray = import_ray()
-        hooks = _test_hooks()
         started = self._init_ray(ray)
         pool: _Pool | None = None
         try:
             start = time.perf_counter()
             shared = share_context(objective.ctx)
-            pool = _Pool(ray, shared, objective.evaluation_options(), self._resources(objective))
-            pool.start(self.workers, hooks)
-            ready = time.perf_counter()
+            pool = _Pool(
+                ray,
+                shared,
+                objective.evaluation_options(),
+                self._resources(objective),
+                self.worker_class,
+            )
+            pool.start(self.workers)
+            ready, cpu = time.perf_counter(), time.process_time()
             counts = self._drive(ray, objective, study, n_trials, pool, progress)
             end = time.perf_counter()
             self.last_run = {
@@ -154,6 +162,8 @@ class RayExecutor:
                 "workers": self.workers,
                 "startup_seconds": ready - start,
                 "search_seconds": end - ready,
+                # the driver's own CPU time (asking, sampling, recording): what limits scaling
+                "driver_cpu_seconds": time.process_time() - cpu,
                 "worker_restarts": pool.restarts,
                 "worker_cache": pool.cache_stats(),
             }
@@ -198,21 +208,27 @@ class RayExecutor:
         from tqdm.auto import tqdm
 
         limit = self.max_failures_in_a_row or max(10, 2 * self.workers)
-        counts = {"complete": 0, "pruned": 0, "failed": 0, "duplicates": 0}
+        counts: dict[str, Any] = {"complete": 0, "pruned": 0, "failed": 0, "duplicates": 0}
+        nodes: dict[str, int] = {}
         in_flight: dict[Any, _Pending] = {}
         idle = list(range(self.workers))
+        heartbeat = heartbeat_of(study)
+        wait_s = None if heartbeat is None else heartbeat.interval / 2
         done, failed_in_a_row, told = completed_count(study), 0, 0
         bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
         try:
             while True:
                 while idle and done + len(in_flight) < n_trials:
-                    trial = study.ask()
+                    trial = _ask(study)
+                    buffered = BufferedTrial(trial)
+                    view = cast(optuna.Trial, buffered)  # a Trial to the objective
                     try:
-                        config = objective.sample(trial)
+                        config = objective.sample(view)
                     except BaseException:  # a broken space is the user's error, as locally
                         study.tell(trial, state=_TrialState.FAIL)
                         raise
-                    values = objective.duplicate(trial, config)
+                    values = objective.duplicate(view, config)
+                    buffered.flush()
                     if values is not None:  # reuse the earlier measurement, no worker needed
                         study.tell(trial, values)
                         done, counts["duplicates"] = done + 1, counts["duplicates"] + 1
@@ -223,13 +239,17 @@ class RayExecutor:
                     in_flight[ref] = _Pending(trial, config, worker)
                 if not in_flight:
                     break
-                ready, _ = ray.wait(list(in_flight), num_returns=1)
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=wait_s)
+                if heartbeat is not None and heartbeat.due():
+                    heartbeat.beat(p.trial.number for p in in_flight.values())
                 for ref in ready:
                     pending = in_flight.pop(ref)
                     outcome = pool.result(ref, pending)
                     idle.append(pending.worker)
                     state = self._tell(objective, study, pending, outcome)
                     counts[_COUNT_KEY[state]] += 1
+                    if pending.node is not None:
+                        nodes[pending.node] = nodes.get(pending.node, 0) + 1
                     if state == _TrialState.FAIL:
                         failed_in_a_row += 1
                     else:
@@ -241,20 +261,25 @@ class RayExecutor:
                             f"{outcome.reason}); see fail_reason in trials.csv for the cause"
                         )
                 told += len(ready)
-                if told % 10 == 0 or done + len(in_flight) >= n_trials:
+                if ready and (told % 10 == 0 or done + len(in_flight) >= n_trials):
                     done = completed_count(study)  # other drivers may share the study
         finally:
             bar.close()
             for pending in in_flight.values():  # interrupted: don't leave them RUNNING
                 pending.trial.set_user_attr(attrs.FAIL_REASON, "driver stopped mid-trial")
                 study.tell(pending.trial, state=_TrialState.FAIL)
+        counts["trials_per_node"] = nodes
         return counts
 
     @staticmethod
     def _tell(
         objective: StitchObjective, study: optuna.Study, pending: _Pending, outcome: TrialOutcome
     ) -> optuna.trial.TrialState:
-        state, values = objective.finish(pending.trial, pending.config, outcome)
+        buffered = BufferedTrial(pending.trial)
+        if pending.node is not None:
+            buffered.set_user_attr(RAY_NODE, pending.node)
+        state, values = objective.finish(cast(optuna.Trial, buffered), pending.config, outcome)
+        buffered.flush()
         if state == _TrialState.COMPLETE:
             study.tell(pending.trial, values)
         else:
@@ -262,6 +287,12 @@ class RayExecutor:
                 logger.warning("trial %d failed: %s", pending.trial.number, outcome.reason)
             study.tell(pending.trial, state=state)
         return state
+
+
+def _ask(study: optuna.Study) -> optuna.Trial:
+    with warnings.catch_warnings():  # the driver sends the heartbeats optimize() would
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+        return study.ask()
 
 
 _COUNT_KEY = {
@@ -280,23 +311,20 @@ class _Pool:
         shared: SharedContext,
         evaluation: dict[str, Any],
         resources: dict[str, float],
+        worker_class: type[TrialWorker] = TrialWorker,
     ) -> None:
         self.ray, self.shared, self.evaluation = ray, shared, evaluation
         self.resources = resources
-        self.actor_class = ray.remote(TrialWorker)
+        self.actor_class = ray.remote(worker_class)
         self.actors: list[Any] = []
-        self.hooks: dict[str, Any] = {}
         self.restarts = 0
 
     def _new(self) -> Any:
         threads = max(1, int(self.resources["num_cpus"]))
         options = {**self.resources, "max_restarts": 0}
-        return self.actor_class.options(**options).remote(
-            self.shared, self.evaluation, threads, self.hooks
-        )
+        return self.actor_class.options(**options).remote(self.shared, self.evaluation, threads)
 
-    def start(self, n: int, hooks: dict[str, Any]) -> None:
-        self.hooks = hooks
+    def start(self, n: int) -> None:
         self.actors = [self._new() for _ in range(n)]
         try:
             self.ray.get([actor.ready.remote() for actor in self.actors], timeout=START_TIMEOUT_S)
@@ -315,7 +343,9 @@ class _Pool:
         """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""
         exceptions = self.ray.exceptions
         try:
-            return TrialOutcome(**self.ray.get(ref))
+            result = dict(self.ray.get(ref))
+            pending.node = result.pop("node", None)
+            return TrialOutcome(**result)
         except exceptions.RayTaskError as exc:  # the trial raised; the worker lives on
             return TrialOutcome("fail", reason=f"worker raised: {_first_line(exc.cause or exc)}")
         except exceptions.RayError as exc:  # the worker died (killed, out of memory...)
@@ -356,19 +386,6 @@ class _Pool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-
-
-def _test_hooks() -> dict[str, Any]:
-    raw = os.environ.get(TEST_HOOKS_ENV)
-    if not raw:
-        return {}
-    try:
-        hooks = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{TEST_HOOKS_ENV} is not valid JSON ({exc}); unset it") from exc
-    if not isinstance(hooks, dict):
-        raise ConfigError(f"{TEST_HOOKS_ENV} must hold a JSON object, got {raw!r}")
-    return hooks
 
 
 EXECUTORS = ("local", "ray")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -20,11 +21,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from stitch_nas.activations._cache import ActivationCache, ActivationKey
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import ActivationCache, ActivationKey, StitchContext
 from stitch_nas.errors import MissingDependencyError
 
-__all__ = ["SharedActivationCache", "SharedContext", "import_ray", "share_context"]
+__all__ = [
+    "SharedActivationCache",
+    "SharedContext",
+    "import_ray",
+    "models_on_cpu",
+    "share_context",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +105,8 @@ class SharedContext:
     """What a worker needs to rebuild the driver's context; cheap to pickle (refs only).
 
     Attributes:
-        bundle: ObjectRef of ``(zoo, data)``, models on the CPU.
-        activations: ``ActivationKey.digest()`` -> ObjectRef of a numpy array.
+        bundle: ObjectRef of ``(zoo, data)`` (or the pair), models on the CPU.
+        activations: ``ActivationKey.digest()`` -> ObjectRef of a numpy array (or the array).
         options: keyword arguments of :class:`StitchContext` (batch size, ridge, ...).
         cache_memory_gb: budget of each worker's local cache (keys not shared).
         spill_dir: spill folder of each worker's local cache.
@@ -114,8 +120,8 @@ class SharedContext:
 
     def materialize(self, device: str | torch.device = "cpu") -> StitchContext:
         """Build the worker's context on ``device`` (fetches the zoo once)."""
-        ray = import_ray()
-        zoo, data = ray.get(self.bundle)
+        # an ObjectRef from the executor; the pair itself from Tune's with_parameters
+        zoo, data = self.bundle if isinstance(self.bundle, tuple) else import_ray().get(self.bundle)
         cache = SharedActivationCache(
             self.activations, memory_gb=self.cache_memory_gb, spill_dir=self.spill_dir
         )
@@ -132,34 +138,50 @@ def context_options(ctx: StitchContext) -> dict[str, Any]:
         "fill": ctx.fill,
         "pieces": ctx.pieces,
         # channels-last is a per-model choice the worker makes again by the same rule
-        "channels_last": bool(getattr(ctx, "_channels_last", False)),
+        "channels_last": bool(ctx.channels_last_models),
     }
 
 
-def share_context(ctx: StitchContext, splits: tuple[str, ...] = SHARED_SPLITS) -> SharedContext:
+@contextmanager
+def models_on_cpu(ctx: StitchContext) -> Iterator[None]:
+    """The zoo's models on the CPU for the duration (workers may lack the driver's GPU)."""
+    models = {name: ctx.entry(name).model for name in ctx.zoo.names()}
+    on_device = {name: next(m.parameters(), torch.empty(0)).device for name, m in models.items()}
+    try:
+        for model in models.values():
+            model.to("cpu")
+        yield
+    finally:
+        for name, model in models.items():
+            model.to(on_device[name])
+
+
+def share_context(
+    ctx: StitchContext,
+    splits: tuple[str, ...] = SHARED_SPLITS,
+    put: Callable[[Any], Any] | None = None,
+) -> SharedContext:
     """Put ``ctx``'s zoo, data and every activation on ``splits`` in the object store.
 
     Activations missing from ``ctx``'s cache are computed here first, once, which is what
-    the first trials of a local search would do anyway. Needs ``ray.init()`` to have run.
+    the first trials of a local search would do anyway. This is the one way a context is
+    shipped to Ray: the executor's actors and the Tune trainable both rebuild it with
+    :meth:`SharedContext.materialize`.
 
     Args:
         ctx: The driver's context.
         splits: Splits whose activations trials read (probe for stitches and CKA, val for
             accuracy).
+        put: How each large value is stored: ``ray.put`` (default, needs ``ray.init()``), or
+            ``lambda v: v`` to keep the values themselves for ``tune.with_parameters``, which
+            stores the whole handle once (then pickle it inside :func:`models_on_cpu`).
 
     Returns:
         The handle to send to workers.
     """
-    ray = import_ray()
-    models = {name: ctx.entry(name).model for name in ctx.zoo.names()}
-    on_device = {name: next(m.parameters(), torch.empty(0)).device for name, m in models.items()}
-    try:  # workers may lack the driver's GPU: ship CPU weights, the worker moves them
-        for model in models.values():
-            model.to("cpu")
-        bundle = ray.put((ctx.zoo, ctx.data))
-    finally:
-        for name, model in models.items():
-            model.to(on_device[name])
+    store = put if put is not None else import_ray().put
+    with models_on_cpu(ctx):
+        bundle = store((ctx.zoo, ctx.data))
     refs: dict[str, Any] = {}
     total = 0
     for name in ctx.zoo.names():
@@ -167,9 +189,9 @@ def share_context(ctx: StitchContext, splits: tuple[str, ...] = SHARED_SPLITS) -
         for split in splits:
             for cut in [*cuts, None]:
                 array = ctx.activation(name, cut, split).detach().cpu().numpy()
-                refs[ctx.activation_key(name, cut, split).digest()] = ray.put(array)
+                refs[ctx.activation_key(name, cut, split).digest()] = store(array)
                 total += array.nbytes
-    logger.info("shared %d activations (%.1f MiB) in the object store", len(refs), total / 2**20)
+    logger.info("shared %d activations (%.1f MiB)", len(refs), total / 2**20)
     return SharedContext(
         bundle=bundle,
         activations=refs,

@@ -12,18 +12,21 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import optuna
 
 from stitch_nas import attrs
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import BudgetError, ConfigError, LayoutError, StitchNASError
-from stitch_nas.fragments._costs import count_params
+from stitch_nas.fragments import count_params
 from stitch_nas.plugins import OBJECTIVES, SPACES
-from stitch_nas.search._studies import completed_count
-from stitch_nas.stitching._measure import Measurement, config_cka, fragment_macs, measure
+from stitch_nas.registry import keyword_options
+from stitch_nas.stitching import Measurement, config_cka, fragment_macs, measure
+
+from ._storage import BufferedTrial
+from ._studies import completed_count, set_metric_names
 
 __all__ = [
     "Executor",
@@ -72,9 +75,12 @@ class StitchObjective:
         self.cka_threshold = cka_threshold
         self.budgets = _check_budgets(budgets or {})
         self.space_options = dict(space_options or {})
+        # an unknown option is a one-line error now, not a TypeError on the first trial
+        keyword_options(self.space, self.space_options, f"search space {space!r}")
         self.fuse = fuse
         self.latency = any(o.needs_latency for o in self.objectives)
         self._seen: dict[str, tuple[int, Measurement]] = {}  # config hash -> first measurement
+        self._named = False  # metric names checked on the study of the first trial
 
     def sample(self, trial: optuna.Trial) -> StitchConfig:
         config = self.space(trial, self.ctx, **self.space_options)
@@ -84,17 +90,36 @@ class StitchObjective:
         return config
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
-        config = self.sample(trial)
-        values = self.duplicate(trial, config)
-        if values is not None:
-            return values
-        outcome = self.evaluate(config)
-        state, values = self.finish(trial, config, outcome)
+        if not self._named:  # a user's own study: name its objectives for optuna-dashboard
+            self._named = True
+            study = trial.study
+            if study.metric_names is None and len(study.directions) == len(self.names):
+                set_metric_names(study, self.names)
+        # the trial's attributes in two writes: the config (shown while the trial runs), then
+        # the measurement
+        buffered = BufferedTrial(trial)
+        view = cast(optuna.Trial, buffered)
+        try:
+            config = self.sample(view)
+            buffered.flush()
+            state, values, reason = self._run(view, config)
+        finally:
+            buffered.flush()
         if state == optuna.trial.TrialState.PRUNED:
-            raise optuna.TrialPruned(outcome.reason)
+            raise optuna.TrialPruned(reason)
         if values is None:  # a failed trial: NaN values make Optuna record FAIL
             return tuple(math.nan for _ in self.objectives)
         return values
+
+    def _run(
+        self, trial: optuna.Trial, config: StitchConfig
+    ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None, str | None]:
+        values = self.duplicate(trial, config)
+        if values is not None:
+            return optuna.trial.TrialState.COMPLETE, values, None
+        outcome = self.evaluate(config)
+        state, values = self.finish(trial, config, outcome)
+        return state, values, outcome.reason
 
     def evaluation_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`evaluate_config` for this objective (JSON types)."""
@@ -291,7 +316,7 @@ def run_search(
             :class:`~stitch_nas.search.RayExecutor` runs them on Ray workers.
     """
     if n_trials < 1:
-        raise ConfigError(f"--trials must be >= 1, got {n_trials}")
+        raise ConfigError(f"the number of trials must be >= 1, got {n_trials}")
     if attrs.REFERENCES not in study.user_attrs:
         refs = measure_references(objective.ctx)
         study.set_user_attr(attrs.REFERENCES, refs)
@@ -306,7 +331,8 @@ def run_search(
         while completed_count(study) < n_trials:
             remaining = n_trials - completed_count(study)
             before = len(study.trials)
-            study.optimize(objective, n_trials=remaining, callbacks=[_tick(bar)])
+            callbacks = [_tick(bar), _stop_at(n_trials)]
+            study.optimize(objective, n_trials=remaining, callbacks=callbacks)
             if len(study.trials) == before:
                 break
             if _only_failures(study, before):  # every trial of a round failed: stop, don't spin
@@ -321,6 +347,16 @@ def run_search(
 def _only_failures(study: optuna.Study, since: int) -> bool:
     new = study.trials[since:]
     return bool(new) and all(t.state == optuna.trial.TrialState.FAIL for t in new)
+
+
+def _stop_at(n_trials: int):
+    """Stop at the requested total even when other drivers add trials to the study."""
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if completed_count(study) >= n_trials:
+            study.stop()
+
+    return callback
 
 
 def _tick(bar: Any):

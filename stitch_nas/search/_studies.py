@@ -1,54 +1,51 @@
-"""The Optuna study a search writes to: samplers, creating, resuming and reopening it.
+"""The Optuna study a search writes to: samplers, names, creating, joining, resuming, reopening.
 
-A search owns one study named ``stitch_nas``, in ``DIR/study.db`` (SQLite) or in an RDB given by
-URL. Resuming marks the trials a killed driver left RUNNING as FAIL, so their slots are sampled
-again and the search still stops at the requested total of finished trials.
+A search owns one named study: in ``DIR/study.db`` (SQLite), or at a ``--storage`` URL or
+journal file shared by several drivers (:mod:`stitch_nas.search._storage`). Its name defaults
+to the output folder's name. A study of that name that exists already is refused unless the
+caller means to continue it: ``resume`` (this driver alone: trials left RUNNING are marked FAIL
+at once) or ``join`` (other drivers may be running: trials left RUNNING become FAIL through
+Optuna's heartbeat once their driver has been silent for the grace period).
+
+Studies are created with their objective names (``study.set_metric_names``), so
+optuna-dashboard labels the axes "accuracy", "macs" rather than "Objective 0, 1".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import warnings
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import optuna
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
-from stitch_nas.plugins import Direction
 
+from ._storage import DEFAULT_HEARTBEAT_S, heartbeat_of, open_storage, remember_storage
 
-class StudyShape(Protocol):
-    """What a study needs from the objective (a StitchObjective has all of it)."""
-
-    @property
-    def names(self) -> Sequence[str]: ...
-
-    @property
-    def directions(self) -> Sequence[Direction]: ...
-
-    @property
-    def space_name(self) -> str: ...
-
-    @property
-    def budgets(self) -> Mapping[str, float]: ...
-
+if TYPE_CHECKING:  # the objective only lends its names and directions; no import cycle
+    from ._runner import StitchObjective
 
 __all__ = [
+    "LEGACY_STUDY_NAME",
     "SAMPLERS",
-    "STUDY_NAME",
     "completed_count",
+    "check_study",
     "create_study",
+    "default_study_name",
     "fail_stale_running",
     "load_folder_study",
     "make_sampler",
+    "set_metric_names",
 ]
 
 logger = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "nsga2", "random")
-STUDY_NAME = "stitch_nas"
+#: the one name every study had before studies were named after their folder
+LEGACY_STUDY_NAME = "stitch_nas"
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -62,74 +59,174 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     raise ConfigError(f"unknown sampler {name!r}; use one of {SAMPLERS}")
 
 
+def default_study_name(out_dir: str | Path) -> str:
+    """The study name a search into ``out_dir`` gets without ``--study-name``: the folder's."""
+    return Path(out_dir).resolve().name or LEGACY_STUDY_NAME
+
+
+def set_metric_names(study: optuna.Study, names: list[str]) -> None:
+    """Name the study's objectives (read by optuna-dashboard and ``trials_dataframe``)."""
+    if study.metric_names == names:
+        return
+    with warnings.catch_warnings():  # experimental since Optuna 3.2, unchanged since
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(names))
+
+
 def create_study(
-    objective: StudyShape,
+    objective: StitchObjective,
     out_dir: str | Path,
     *,
     sampler: str = "tpe",
     seed: int | None = 0,
     resume: bool = False,
     storage: str | None = None,
+    study_name: str | None = None,
+    join: bool = False,
+    heartbeat_s: int = DEFAULT_HEARTBEAT_S,
 ) -> optuna.Study:
-    """The study stored in ``out_dir/study.db``; ``resume=True`` continues an existing one.
+    """The study of a search into ``out_dir``, created, resumed or joined.
 
-    With ``storage``, an Optuna RDB URL such as ``postgresql://user@host/db``, the study lives
-    there instead and several drivers can work on it at once: a driver joins the study if it
-    exists. Only ``resume=True`` marks trials left RUNNING as FAIL, so pass it only when no other
-    driver is running.
+    Args:
+        objective: Lends the directions and objective names.
+        out_dir: The output folder; the study lives in ``out_dir/study.db`` unless ``storage``.
+        sampler: One of :data:`SAMPLERS`.
+        seed: Sampler seed.
+        resume: Continue the study; no other driver runs on it, so trials left RUNNING are
+            marked FAIL now.
+        storage: Optuna RDB URL (``postgresql://user@host/db``) or journal file path shared by
+            several drivers, instead of ``out_dir/study.db``.
+        study_name: The study's name; default :func:`default_study_name` of ``out_dir`` (a
+            folder written before studies were named keeps its ``"stitch_nas"``).
+        join: Continue the study, or create it, while other drivers may run on it.
+        heartbeat_s: Heartbeat interval of RDB storages; a killed driver's trial becomes FAIL
+            after twice this.
+
+    Raises:
+        ConfigError: the study exists and neither ``resume`` nor ``join`` is given, there is
+            nothing to resume, the storage cannot be opened, or the objectives differ.
     """
-    out = Path(out_dir)
-    db = out / "study.db"
-    if storage is None:
-        if db.exists() and not resume:
-            raise ConfigError(
-                f"{out} already holds a study; pass --resume to continue it or choose another --out"
-            )
-        if resume and not db.exists():
-            raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
-    out.mkdir(parents=True, exist_ok=True)
-    load = resume or storage is not None
-    try:
-        study = optuna.create_study(
-            storage=storage or f"sqlite:///{db}",
-            study_name=STUDY_NAME,
-            directions=objective.directions,
-            sampler=make_sampler(sampler, seed),
-            load_if_exists=load,
-        )
-    except Exception as exc:
-        if storage is None:
-            raise
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"cannot open the study at storage {storage!r}: {first}") from exc
-    if resume:
-        fail_stale_running(study)
-    if load and list(study.user_attrs.get(attrs.OBJECTIVES, objective.names)) != objective.names:
+    backend, name = _open(out_dir, resume, storage, study_name, join, heartbeat_s)
+    where = storage or str(Path(out_dir) / "study.db")
+    study = optuna.create_study(
+        storage=backend,
+        study_name=name,
+        directions=objective.directions,
+        sampler=make_sampler(sampler, seed),
+        load_if_exists=resume or join,  # join: two drivers may create it at once
+    )
+    remember_storage(study, backend)
+    if resume and not join:
+        fail_stale_running(study, backend)
+    elif join and (beat := heartbeat_of(study)) is not None:
+        beat.fail_stale()
+    names = list(study.user_attrs.get(attrs.OBJECTIVES, objective.names))
+    if names != objective.names:
         raise ConfigError(
-            f"the study in {storage or out} optimises {study.user_attrs['objectives']}, not "
-            f"{objective.names}; resume with the same objectives"
+            f"the study {name!r} in {where} optimises {names}, not {objective.names}; "
+            "continue it with the same objectives"
         )
-    study.set_user_attr(attrs.OBJECTIVES, objective.names)
-    study.set_user_attr(attrs.SPACE, objective.space_name)
-    study.set_user_attr(attrs.BUDGETS, objective.budgets)
+    if study.user_attrs.get(attrs.OBJECTIVES) is None:
+        study.set_user_attr(attrs.OBJECTIVES, objective.names)
+        study.set_user_attr(attrs.SPACE, objective.space_name)
+        study.set_user_attr(attrs.BUDGETS, objective.budgets)
+    set_metric_names(study, objective.names)
     return study
 
 
-def fail_stale_running(study: optuna.Study) -> None:
-    """Trials left RUNNING by a killed driver are marked FAIL so their slots are re-sampled."""
-    storage = study._storage
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        storage.set_trial_user_attr(trial._trial_id, attrs.FAIL_REASON, "driver stopped mid-trial")
-        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-        logger.info("marked stale running trial %d as FAIL", trial.number)
+def check_study(
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    storage: str | None = None,
+    study_name: str | None = None,
+    join: bool = False,
+    heartbeat_s: int = DEFAULT_HEARTBEAT_S,
+) -> str:
+    """What :func:`create_study` checks about the storage and name, before any slow work.
+
+    Returns:
+        The study's name.
+    """
+    return _open(out_dir, resume, storage, study_name, join, heartbeat_s)[1]
+
+
+def _open(
+    out_dir: str | Path,
+    resume: bool,
+    storage: str | None,
+    study_name: str | None,
+    join: bool,
+    heartbeat_s: int,
+) -> tuple[optuna.storages.BaseStorage, str]:
+    out = Path(out_dir)
+    db = out / "study.db"
+    if storage is None:
+        if resume and not db.exists():
+            raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
+        out.mkdir(parents=True, exist_ok=True)
+    where = storage or str(db)
+    backend = open_storage(storage or f"sqlite:///{db}", heartbeat_s=heartbeat_s)
+    existing = optuna.get_all_study_names(backend)
+    if storage is None and existing and not (resume or join):
+        raise ConfigError(
+            f"{out} already holds a study ({existing[0]!r}); pass --resume to continue it or "
+            "choose another --out"
+        )
+    name = study_name or _default_name(out, existing, legacy=storage is None)
+    if name in existing and not (resume or join):
+        raise ConfigError(
+            f"{where} already holds a study named {name!r}; pass --resume (or --join while other "
+            "drivers run) to continue it, or choose another --study-name"
+        )
+    if resume and not join and name not in existing:
+        known = ", ".join(repr(n) for n in existing) or "none"
+        raise ConfigError(
+            f"nothing to resume: {where} holds no study named {name!r} (studies there: {known}); "
+            "check --study-name"
+        )
+    return backend, name
+
+
+def _default_name(out: Path, existing: list[str], *, legacy: bool) -> str:
+    # A folder written before studies were named holds one study called "stitch_nas"
+    if legacy and existing == [LEGACY_STUDY_NAME]:
+        return LEGACY_STUDY_NAME
+    return default_study_name(out)
+
+
+def fail_stale_running(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
+    """Mark every RUNNING trial FAIL; only for a study no other driver is running on.
+
+    ``--resume`` promises that; drivers sharing a study rely on Optuna's heartbeat instead.
+
+    Args:
+        study: The study.
+        storage: The storage ``study`` was created on.
+    """
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for frozen in running:
+        # a Trial handle on the stored trial, to record why before it is told FAIL
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
+        trial = optuna.Trial(study, trial_id)
+        trial.set_user_attr(attrs.FAIL_REASON, "driver stopped mid-trial")
+        study.tell(frozen.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        logger.info("marked stale running trial %d as FAIL", frozen.number)
 
 
 def load_folder_study(out_dir: str | Path) -> optuna.Study:
-    """The study a search wrote to ``out_dir/study.db``."""
+    """The study a search wrote to ``out_dir/study.db`` (the only one there)."""
     db = Path(out_dir) / "study.db"
     if not db.is_file():
         raise ConfigError(f"{out_dir} holds no study ({db} is missing); run a search there first")
-    return optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{db}")
+    storage = f"sqlite:///{db}"
+    names = optuna.get_all_study_names(storage)
+    if len(names) != 1:
+        raise ConfigError(
+            f"{db} holds {len(names)} studies ({', '.join(names)}); a search folder holds one"
+        )
+    return optuna.load_study(study_name=names[0], storage=storage)
 
 
 def completed_count(study: optuna.Study) -> int:

@@ -15,7 +15,8 @@ Three pieces, each usable on its own::
   mode=tune_modes(objective))``. It samples a StitchConfig in the driver and hands it to the
   trainable as JSON under ``config["stitch_config"]``.
 - :func:`make_trainable` returns the function trainable, with the zoo, the data and the cached
-  activations passed once through ``tune.with_parameters`` (the object store), not per trial. It
+  activations (the same :class:`~stitch_nas.search.SharedContext` the Ray executor ships)
+  passed once through ``tune.with_parameters`` (the object store), not per trial. It
   reports the objective values, ``cka``, and ``stitch_*`` fields with ``ray.tune.report``.
 - :class:`StitchOptunaSearch` is ``OptunaSearch`` plus what it lacks: Ray's ``OptunaSearch`` has
   no notion of constraints, so this subclass records each finished trial through
@@ -35,18 +36,19 @@ import pickle
 import uuid
 from typing import Any, cast
 
-import numpy as np
 import optuna
 import torch
 
 from stitch_nas import attrs
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import MissingDependencyError
 from stitch_nas.plugins import OBJECTIVES
-from stitch_nas.search._ray_shared import SharedActivationCache, context_options, import_ray
-from stitch_nas.search._runner import StitchObjective, TrialOutcome, evaluate_config
-from stitch_nas.stitching._measure import Measurement, fragment_macs
+from stitch_nas.stitching import Measurement, fragment_macs
+
+from ._ray_shared import SharedContext, import_ray, models_on_cpu, share_context
+from ._runner import StitchObjective, TrialOutcome, evaluate_config
+from ._storage import BufferedTrial
 
 try:
     from ray import tune
@@ -69,7 +71,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "stitch_config"  #: where the sampled StitchConfig (JSON) sits in the Tune config
-SPLITS = ("probe", "val")
 
 
 def tune_modes(objective: StitchObjective) -> list[str]:
@@ -107,29 +108,16 @@ def make_trainable(objective: StitchObjective) -> Any:
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
     ctx = objective.ctx
-    activations: dict[str, np.ndarray] = {}
-    for name in ctx.zoo.names():
-        for split in SPLITS:
-            for cut in [*(c.name for c in ctx.cuts(name)), None]:
-                key = ctx.activation_key(name, cut, split).digest()
-                activations[key] = ctx.activation(name, cut, split).detach().cpu().numpy()
-    models = {n: ctx.entry(n).model for n in ctx.zoo.names()}
-    devices = {n: next(m.parameters(), torch.empty(0)).device for n, m in models.items()}
-    try:  # Tune workers may lack the driver's GPU: ship CPU weights
-        for model in models.values():
-            model.to("cpu")
+    # the values themselves: with_parameters puts the whole handle in the object store once
+    shared = share_context(ctx, put=lambda value: value)
+    with models_on_cpu(ctx):  # pickled here, so with CPU weights
         return tune.with_parameters(
             stitch_trainable,
             token=uuid.uuid4().hex,
-            bundle=(ctx.zoo, ctx.data),
-            activations=activations,
-            options=context_options(ctx),
+            shared=shared,
             evaluation=objective.evaluation_options(),
             names=list(objective.names),
         )
-    finally:
-        for name, model in models.items():
-            model.to(devices[name])
 
 
 _CONTEXTS: dict[str, StitchContext] = {}  # per worker process: built once, reused by trials
@@ -139,9 +127,7 @@ def stitch_trainable(
     config: dict[str, Any],
     *,
     token: str,
-    bundle: tuple[Any, Any],
-    activations: dict[str, np.ndarray],
-    options: dict[str, Any],
+    shared: SharedContext,
     evaluation: dict[str, Any],
     names: list[str],
 ) -> None:
@@ -154,10 +140,7 @@ def stitch_trainable(
     if ctx is None:
         ray = import_ray()
         device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
-        zoo, data = bundle
-        ctx = StitchContext(
-            zoo, data, device=device, cache=SharedActivationCache(activations), **options
-        )
+        ctx = shared.materialize(device)
         _CONTEXTS.clear()  # one search per process at a time; drop an earlier one's memory
         _CONTEXTS[token] = ctx
     stitch = StitchConfig.from_dict(json.loads(config[CONFIG_KEY]))
@@ -226,7 +209,10 @@ class StitchOptunaSearch(OptunaSearch):
             self._completed_trials.add(trial_id)
             return None
         config = StitchConfig.from_dict(ot_trial.user_attrs[attrs.CONFIG])
-        state, values = self._objective.finish(ot_trial, config, _outcome_from(result))
+        buffered = BufferedTrial(ot_trial)  # the result's attributes in one write
+        outcome = _outcome_from(result)
+        state, values = self._objective.finish(cast(optuna.Trial, buffered), config, outcome)
+        buffered.flush()
         if state == optuna.trial.TrialState.COMPLETE:
             self.study.tell(ot_trial, values)
         else:

@@ -1,0 +1,69 @@
+"""Faults injected from the test side: slow, raising and dying trials, in and out of process.
+
+``python -m tests._faults DELAY_S [stitch-nas arguments]`` runs the CLI with every trial made
+``DELAY_S`` seconds slower (local trials and Ray workers alike), so a test has time to kill a
+driver mid-trial. The library itself carries no test hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from stitch_nas.search import RayExecutor, StitchObjective, TrialWorker
+
+DELAY_ENV = "STITCH_NAS_TEST_DELAY_S"
+
+
+def _delay() -> None:
+    time.sleep(float(os.environ.get(DELAY_ENV, "0")))
+
+
+class SlowWorker(TrialWorker):
+    """A worker whose every trial first sleeps ``$STITCH_NAS_TEST_DELAY_S`` seconds."""
+
+    def evaluate(self, number: int, config: dict[str, Any]) -> dict[str, Any]:
+        _delay()
+        return super().evaluate(number, config)
+
+
+class FaultyWorker(TrialWorker):
+    """Dies (as the OOM killer would kill it) on trial 1 and raises on trial 2."""
+
+    def evaluate(self, number: int, config: dict[str, Any]) -> dict[str, Any]:
+        if number == 1:
+            os._exit(17)
+        if number == 2:
+            raise RuntimeError(f"injected: trial {number} raises")
+        return super().evaluate(number, config)
+
+
+def slow_cli(argv: list[str], delay_s: float) -> int:
+    """Run ``stitch-nas argv`` with trials ``delay_s`` seconds slower."""
+    import stitch_nas.search as search
+    from stitch_nas.cli import main
+
+    os.environ[DELAY_ENV] = str(delay_s)  # read by Ray workers, which inherit the environment
+    evaluate = StitchObjective.evaluate
+
+    def slow_evaluate(self: StitchObjective, config: Any) -> Any:
+        _delay()
+        return evaluate(self, config)
+
+    executor_from_settings = search.executor_from_settings
+
+    def slow_executor(settings: Any) -> RayExecutor | None:
+        executor = executor_from_settings(settings)
+        if executor is not None:
+            executor.worker_class = SlowWorker
+        return executor
+
+    StitchObjective.evaluate = slow_evaluate  # type: ignore[method-assign]
+    search.executor_from_settings = slow_executor  # type: ignore[assignment]
+    return main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(slow_cli(sys.argv[2:], float(sys.argv[1])))
