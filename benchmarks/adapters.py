@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from stitch_nas import adapters
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.data._splits import load_digits_splits
+from stitch_nas.data import load_digits_splits
 from stitch_nas.errors import LayoutError
-from stitch_nas.stitching._measure import measure
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.stitching import measure
+from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "adapters.json"
 

@@ -33,13 +33,13 @@ import torch
 import search_spaces
 from search_spaces.snnet import train_snnet
 from stitch_nas import load
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.data._splits import load_digits_splits
+from stitch_nas.data import load_digits_splits
 from stitch_nas.errors import StitchNASError
-from stitch_nas.export._write import FORMATS, ExportItem, export_network
-from stitch_nas.stitching._measure import measure
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.export import FORMATS, ExportItem, export_network
+from stitch_nas.stitching import measure
+from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "gpu_paths.json"
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import optuna
 import torch
 
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.search._runner import StitchObjective
-from stitch_nas.stitching._build import build
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.data import load_digits_splits
+from stitch_nas.search import StitchObjective
+from stitch_nas.stitching import build
+from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "search_cost.json"
 

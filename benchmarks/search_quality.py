@@ -39,13 +39,12 @@ from scipy.stats import spearmanr
 import search_spaces
 from search_spaces.pairwise import joinable
 from search_spaces.stitchnet import stitchnet_search
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.report._pareto import hypervolume
-from stitch_nas.search._runner import evaluate_config
-from stitch_nas.search._studies import make_sampler
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.data import load_digits_splits
+from stitch_nas.report import hypervolume
+from stitch_nas.search import evaluate_config, make_sampler
+from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "search_quality.json"
 BUDGETS = (0.05, 0.10, 0.25)

@@ -31,13 +31,12 @@ from typing import Any
 import torch
 
 from search_spaces.snnet import train_snnet
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, StitchConfig
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.snnet._joint import JointSNNet, joint_stitches
-from stitch_nas.snnet._spec import joint_spec
-from stitch_nas.stitching._measure import measure
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.data import load_digits_splits
+from stitch_nas.snnet import JointSNNet, joint_spec, joint_stitches
+from stitch_nas.stitching import measure
+from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "snnet_joint.json"
 

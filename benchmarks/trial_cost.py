@@ -27,12 +27,10 @@ import optuna
 import torch
 
 import search_spaces
-from stitch_nas.activations._cache import ActivationCache
-from stitch_nas.activations._context import StitchContext
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.stitching._build import build
-from stitch_nas.stitching._measure import config_cka, measure
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.activations import ActivationCache, StitchContext
+from stitch_nas.data import load_digits_splits
+from stitch_nas.stitching import build, config_cka, measure
+from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "trial_cost.json"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import optuna
 
 import stitch_nas
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.zoo._mini import load_mini_zoo
+from stitch_nas.data import load_digits_splits
+from stitch_nas.zoo import load_mini_zoo
 
 
 def main(n_trials: int = 20) -> optuna.Study:

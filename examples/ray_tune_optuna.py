@@ -19,10 +19,9 @@ import ray
 from ray import tune
 
 import stitch_nas
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.search._tune import StitchOptunaSearch, make_trainable
-from stitch_nas.zoo._entry import InputSpec, Zoo
-from stitch_nas.zoo._sources import from_timm
+from stitch_nas.data import load_digits_splits
+from stitch_nas.search import StitchOptunaSearch, make_trainable
+from stitch_nas.zoo import InputSpec, Zoo, from_timm
 
 
 def tiny_zoo() -> Zoo:
@@ -48,7 +47,7 @@ def main(argv: list[str] | None = None) -> optuna.Study:
     if args.tiny:
         zoo = tiny_zoo()
     else:
-        from stitch_nas.zoo._mini import load_mini_zoo
+        from stitch_nas.zoo import load_mini_zoo
 
         zoo = load_mini_zoo(data, progress=True)
     objective = stitch_nas.make_objective(

@@ -14,10 +14,10 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec
 from stitch_nas.errors import ConfigError, LayoutError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 
 __all__ = ["ADAPTER_KINDS", "AdapterChoices", "suggest_adapter", "can_join"]
 

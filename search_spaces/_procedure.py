@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 
 __all__ = ["memoised"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 

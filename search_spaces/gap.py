@@ -15,10 +15,10 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 
 from ._adapter_choice import ADAPTER_KINDS, AdapterChoices, can_join, suggest_adapter
 from ._registry import register_space

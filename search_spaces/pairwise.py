@@ -28,7 +28,7 @@ from stitch_nas.activations import StitchContext, zoo_models
 from stitch_nas.adapters import joinable
 from stitch_nas.config import DIRECTIONS, AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 from stitch_nas.stitching import model_macs
 
 from ._adapter_choice import AdapterChoices, can_join, suggest_adapter

@@ -25,10 +25,10 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import BudgetError, ConfigError, LayoutError
-from stitch_nas.fragments._costs import count_params
+from stitch_nas.fragments import count_params
 
 from ._registry import register_space
 from .pairwise import DIRECTIONS, joinable, zoo_models

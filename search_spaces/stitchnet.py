@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import optuna
 import torch
 
-from stitch_nas.activations._context import StitchContext
-from stitch_nas.adapters._lstsq import fit_lstsq
+from stitch_nas.activations import StitchContext
+from stitch_nas.adapters import fit_lstsq
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
 from stitch_nas.errors import ConfigError
 

@@ -10,7 +10,7 @@ from sklearn.neighbors import KNeighborsClassifier
 
 from stitch_nas.config import HeadSpec
 from stitch_nas.errors import ConfigError
-from stitch_nas.stitching._heads import KNNHead, fit_head, head_from_recipe, head_recipe
+from stitch_nas.stitching import KNNHead, fit_head, head_from_recipe, head_recipe
 
 
 def _blobs(n: int, dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,11 +26,25 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
+def _type_only(tree: ast.Module) -> set[int]:
+    """Nodes inside ``if TYPE_CHECKING:`` blocks: read by type checkers, never run, so an
+    annotation may name a module that imports this one without making a circle."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return inside
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules that ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    type_only = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -53,11 +67,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
-    graph = {name: _imports(name, path, known) for name, path in modules.items()}
-    # the top-level face imports nothing at run time (PEP 562 __getattr__); its
-    # TYPE_CHECKING block only informs static checkers
-    graph["stitch_nas"] = set()
-    return graph
+    return {name: _imports(name, path, known) for name, path in modules.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

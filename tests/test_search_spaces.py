@@ -9,7 +9,7 @@ import search_spaces
 from stitch_nas import errors
 from stitch_nas.adapters._lstsq import check_pair
 from stitch_nas.config import StitchConfig
-from stitch_nas.stitching._measure import fragment_macs
+from stitch_nas.stitching import fragment_macs
 from tests._tiny import tiny_context
 
 
@@ -143,7 +143,7 @@ def test_pairwise_samples_adapter_choices_when_asked(ctx):
 
 
 def test_gap_trials_run_through_the_objective(ctx):
-    from stitch_nas.search._runner import StitchObjective
+    from stitch_nas.search import StitchObjective
 
     objective = StitchObjective(
         ctx,
@@ -160,7 +160,7 @@ def test_gap_trials_run_through_the_objective(ctx):
 
 
 def test_diverging_adapter_training_fails_the_trial_not_the_study(ctx):
-    from stitch_nas.search._runner import StitchObjective
+    from stitch_nas.search import StitchObjective
 
     options = {"init": "random", "lr": 1e30, "weight_decay": 0.0, "steps": 20}
     objective = StitchObjective(

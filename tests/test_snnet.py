@@ -11,15 +11,14 @@ import torch
 
 from search_spaces.snnet import train_snnet
 from stitch_nas import errors, load
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
-from stitch_nas.data._splits import load_digits_splits
-from stitch_nas.export._write import ExportItem, export_elastic
-from stitch_nas.search._runner import evaluate_config, make_objective
-from stitch_nas.snnet._joint import JointSNNet
-from stitch_nas.snnet._spec import JOINT_OPTIONS
-from stitch_nas.stitching._measure import measure
-from stitch_nas.zoo._entry import ZooEntry
+from stitch_nas.data import load_digits_splits
+from stitch_nas.export import ExportItem, export_elastic
+from stitch_nas.search import evaluate_config, make_objective
+from stitch_nas.snnet import JOINT_OPTIONS, JointSNNet
+from stitch_nas.stitching import measure
+from stitch_nas.zoo import ZooEntry
 from tests._tiny import LABELS, SPEC, tiny_context, tiny_zoo
 
 FAST = {"steps": 12, "lr": 1e-3}

@@ -21,7 +21,7 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from stitch_nas.errors import LayoutError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 
 from ._convert import CLS_MODES, RESIZE_MODES, FromGrid, ToGrid, folds, plan, prefix
 from ._registry import Option, choice, integer, number, register_adapter

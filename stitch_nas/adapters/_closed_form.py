@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from stitch_nas.adapters._lstsq import LinearStitch
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 
+from ._lstsq import LinearStitch
 from ._registry import Option, number, register_adapter
 
 __all__: list[str] = []

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stitch_nas.errors import LayoutError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 
 __all__ = [
     "RESIZE_MODES",

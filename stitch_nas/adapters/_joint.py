@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments._cuts import CutPoint, segment
+from stitch_nas.fragments import CutPoint, segment
 
 from ._init import initialise
 from ._registry import create, resolve_options

@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from stitch_nas.errors import LayoutError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 from stitch_nas.registry import Option, Registry, check_options, choice, integer, number
 
 __all__ = [

@@ -21,16 +21,15 @@ import torch
 from torch import nn
 
 from stitch_nas.activations._context import is_convolutional
-from stitch_nas.adapters._lstsq import FusedStitch, LinearStitch, fuse_into_segment
+from stitch_nas.adapters import FusedStitch, LinearStitch, fuse_into_segment
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import BudgetError, ConfigError, IntegrityError
-from stitch_nas.export._files import load_weights, verify_checksums
-from stitch_nas.fragments._cuts import CutPoint
-from stitch_nas.fragments._pieces import PieceChain
-from stitch_nas.snnet._spec import JOINT_KIND, joint_layer
-from stitch_nas.stitching._build import Preprocess, StitchedNet
-from stitch_nas.stitching._heads import head_from_recipe
-from stitch_nas.zoo._architectures import create_architecture
+from stitch_nas.fragments import CutPoint, PieceChain
+from stitch_nas.snnet import JOINT_KIND, joint_layer
+from stitch_nas.stitching import Preprocess, StitchedNet, head_from_recipe
+from stitch_nas.zoo import create_architecture
+
+from ._files import load_weights, verify_checksums
 
 __all__ = ["ExportedNet", "ElasticNet", "assemble", "joint_recipes", "load", "FORMAT_VERSION"]
 

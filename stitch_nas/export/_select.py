@@ -11,12 +11,13 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from stitch_nas import attrs
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ExportError
-from stitch_nas.export._write import FORMATS, ExportItem, export_elastic, export_network
-from stitch_nas.report._pareto import pareto_trials
-from stitch_nas.stitching._measure import Measurement
+from stitch_nas.report import pareto_trials
+from stitch_nas.stitching import Measurement
+
+from ._write import FORMATS, ExportItem, export_elastic, export_network
 
 __all__ = ["FORMATS", "ExportSummary", "export_study", "select_trials"]
 
@@ -73,7 +74,7 @@ def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[Froz
             )
             raise ExportError(
                 f"trial {number} is {trial.state.name}{f' ({reason})' if reason else ''}; "
-                "export a COMPLETE trial, e.g. one on the Pareto front (--trials pareto)"
+                'export a COMPLETE trial, e.g. one on the Pareto front (trials="pareto")'
             )
         chosen.append(trial)
     return chosen

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stitch_nas.export._load import ExportedNet
+from ._load import ExportedNet
 
 __all__ = ["FORMATS", "write_traced"]
 

@@ -42,20 +42,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from stitch_nas import adapters
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.adapters._train import cosine_schedule, take_step
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments._costs import count_params_of
-from stitch_nas.fragments._cuts import CutPoint
-from stitch_nas.fragments._pieces import PieceChain
+from stitch_nas.fragments import CutPoint, PieceChain, count_params_of
 from stitch_nas.stitching import (
     NETWORKS,
+    Preprocess,
+    StitchedNet,
     head_accuracy,
     net_outputs,
     network_macs,
 )
-from stitch_nas.stitching._build import Preprocess, StitchedNet
 
 from ._plan import SNStitch, snnet_stitches
 from ._spec import JOINT_KIND, LAYER_OPTIONS, joint_layer, joint_spec, resolve_joint_options

@@ -16,7 +16,7 @@ from torch import nn
 from stitch_nas import adapters
 from stitch_nas.config import AdapterSpec
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 from stitch_nas.registry import Option, check_options, choice, integer, number
 
 __all__ = [

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from stitch_nas import adapters
-from stitch_nas.activations._context import StitchContext
+from stitch_nas.activations import StitchContext
 from stitch_nas.adapters._lstsq import LinearStitch, fit_lstsq, fusable_consumer, fuse_into_segment
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.fragments._cuts import CutPoint
+from stitch_nas.fragments import CutPoint
 from stitch_nas.registry import Registry
 
 __all__ = ["NETWORKS", "NetworkBuilder", "Preprocess", "StitchedNet", "build"]
