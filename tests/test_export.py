@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import optuna
 import pytest
@@ -21,6 +29,7 @@ from stitch_nas.export import (
     export_study,
     select_trials,
 )
+from stitch_nas.files import sha256_file
 from stitch_nas.fragments import count_macs, count_params
 from stitch_nas.stitching import measure
 from stitch_nas.zoo import Zoo, ZooEntry
@@ -113,7 +122,8 @@ def test_loaded_network_equals_the_measured_one(ctx, items, exported, name):
     # the held-out figure is the loaded network's own accuracy on the whole test split
     test = ctx.split("test")
     with torch.no_grad():
-        test_acc = float((loaded(test.x).argmax(1) == ctx.labels("test")).float().mean())
+        # exactly correct / images, as accuracy_on counts it (a float32 mean is off by ~1e-8)
+        test_acc = int((loaded(test.x).argmax(1) == ctx.labels("test")).sum()) / len(test.x)
     m = meta["metrics"]
     assert m["test_accuracy"] == pytest.approx(test_acc, abs=1e-9)
     assert (m["val_images"], m["test_images"]) == (len(ctx.labels("val")), len(test.x))
@@ -311,3 +321,128 @@ def test_a_search_export_names_a_network_it_cannot_export_and_exports_the_rest(
     assert [f.name for f in summary.folders] == ["trial_0"] and list(summary.skipped) == ["trial_1"]
     assert "not exported: trial_1" in summary.describe()
     assert load(summary.elastic).configs()[0]["name"] == "trial_0"
+
+
+KEY = "STITCH_NAS_EXPORT_KEY"
+
+
+def _edit_and_rehash(folder, edit) -> None:
+    """Edit stitch.json and write its new sha256 into meta.json: an edit checksums cannot see."""
+    stitch = json.loads((folder / "stitch.json").read_text())
+    edit(stitch)
+    (folder / "stitch.json").write_text(json.dumps(stitch))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["files"]["stitch.json"] = sha256_file(folder / "stitch.json")
+    meta["metrics"] = stitch.get("metrics", meta.get("metrics"))
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def test_a_signed_export_refuses_a_consistent_edit(ctx, items, tmp_path, monkeypatch):
+    monkeypatch.setenv(KEY, "correct horse battery staple")
+    folder = export_network(ctx, items["grid"], tmp_path / "signed", formats=[])
+    assert (folder / "signature.json").is_file()
+    assert load(folder, require_signature=True).metrics["accuracy"] != 0.123
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    _edit_and_rehash(edited, lambda stitch: stitch["metrics"].update(accuracy=0.123))
+    with pytest.raises(errors.IntegrityError, match="does not match its signature") as info:
+        load(edited)
+    assert "\n" not in str(info.value)
+    monkeypatch.setenv(KEY, "another key")
+    with pytest.raises(errors.IntegrityError, match="signed with another key"):
+        load(folder)
+    # without the key the sha256 checksums alone cannot tell: the consistent edit loads
+    monkeypatch.delenv(KEY)
+    assert load(edited).metrics["accuracy"] == 0.123
+    with pytest.raises(errors.IntegrityError, match=f"{KEY} is not set"):
+        load(folder, require_signature=True)
+    # nor does removing the signature get an edit past the key
+    monkeypatch.setenv(KEY, "correct horse battery staple")
+    (edited / "signature.json").unlink()
+    with pytest.raises(errors.IntegrityError, match="not signed.*require_signature=False"):
+        load(edited)
+    assert load(edited, require_signature=False).metrics["accuracy"] == 0.123
+
+
+def test_an_unsigned_export_loads_when_no_key_is_set(exported, monkeypatch):
+    monkeypatch.delenv(KEY, raising=False)
+    assert not (exported["grid"] / "signature.json").exists()
+    assert isinstance(load(exported["grid"]), ExportedNet)
+    monkeypatch.setenv(KEY, "k")
+    with pytest.raises(errors.IntegrityError, match="not signed"):
+        load(exported["grid"])
+    assert isinstance(load(exported["grid"], require_signature=False), ExportedNet)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"checkpoint_path": "/etc/passwd"}, "checkpoint_path"),
+        ({"pretrained_cfg_overlay": {"file": "w.pth"}}, "pretrained_cfg_overlay"),
+        ({"act_layer": "../evil.py"}, "act_layer"),  # an allowed key whose value names a file
+    ],
+)
+def test_stitch_json_kwargs_off_the_allow_list_are_refused(
+    exported, tmp_path, monkeypatch, kwargs, key
+):
+    import timm
+
+    def never(*args, **kwargs):
+        raise AssertionError("timm.create_model called with a refused recipe")
+
+    monkeypatch.setattr(timm, "create_model", never)
+    copy = tmp_path / "copy"
+    shutil.copytree(exported["grid"], copy)
+    _edit_and_rehash(
+        copy, lambda stitch: stitch["sources"]["byobnet"]["architecture"]["kwargs"].update(kwargs)
+    )
+    with pytest.raises(errors.IntegrityError, match=f"'byobnet'.*timm kwarg '{key}'") as info:
+        load(copy)
+    assert "\n" not in str(info.value)
+
+
+def test_an_architecture_off_the_allow_list_is_refused_before_anything_is_written(
+    ctx, items, digits, tmp_path
+):
+    entry = ctx.entry("byobnet")
+    assert entry.architecture is not None
+    kwargs = {**entry.architecture["kwargs"], "checkpoint_path": "weights.pth"}
+    odd = dataclasses.replace(entry, architecture={**entry.architecture, "kwargs": kwargs})
+    odd_ctx = StitchContext(Zoo([ctx.entry("efficientnet"), odd]), digits)
+    with pytest.raises(errors.ExportError, match="timm kwarg 'checkpoint_path'"):
+        export_network(odd_ctx, items["grid"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_next_export_removes_the_temporaries_of_killed_exports_only(ctx, items, tmp_path):
+    from stitch_nas.export._write import _TEMP_NAME, _WRITER
+
+    # the pattern is the one atomic_folder's mkdtemp really makes
+    real = Path(tempfile.mkdtemp(dir=tmp_path, prefix=".trial_3.", suffix=".tmp"))
+    assert _TEMP_NAME.fullmatch(real.name)
+    real.rmdir()
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    host = socket.gethostname()
+
+    def temporary(name, writer):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half written")
+        if writer is not None:
+            (folder / _WRITER).write_text(json.dumps(writer))
+        return folder
+
+    stale = temporary(".trial_9.k3j_x0ab.tmp", {"pid": dead.pid, "host": host})
+    kept = [
+        temporary(".trial_8.abcdefgh.tmp", {"pid": os.getpid(), "host": host}),  # still running
+        temporary(".trial_7.abcdefgh.tmp", {"pid": dead.pid, "host": "elsewhere"}),
+        temporary(".mine.abcdefgh.tmp", None),  # a user's folder that fits the pattern
+        temporary("notes.abcdefgh.tmp", {"pid": dead.pid, "host": host}),  # not hidden
+    ]
+    (tmp_path / ".x.abcdefgh.tmp").write_text("a file, not a folder")
+    folder = export_network(ctx, items["grid"], tmp_path, formats=[])
+    assert not stale.exists()
+    assert not (folder / _WRITER).exists()
+    left = {folder.name, ".x.abcdefgh.tmp", *(k.name for k in kept)}
+    assert {p.name for p in tmp_path.iterdir()} == left

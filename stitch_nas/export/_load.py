@@ -30,6 +30,7 @@ from stitch_nas.stitching import Preprocess, StitchedNet, head_from_recipe
 from stitch_nas.zoo import create_architecture
 
 from ._files import load_weights, verify_checksums
+from ._signing import check_signature
 
 __all__ = ["ExportedNet", "ElasticNet", "assemble", "joint_recipes", "load", "FORMAT_VERSION"]
 
@@ -239,7 +240,10 @@ def _source_chains(
                 f"stitch_nas.load(path, modules={{{name!r}: YourModel()}})"
             )
         else:
-            model = create_architecture(source["architecture"])
+            try:
+                model = create_architecture(source["architecture"])
+            except ConfigError as exc:  # a kwarg off the allow-list: not what export writes
+                raise IntegrityError(f"stitch.json, source model {name!r}: {exc}") from exc
         if is_convolutional(model):  # as in the search: same arithmetic, and faster on CPU
             model.to(memory_format=torch.channels_last)
         chains[name] = PieceChain(model, tuple(source["input_shape"]))
@@ -262,30 +266,41 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def load(
-    path: str | Path, *, modules: Mapping[str, nn.Module] | None = None
+    path: str | Path,
+    *,
+    modules: Mapping[str, nn.Module] | None = None,
+    require_signature: bool | None = None,
 ) -> ExportedNet | ElasticNet:
     """Rebuild an exported network (or elastic package) from its folder.
 
     Reads ``stitch.json`` and ``model.safetensors`` after checking both against the sha256 in
     ``meta.json``; creates each source architecture from its timm/torchvision recipe (no
-    weights downloaded, nothing unpickled) and loads the saved weights strictly.
+    weights downloaded, nothing unpickled, only allow-listed keyword arguments) and loads the
+    saved weights strictly. When ``STITCH_NAS_EXPORT_KEY`` is set, the folder's signature is
+    verified first and every file ``meta.json`` lists is checked.
 
     Args:
         path: an export folder (``.../models/<name>``) holding meta.json.
         modules: instances for source models that were user modules, by zoo name.
+        require_signature: None: a signature is required exactly when the key is set.
+            False: load an unsigned folder even with the key set. True: refuse an unsigned
+            folder, or any folder when the key is not set.
 
     Raises:
-        IntegrityError: a missing, tampered or mismatched file.
+        IntegrityError: a missing, tampered or mismatched file, a signature that does not
+            match, or a missing one where it is required.
     """
     folder = Path(path).expanduser()
     meta = _read_json(folder / "meta.json")
+    signed = check_signature(folder, require_signature)
     files = meta.get("files", {})
     needed = {name: files.get(name) for name in ("stitch.json", "model.safetensors")}
     if None in needed.values():
         raise IntegrityError(
             f"{folder}/meta.json lists no sha256 for stitch.json or model.safetensors"
         )
-    verify_checksums(folder, cast(dict[str, str], needed))
+    # a verified signature vouches for every file meta.json lists (model.onnx, model.pt too)
+    verify_checksums(folder, files if signed else cast(dict[str, str], needed))
     recipe = _read_json(folder / "stitch.json")
     if recipe.get("format") != FORMAT_VERSION:
         raise IntegrityError(

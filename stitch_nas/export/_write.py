@@ -7,6 +7,10 @@ search measured, provenance, the sha256 of every file) and, where the network tr
 data as in the search, re-measured, and refused if its accuracy is not the one the trial
 recorded; before the folder is moved into place it is loaded back and compared with the network
 in memory. An elastic package stores several networks with shared fragments once.
+
+With a key in ``STITCH_NAS_EXPORT_KEY`` each folder is also signed (``signature.json``, see
+``_signing``). Each export first removes the temporary folders that killed exports left beside
+its own (only those whose writer process is gone).
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import os
+import re
+import shutil
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +33,7 @@ from torch import nn
 
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
-from stitch_nas.errors import ExportError
+from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.files import atomic_folder
 from stitch_nas.report import accuracy_figures, accuracy_on
 from stitch_nas.stitching import StitchedNet, fit_net_head, head_recipe, measure
@@ -32,6 +41,7 @@ from stitch_nas.zoo import check_architecture
 
 from ._files import checksums, save_weights
 from ._load import FORMAT_VERSION, ElasticNet, ExportedNet, joint_recipes, load
+from ._signing import sign_folder
 from ._traced import FORMATS, write_traced
 
 __all__ = ["ExportItem", "export_network", "export_elastic", "folder_size", "FORMATS"]
@@ -41,6 +51,13 @@ logger = logging.getLogger(__name__)
 # a loaded export may differ from the network in memory by float rounding only: the zoo runs
 # channels-last on CPU, the loaded copy contiguous, so convolutions sum in another order
 _ATOL, _RTOL = 1e-5, 1e-4
+
+# atomic_folder's temporary is ".<name>.<8 random characters>.tmp" (tempfile.mkdtemp)
+_TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+# written into that temporary while an export fills it: a folder is removed as stale only when
+# it holds this file and the process named there is gone, so a user's folder of the same
+# pattern, or a concurrent export, is never touched
+_WRITER = ".stitch_nas-export-writer.json"
 
 
 @dataclass(frozen=True)
@@ -110,8 +127,12 @@ def _sources(ctx: StitchContext, models: Sequence[str]) -> dict[str, Any]:
     out = {}
     for name in models:
         entry = ctx.entry(name)
+        try:
+            architecture = check_architecture(name, entry.architecture)
+        except ConfigError as exc:  # an ExportError, so a search's export skips just this one
+            raise ExportError(str(exc)) from exc
         out[name] = {
-            "architecture": check_architecture(name, entry.architecture),
+            "architecture": architecture,
             "input_shape": list(ctx.input_shape(name)),
             "source": entry.source,
             "weights_sha256": entry.weights_sha256,
@@ -167,6 +188,47 @@ def _write(folder: Path, module: nn.Module, stitch: dict[str, Any], meta: dict[s
     files = ["model.safetensors", "stitch.json", *meta.get("formats", {}).values()]
     meta["files"] = checksums(folder, files)
     (folder / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    sign_folder(folder)
+
+
+def _writer_gone(temp: Path) -> bool:
+    """Whether the export that made ``temp`` was killed: its writer file names a dead process."""
+    try:
+        writer = json.loads((temp / _WRITER).read_text())
+        pid, host = int(writer["pid"]), writer["host"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return False  # not an export's temporary, or one that is just starting
+    if host != socket.gethostname() or pid <= 0 or pid == os.getpid():
+        return False  # another machine's process cannot be asked; this one is alive
+    try:
+        os.kill(pid, 0)  # signal 0 only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: it exists, as another user's process
+        return False
+    return False
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the temporary folders killed exports left in ``parent``."""
+    if os.name != "posix" or not parent.is_dir():  # os.kill(pid, 0) terminates on Windows
+        return
+    for path in parent.iterdir():
+        if _TEMP_NAME.fullmatch(path.name) and not path.is_symlink() and path.is_dir():
+            if _writer_gone(path):
+                shutil.rmtree(path, ignore_errors=True)
+                logger.info("removed %s, left by a killed export", path)
+
+
+@contextmanager
+def _export_folder(target: Path) -> Iterator[Path]:
+    """:func:`atomic_folder` for an export, after removing stale temporaries beside ``target``."""
+    _remove_stale(target.parent)
+    with atomic_folder(target) as folder:
+        writer = {"pid": os.getpid(), "host": socket.gethostname()}
+        (folder / _WRITER).write_text(json.dumps(writer))
+        yield folder
+        (folder / _WRITER).unlink()
 
 
 def _check_formats(formats: Sequence[str]) -> list[str]:
@@ -192,10 +254,11 @@ def export_network(
             (with the part that failed) in ``meta.json["formats_failed"]``.
     """
     wanted = _check_formats(formats)
+    sources = _sources(ctx, item.config.models)  # refuses what stitch.json may not hold, first
     exported = _network(ctx, item, fuse)
     x = ctx.split("val").x[:2]
     target = Path(dest) / item.name
-    with atomic_folder(target) as folder:
+    with _export_folder(target) as folder:
         written, failed = write_traced(exported, x, folder, wanted)
         meta = {
             "name": item.name,
@@ -203,7 +266,7 @@ def export_network(
             "describe": item.config.describe(),
             "metrics": exported.metrics,
             "fragments": [f.to_dict() for f in item.config.fragments],
-            "sources": _sources(ctx, item.config.models),
+            "sources": sources,
             "formats": written,
             "formats_failed": failed,
             "versions": _versions(),
@@ -225,10 +288,10 @@ def export_elastic(
     """
     if not items:
         raise ExportError("nothing to export: the elastic package needs at least one trial")
+    models = list(dict.fromkeys(m for item in items for m in item.config.models))
+    sources = _sources(ctx, models)  # refuses what stitch.json may not hold, first
     networks = {item.name: _network(ctx, item, fuse) for item in items}
     elastic = ElasticNet(networks)
-    models = list(dict.fromkeys(m for item in items for m in item.config.models))
-    sources = _sources(ctx, models)
     stitch = {
         "format": FORMAT_VERSION,
         "sources": sources,
@@ -241,7 +304,7 @@ def export_elastic(
         "versions": _versions(),
     }
     target = Path(dest)
-    with atomic_folder(target) as folder:
+    with _export_folder(target) as folder:
         _write(folder, elastic, stitch, meta)
         x = ctx.split("val").x[:2]
         _check_loads(folder, elastic, x, "elastic", _user_modules(ctx, models))
