@@ -181,14 +181,14 @@ def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
     argv = ["search", str(path), "--out", str(tmp_path / "o"), "--device", "cuda:1"]
     argv += ["--cka-threshold", "0.5", "--objectives", "accuracy,params,latency"]
     argv += ["--budget", "macs=2e6", "--budget", "params=1e5", "--study-name", "exp-1"]
-    argv += ["--join", "-q"]
+    argv += ["--join", "-q", "--fidelity", "0"]
     code, out, _ = _run(capsys, *argv)
     assert code == 0 and "captured" in out
     search = captured["settings"].search
     assert search.device == "cuda:1" and search.cka_threshold == 0.5
     assert search.objectives == ["accuracy", "params", "latency"]
     assert search.budgets == {"macs": 2e6, "params": 1e5}
-    assert search.study_name == "exp-1"
+    assert search.study_name == "exp-1" and search.fidelity == 0.0
     assert captured["join"] is True and captured["resume"] is False
     assert captured["progress"] is False  # -q after the command
     code, _, _ = _run(capsys, "-q", "demo", "--out", str(tmp_path / "d"))  # -q before it
@@ -202,6 +202,8 @@ BAD_FLAGS = [
     (["--device", "gpu"], "--device 'gpu': use cpu, cuda, cuda:N or mps"),
     (["--cka-threshold", "1.5"], "--cka-threshold '1.5' must be in [0, 1]"),
     (["--cka-threshold", "high"], "--cka-threshold 'high' is not a number"),
+    (["--fidelity", "1"], "--fidelity 1 scores nothing first; use 0 to turn the slice off"),
+    (["--fidelity", "half"], "--fidelity 'half' is not a number"),
     (["--objectives", "accuracy,flops"], "unknown objective 'flops'"),
     (["--objectives", "macs,macs"], "names an objective twice"),
     (["--objectives", ","], "--objectives is empty"),

@@ -16,8 +16,6 @@ from __future__ import annotations
 from typing import Any, cast
 
 import torch
-from timm.layers import LayerNorm2d
-from timm.models.vision_transformer import Block
 from torch import nn
 
 from stitch_nas.errors import LayoutError
@@ -85,6 +83,8 @@ def _build(
     if norm == "batch":
         pre, post = nn.BatchNorm2d(c_in), nn.BatchNorm2d(c_out)
     elif norm == "layer":
+        from timm.layers import LayerNorm2d  # timm loads when used: the CLI's checks stay quick
+
         pre = LayerNorm2d(c_in)
     return StitchAdapter(
         src, dst, body, size=size, stride=stride, cls=cls, pos=pos == "learned", pre=pre, post=post
@@ -155,6 +155,8 @@ class TransformerBody(nn.Module):
 
     def __init__(self, c_in: int, c_out: int, heads: int, mlp_ratio: float) -> None:
         super().__init__()
+        from timm.models.vision_transformer import Block  # see LayerNorm2d above
+
         self.proj = nn.Conv2d(c_in, c_out, 1)
         self.block = Block(c_out, heads, mlp_ratio=mlp_ratio, qkv_bias=True)
         for layer in (cast(nn.Linear, self.block.attn.proj), cast(nn.Linear, self.block.mlp.fc2)):

@@ -22,8 +22,14 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # one line like every other error (argparse adds the whole usage block first)
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stitch-nas",
         description="Search networks stitched from fragments of pretrained models.",
     )
@@ -118,6 +124,12 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
         "--cka-threshold", default=None, help="prune stitches with CKA below this, in [0, 1]"
     )
     parser.add_argument(
+        "--fidelity",
+        default=None,
+        help="share of val a new config is scored on first, in [0, 1); 0 scores every "
+        "config on the whole split (default 0.15)",
+    )
+    parser.add_argument(
         "--objectives", default=None, help="comma-separated, e.g. accuracy,macs,params"
     )
     parser.add_argument(
@@ -168,7 +180,11 @@ def _run_search(args: argparse.Namespace) -> int:
             raise ConfigError("--workers and --ray-address need --executor ray; drop them")
         settings.search.executor = "ray"
     _apply_run_flags(args, settings.search)
-    from ._pipeline import run_settings  # torch and the zoo load from here on
+    from ._preflight import check_plugins, check_run
+
+    check_run(settings, Path(args.out), resume=args.resume, join=args.join)
+    check_plugins(settings.search)  # imports the plug-ins and torch, not the whole pipeline
+    from ._pipeline import run_settings  # the zoo and data load from here on
 
     _quiet_optuna(args)
     summary = run_settings(
@@ -211,6 +227,10 @@ def _apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
         search.device = args.device
     if args.cka_threshold is not None:
         search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)
+    if args.fidelity is not None:
+        search.fidelity = _unit_number("--fidelity", args.fidelity)
+        if search.fidelity == 1.0:
+            raise ConfigError("--fidelity 1 scores nothing first; use 0 to turn the slice off")
     if args.objectives is not None:
         names = [n.strip() for n in args.objectives.split(",") if n.strip()]
         if not names:
@@ -289,13 +309,17 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ._pipeline import export_folder
+    from ._preflight import check_folder, check_formats
+
+    check_folder(Path(args.dir))
+    trials = _trial_numbers(args.trials)
+    formats = check_formats(args.format)
+    from ._pipeline import export_folder  # torch loads from here on
 
     _quiet_optuna(args)
-    formats = [f.strip() for f in args.format.split(",") if f.strip()]
     summary = export_folder(
         Path(args.dir),
-        trials=_trial_numbers(args.trials),
+        trials=trials,
         formats=formats,
         elastic=args.elastic,
         progress=not (args.no_progress or args.quiet),
@@ -305,7 +329,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ._pipeline import report_folder
+    from ._preflight import check_folder
+
+    check_folder(Path(args.dir))
+    from ._pipeline import report_folder  # torch loads from here on
 
     _quiet_optuna(args)
     print(report_folder(Path(args.dir), test=not args.no_test, echo=print).table())

@@ -76,9 +76,13 @@ def run_settings(
 ):
     """Run the whole search described by ``settings`` and write its report to ``out_dir``."""
     from stitch_nas.report import measure_holdout, write_report
-    from stitch_nas.search import executor_from_settings
+    from stitch_nas.search import check_budget_reachable, executor_from_settings
+
+    from ._preflight import check_first_sample, check_plugins, check_run, entries, undo_new
 
     search = settings.search
+    check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out
+    check_plugins(search)  # space, its options, adapters, heads: before data or zoo
     executor = executor_from_settings(search)  # a bad executor fails before any work
     study_options: dict[str, Any] = {
         "resume": resume,
@@ -88,31 +92,42 @@ def run_settings(
         "heartbeat_s": search.heartbeat_s,
     }
     _check_device(search.device)
-    check_study(out_dir, **study_options)  # a taken study name fails before any work too
-    data = load_data(settings.data)
-    start = time.perf_counter()
-    zoo = load_zoo(settings.zoo, data, progress=progress)
-    echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
-    cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
-    ctx = StitchContext(zoo, data, device=search.device, cache=cache)
-    objective = StitchObjective(
-        ctx,
-        space=search.space,
-        objectives=search.objectives,
-        cka_threshold=search.cka_threshold,
-        budgets=search.budgets,
-        space_options=search.space_options,
-        fuse=search.fuse,
-    )
-    study = create_study(
-        objective,
-        out_dir,
-        sampler=search.sampler,
-        seed=search.seed,
-        **study_options,
-    )
-    echo(f"study {study.study_name!r} in {search.storage or Path(out_dir) / 'study.db'}")
-    study.set_user_attr(attrs.SETTINGS, asdict(settings))  # what `stitch-nas export` rebuilds from
+    before = entries(Path(out_dir))
+    try:  # until the first trial, a failure leaves --out as it was (the rerun just works)
+        if search.storage is not None or resume or join:  # check_run saw to a new one
+            check_study(out_dir, **study_options)  # a taken study name fails before any work
+        data = load_data(settings.data)
+        start = time.perf_counter()
+        zoo = load_zoo(settings.zoo, data, progress=progress)
+        echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
+        cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
+        ctx = StitchContext(zoo, data, device=search.device, cache=cache)
+        objective = StitchObjective(
+            ctx,
+            space=search.space,
+            objectives=search.objectives,
+            cka_threshold=search.cka_threshold,
+            fidelity=search.fidelity,
+            budgets=search.budgets,
+            space_options=search.space_options,
+            fuse=search.fuse,
+        )
+        check_budget_reachable(objective)  # needs the zoo; before the study exists
+        check_first_sample(objective)
+        study = create_study(
+            objective,
+            out_dir,
+            sampler=search.sampler,
+            seed=search.seed,
+            **study_options,
+        )
+        echo(f"study {study.study_name!r} in {search.storage or Path(out_dir) / 'study.db'}")
+        # what `stitch-nas export` rebuilds from
+        study.set_user_attr(attrs.SETTINGS, asdict(settings))
+    except BaseException:
+        if not join:  # other drivers may be writing there
+            undo_new(Path(out_dir), before)
+        raise
     start = time.perf_counter()
     run_search(objective, study, search.trials, progress=progress, executor=executor)
     echo(f"{search.trials} trials in {time.perf_counter() - start:.1f} s")

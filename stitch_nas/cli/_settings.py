@@ -55,6 +55,7 @@ class SearchSettings:
     seed: int = 0
     trials: int = 50
     cka_threshold: float = 0.3
+    fidelity: float = 0.15  #: share of val a config is scored on first (0: off)
     budgets: dict = field(default_factory=dict)
     fuse: bool = False
     device: str = "cpu"
@@ -153,8 +154,12 @@ def load_settings(path: str | Path) -> Settings:
     if not file.is_file():
         raise ConfigError(f"config file {str(file)!r} does not exist; check the path")
     try:
-        raw = yaml.safe_load(file.read_text())
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file} is not a text file (not UTF-8); give a YAML file") from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "syntax error"
-        raise ConfigError(f"{file} is not valid YAML: {first}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{file} is not valid YAML{where}: {first}") from None
     return settings_from_dict(raw, file.resolve().parent)

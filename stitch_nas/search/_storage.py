@@ -158,12 +158,15 @@ def write_user_attrs(trial: optuna.Trial, values: Mapping[str, Any]) -> None:
         return
     storage = _RDB_OF_STUDY.get(trial.study)
     batch = getattr(storage, "_set_trial_attr_without_commit", None)
+    try:  # Optuna internals: an Optuna that moved them gets the public path, same values
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+    except ImportError:
+        batch = None
     if storage is None or batch is None:
         for key, value in values.items():
             trial.set_user_attr(key, value)
         return
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
 
     # Optuna has no public multi-attribute setter. This is set_trial_user_attr's own body (check
     # the trial is running, upsert key -> JSON) for every key at once: one trial lookup and one

@@ -1,0 +1,306 @@
+"""Checks of a whole run before any slow work, so a bad value answers at once in one line.
+
+Two stages. :func:`check_run` reads nothing heavy (no torch, no Optuna): the search section's
+names, numbers and budgets, and the output folder (a folder, writable, holding a study only
+when the run continues one). :func:`check_plugins` imports the plug-ins (and so torch) and
+checks the search space, its options, the adapters and heads they name; it runs before the
+data are read or the zoo is built. What needs the zoo (a budget no network can meet) is
+checked by the pipeline right after the zoo loads, still before the study is created.
+Neither stage writes anything, so a refused run leaves ``--out`` as it found it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import sqlite3
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from stitch_nas.errors import ConfigError
+
+__all__ = [
+    "check_budgets",
+    "check_first_sample",
+    "check_folder",
+    "check_formats",
+    "check_out",
+    "check_plugins",
+    "check_run",
+    "check_study_file",
+    "entries",
+    "undo_new",
+]
+
+# stitch_nas.search.SAMPLERS / BUDGET_KEYS / EXECUTORS, repeated here to stay torch-free
+# (tests/test_cli_errors.py checks they agree)
+SAMPLERS = ("tpe", "nsga2", "random")
+BUDGET_KEYS = ("macs", "params")
+EXECUTORS = ("local", "ray")
+EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")  # stitch_nas.export.FORMATS
+logger = logging.getLogger(__name__)
+
+_DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
+
+
+def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None:
+    """Everything about ``settings`` and ``out_dir`` that can be known without torch."""
+    search = settings.search
+    if search.sampler not in SAMPLERS:
+        raise ConfigError(f"unknown sampler {search.sampler!r}; use one of {', '.join(SAMPLERS)}")
+    if search.executor not in EXECUTORS:
+        raise ConfigError(
+            f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}"
+        )
+    if not _DEVICE.fullmatch(search.device):
+        raise ConfigError(f"search.device {search.device!r}: use cpu, cuda, cuda:N or mps")
+    _at_least("trials", search.trials, 1)
+    _at_least("workers", search.workers, 1)
+    _at_least("heartbeat_s", search.heartbeat_s, 1)
+    if not search.cache_memory_gb > 0:
+        raise ConfigError(
+            f"search.cache_memory_gb={search.cache_memory_gb}: give a positive size in GB"
+        )
+    if not search.cpus_per_worker > 0:
+        raise ConfigError(f"search.cpus_per_worker={search.cpus_per_worker}: give a number > 0")
+    if search.gpus_per_worker < 0 and search.gpus_per_worker != -1:
+        raise ConfigError(
+            f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
+        )
+    if not 0.0 <= search.cka_threshold <= 1.0:
+        raise ConfigError(f"search.cka_threshold={search.cka_threshold}: give a value in [0, 1]")
+    if not 0.0 <= search.fidelity < 1.0:
+        raise ConfigError(f"search.fidelity={search.fidelity}: give a value in [0, 1); 0 is off")
+    search.budgets = check_budgets(search.budgets)
+    if not search.objectives:
+        raise ConfigError("search.objectives is empty; give names such as [accuracy, macs]")
+    from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
+
+    for name in search.objectives:
+        if not isinstance(name, str):
+            raise ConfigError(f"search.objectives holds {name!r}; give objective names")
+        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
+    check_out(out_dir, resume=resume, join=join, storage=search.storage)
+
+
+def _at_least(key: str, value: int, minimum: int) -> None:
+    if value < minimum:
+        raise ConfigError(f"search.{key}={value} (--{key}): give an integer >= {minimum}")
+
+
+def check_budgets(budgets: Mapping[str, Any]) -> dict[str, float]:
+    """``{"macs": 2e6}`` checked: known keys, positive finite numbers (YAML's "2e6" string too)."""
+    out: dict[str, float] = {}
+    for key, value in budgets.items():
+        if key not in BUDGET_KEYS:
+            raise ConfigError(
+                f"unknown budget {key!r}; budgets exist for {', '.join(BUDGET_KEYS)} "
+                "(e.g. macs: 2.0e6)"
+            )
+        number = value
+        if isinstance(value, str):  # YAML reads 2e6 (no dot) as a string
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, (int, float))
+            or not (math.isfinite(number) and number > 0)
+        ):
+            raise ConfigError(
+                f"budget {key}={value!r} must be a positive number of {key} "
+                "(plain digits or 2.0e6, no unit suffix)"
+            )
+        out[key] = float(number)
+    return out
+
+
+def check_out(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -> None:
+    """``out_dir`` is (or can become) a writable folder, holding a study only if it goes on."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file, not a folder; choose a folder")
+    parent = out
+    while not parent.exists():  # the nearest folder that exists is where the run writes
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(
+            f"--out {str(out)!r}: {str(parent)!r} is a file, not a folder; choose another --out"
+        )
+    try:  # os.access says yes to root even on a read-only file system; a real write does not
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {str(out)!r}: cannot write in {str(parent)!r} ({exc.strerror}); "
+            "choose a folder you can write to"
+        ) from None
+    if storage is not None:  # a shared storage is checked when it is opened
+        return
+    db = out / "study.db"
+    if resume and not db.exists():
+        raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
+    if db.exists():
+        names = check_study_file(db)
+        if names and not (resume or join):
+            raise ConfigError(
+                f"{out} already holds a study ({names[0]!r}); pass --resume to continue it or "
+                "choose another --out"
+            )
+
+
+def check_study_file(db: Path) -> list[str]:
+    """The study names in the SQLite file ``db``; a file that is not a study is one line."""
+    try:
+        # read-only: checking must not create or migrate anything
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if not tables:
+                if db.stat().st_size == 0:
+                    return []  # what an interrupted first run leaves: nothing to keep
+                raise sqlite3.DatabaseError("no tables")
+            if "studies" not in tables:
+                raise sqlite3.DatabaseError("no studies table")
+            return [r[0] for r in conn.execute("SELECT study_name FROM studies")]
+    except sqlite3.Error as exc:
+        raise ConfigError(
+            f"{db} is not a study database ({exc}); remove it or choose another folder"
+        ) from None
+
+
+def check_folder(out_dir: Path) -> None:
+    """``out_dir`` holds one readable study (``report`` and ``export`` read nothing else first)."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{str(out)!r} is a file; give a folder written by demo or search")
+    db = out / "study.db"
+    if not db.is_file():
+        raise ConfigError(f"{out} holds no study ({db} is missing); run a search there first")
+    names = check_study_file(db)
+    if len(names) != 1:
+        raise ConfigError(
+            f"{db} holds {len(names)} studies ({', '.join(names) or 'none'}); a search folder "
+            "holds one; run the search again into a new folder"
+        )
+
+
+def check_formats(text: str) -> list[str]:
+    """``--format onnx,torchscript`` as a list of known export formats."""
+    formats = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in EXPORT_FORMATS]
+    if unknown:
+        raise ConfigError(
+            f"--format: unknown export format {unknown[0]!r}; "
+            f"use any of {', '.join(EXPORT_FORMATS)}"
+        )
+    return formats
+
+
+def check_plugins(search: Any) -> None:
+    """The search space, its options and the adapters and heads they name (imports torch)."""
+    import inspect
+
+    from stitch_nas.plugins import HEADS, SPACES
+    from stitch_nas.registry import keyword_options
+
+    space = SPACES.get(search.space)
+    options = dict(search.space_options)
+    keyword_options(space, options, f"search space {search.space!r}")
+    params = inspect.signature(space).parameters
+
+    def value(key: str) -> Any:  # given, else the space's default
+        if key in options:
+            return options[key]
+        return params[key].default if key in params else None
+
+    head = value("head")
+    if isinstance(head, str) and head != "native":
+        HEADS.get(head)
+    _check_adapters(value)
+
+
+def _check_adapters(value: Any) -> None:
+    """The option names the built-in spaces share: adapter, adapters, adapter_options,
+    resizes, losses, trains. A plug-in space that reads others checks them itself."""
+    from stitch_nas import adapters
+    from stitch_nas.registry import check_options
+
+    kinds = _names("adapters", value("adapters")) or _names("adapter", value("adapter"))
+    found = [adapters.get_adapter(kind) for kind in kinds]  # unknown: one line
+    for key, valid in (
+        ("resizes", adapters.RESIZE_MODES),
+        ("losses", adapters.LOSSES),
+        ("trains", adapters.TRAINS),
+    ):
+        bad = sorted(set(_names(key, value(key))) - set(valid))
+        if bad:
+            raise ConfigError(
+                f"search.space_options.{key}: unknown {bad}; use some of {', '.join(valid)}"
+            )
+    extra = value("adapter_options") or {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"search.space_options.adapter_options must be a mapping, got {extra!r}")
+    # the spaces pass adapter_options to every trained kind they may pick
+    for kind in (k for k in found if k.trainable):
+        check_options(
+            kind.options, extra, f"adapter {kind.name!r} (search.space_options.adapter_options)"
+        )
+
+
+def _names(key: str, value: Any) -> list[str]:
+    """A name or list of names (None: none), else a one-line error."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ConfigError(f"search.space_options.{key}={value!r}: give a name or a list of names")
+
+
+def check_first_sample(objective: Any) -> None:
+    """Sample one config off the record, so a space's own checks of its options (model names,
+    directions...) fail now, before the study exists, rather than as a FAIL trial. What the
+    space computes is memoised in the context, so the first real trial reuses it."""
+    import optuna
+
+    from stitch_nas.errors import UnknownNameError
+
+    study = optuna.create_study(
+        directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    trial = study.ask()
+    try:
+        objective.space(trial, objective.ctx, **objective.space_options)
+    except (ConfigError, UnknownNameError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - a trial's own failure is the search's business
+        logger.debug("off-the-record sample failed: %s", exc)
+
+
+def entries(out_dir: Path) -> set[str] | None:
+    """The names in ``out_dir`` now (None: it does not exist), for :func:`undo_new`."""
+    out = Path(out_dir)
+    return set(os.listdir(out)) if out.is_dir() else None
+
+
+def undo_new(out_dir: Path, before: set[str] | None) -> None:
+    """Remove what a run that failed before its first trial added to ``out_dir`` (the folder
+    itself if it did not exist), so the corrected command can run into it."""
+    import shutil
+
+    out = Path(out_dir)
+    if before is None:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for name in set(os.listdir(out)) - before if out.is_dir() else ():
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
