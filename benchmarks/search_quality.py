@@ -18,6 +18,15 @@ largest MACs in the space) of each found front as a fraction of the exhaustive f
 and range over seeds; the share of trials CKA pruning answered without fitting; the Spearman
 correlation between CKA score and accuracy over the whole space. Writes
 benchmarks/results/search_quality.json and prints a table.
+
+    python benchmarks/search_quality.py --fidelity 0.15 [--seeds 3] [--trials-share 0.25]
+
+runs multi-fidelity evaluation's comparison instead: the same real search (the runner's
+objective, TPE and NSGA-II, CKA pruning as above) with the gate off and at ``--fidelity``, per
+seed; it counts the images each search forwards through its trials' networks (a complete trial
+the whole validation split, a gated one its slice; CKA-pruned and repeated configs none) and
+the hypervolume of each found front, and checks every complete trial's accuracy against the
+exhaustive (ungated) measurement. Writes benchmarks/results/search_quality_fidelity.json.
 """
 
 from __future__ import annotations
@@ -43,10 +52,11 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.data import load_digits_splits
 from stitch_nas.report import hypervolume
-from stitch_nas.search import evaluate_config, make_sampler
+from stitch_nas.search import StitchObjective, evaluate_config, make_sampler, run_search
 from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "search_quality.json"
+FIDELITY_RESULTS = RESULTS.with_name("search_quality_fidelity.json")
 BUDGETS = (0.05, 0.10, 0.25)
 DIRECTIONS = ("maximize", "minimize")
 #: samplers on the space as it is, and with its cut parameters as relative depths
@@ -109,6 +119,9 @@ def main() -> None:
     parser.add_argument("--models", default="", help="comma-separated zoo models (default: all)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--cka-threshold", type=float, default=0.3)
+    parser.add_argument("--fidelity", type=float, default=0.0, help="compare the gate at this")
+    parser.add_argument("--trials-share", type=float, default=0.25, help="with --fidelity")
+    parser.add_argument("--samplers", default="tpe,nsga2", help="with --fidelity")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     data = load_digits_splits()
@@ -134,6 +147,9 @@ def main() -> None:
     ref = [0.0, 1.1 * max(r["macs"] for r in rows)]
     all_points = [(r["accuracy"], r["macs"]) for r in rows]
     full = front_hv(all_points, ref)
+    if args.fidelity:
+        compare_fidelity(args, ctx, table, len(configs), models, ref, full)
+        return
     rho = float(spearmanr([r["cka"] for r in rows], [r["accuracy"] for r in rows]).statistic)
     below = [r for r in rows if r["cka"] < args.cka_threshold]
     front_keys = _front(table)
@@ -186,6 +202,96 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     _print(out)
+
+
+def fidelity_run(
+    ctx: StitchContext, sampler: str, seed: int, n: int, fidelity: float, args: Any, models: list
+) -> tuple[optuna.Study, float]:
+    objective = StitchObjective(
+        ctx,
+        cka_threshold=args.cka_threshold,
+        fidelity=fidelity,
+        min_slice=0,  # the mechanism on digits' 45-image slices, below the default minimum
+        space_options={"models": models},
+    )
+    study = optuna.create_study(directions=list(DIRECTIONS), sampler=make_sampler(sampler, seed))
+    start = time.perf_counter()
+    run_search(objective, study, n)
+    return study, time.perf_counter() - start
+
+
+def images_forwarded(study: optuna.Study, n_val: int) -> int:
+    """Images the accuracy passes of ``study``'s trials forwarded (repeats and CKA prunes: 0)."""
+    total = 0
+    for t in study.trials:
+        if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs:
+            total += n_val
+        total += int(t.user_attrs.get("slice_images", 0))
+    return total
+
+
+def compare_fidelity(
+    args: Any, ctx: StitchContext, table: dict, size: int, models: list, ref: list, full: float
+) -> None:
+    n_val, n = len(ctx.labels("val")), max(1, round(args.trials_share * size))
+    runs, mismatches = [], 0
+    for sampler in args.samplers.split(","):
+        for seed in range(args.seeds):
+            row: dict[str, Any] = {"sampler": sampler, "seed": seed}
+            for label, fidelity in (("full", 0.0), ("gated", args.fidelity)):
+                study, seconds = fidelity_run(ctx, sampler, seed, n, fidelity, args, models)
+                done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+                for t in done:  # the gate must not change a measured accuracy
+                    key = StitchConfig.from_dict(t.user_attrs["config"]).stable_hash()
+                    mismatches += table[key]["accuracy"] != t.values[0]
+                pruned = [t for t in study.trials if "slice_images" in t.user_attrs]
+                row[label] = {
+                    "images": images_forwarded(study, n_val),
+                    "hv": front_hv([tuple(t.values) for t in done], ref),
+                    "complete": len(done),
+                    "fidelity_pruned": len(pruned),
+                    "seconds": round(seconds, 2),
+                }
+            row["work_saved"] = 1 - row["gated"]["images"] / row["full"]["images"]
+            row["hv_loss"] = 1 - row["gated"]["hv"] / row["full"]["hv"]
+            runs.append(row)
+            print(
+                f"{sampler} seed {seed}: saved {100 * row['work_saved']:.1f} % of images, "
+                f"hypervolume loss {100 * row['hv_loss']:.2f} %",
+                flush=True,
+            )
+            _save_fidelity(args, runs, mismatches, models, size, n, n_val, full)
+
+
+def _save_fidelity(
+    args: Any, runs: list, mismatches: int, models: list, size: int, n: int, n_val: int, full: float
+) -> None:
+    """Write what has run so far (a long comparison leaves its figures if cut short)."""
+    summary = {
+        s: {
+            "work_saved_median": statistics.median(r["work_saved"] for r in rs),
+            "hv_loss_median": statistics.median(r["hv_loss"] for r in rs),
+        }
+        for s in args.samplers.split(",")
+        if (rs := [r for r in runs if r["sampler"] == s])
+    }
+    out = {
+        "space": "pairwise (lstsq), both directions",
+        "models": models,
+        "space_size": size,
+        "trials": n,
+        "val_images": n_val,
+        "fidelity": args.fidelity,
+        "cka_threshold": args.cka_threshold,
+        "seeds": args.seeds,
+        "hv_exhaustive": full,
+        "accuracy_mismatches_vs_ungated": mismatches,
+        "summary": summary,
+        "runs": runs,
+        "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
+    }
+    FIDELITY_RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(summary, indent=2), f"accuracy mismatches: {mismatches}")
 
 
 def _front(table: dict[str, dict[str, Any]]) -> list[str]:

@@ -16,9 +16,12 @@ __all__ = [
     "FAIL_REASON",
     "MODELS",
     "OBJECTIVES",
+    "PARTIAL_ACCURACY",
+    "PARTIAL_INTERVAL",
     "PRUNE_REASON",
     "REFERENCES",
     "SETTINGS",
+    "SLICE_IMAGES",
     "SPACE",
     "SPLIT_SIZES",
     "TEST_ACCURACY",
@@ -40,6 +43,12 @@ CKA = "cka"
 PRUNE_REASON = "prune_reason"
 #: why a FAIL trial failed
 FAIL_REASON = "fail_reason"
+#: a trial pruned by multi-fidelity evaluation: its accuracy on the first slice of the split,
+PARTIAL_ACCURACY = "partial_accuracy"
+#: the number of images in that slice,
+SLICE_IMAGES = "slice_images"
+#: and the 95 % Wilson interval ``[low, high]`` of that accuracy
+PARTIAL_INTERVAL = "partial_accuracy_interval"
 # The measured figures are stored under the field names of ``stitch_nas.Measurement``.
 
 # --- on the study ---

@@ -24,20 +24,20 @@ def _delay() -> None:
 class SlowWorker(TrialWorker):
     """A worker whose every trial first sleeps ``$STITCH_NAS_TEST_DELAY_S`` seconds."""
 
-    def evaluate(self, number: int, config: dict[str, Any]) -> dict[str, Any]:
+    def evaluate(self, number: int, config: dict[str, Any], front: Any = None) -> dict[str, Any]:
         _delay()
-        return super().evaluate(number, config)
+        return super().evaluate(number, config, front)
 
 
 class FaultyWorker(TrialWorker):
     """Dies (as the OOM killer would kill it) on trial 1 and raises on trial 2."""
 
-    def evaluate(self, number: int, config: dict[str, Any]) -> dict[str, Any]:
+    def evaluate(self, number: int, config: dict[str, Any], front: Any = None) -> dict[str, Any]:
         if number == 1:
             os._exit(17)
         if number == 2:
             raise RuntimeError(f"injected: trial {number} raises")
-        return super().evaluate(number, config)
+        return super().evaluate(number, config, front)
 
 
 def slow_cli(argv: list[str], delay_s: float) -> int:
@@ -48,9 +48,9 @@ def slow_cli(argv: list[str], delay_s: float) -> int:
     os.environ[DELAY_ENV] = str(delay_s)  # read by Ray workers, which inherit the environment
     evaluate = StitchObjective.evaluate
 
-    def slow_evaluate(self: StitchObjective, config: Any) -> Any:
+    def slow_evaluate(self: StitchObjective, config: Any, front: Any = None) -> Any:
         _delay()
-        return evaluate(self, config)
+        return evaluate(self, config, front)
 
     executor_from_settings = search.executor_from_settings
 

@@ -233,6 +233,27 @@ class StitchContext:
             return _stream.stored_batches(self, model, values)
         return _stream.compute_batches(self, model, cut, split)
 
+    def activation_rows(
+        self, model: str, cut: str | None, split: str, index: torch.Tensor
+    ) -> Iterator[torch.Tensor]:
+        """:meth:`activation_batches` for the images ``index`` (sorted) of ``split`` only.
+
+        Read from the cache when it holds the activation; otherwise the whole split streams
+        (and is stored, as on any first use) and only those rows go on.
+        """
+        self.split(split)
+        self.check_budget(model)
+        values = _stream.stored(self, self.activation_key(model, cut, split))
+        if values is not None:
+            return _stream.gathered_batches(self, model, values, index)
+        batches = self.activation_batches(model, cut, split)
+        return _stream.selected_batches(batches, index, self.batch_size)
+
+    def input_rows(self, model: str, split: str, index: torch.Tensor) -> Iterator[torch.Tensor]:
+        """:meth:`input_batches` for the images ``index`` (sorted) of ``split`` only."""
+        for i in range(0, len(index), self.batch_size):
+            yield self._preprocess(model, self.split(split).x[index[i : i + self.batch_size]])
+
     def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:
         """Output of ``model`` at ``cut`` (None: its final output) on ``split``, whole.
 

@@ -17,6 +17,7 @@ storage exactly (see the README, "Memory and the activation cache").
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -29,7 +30,13 @@ if TYPE_CHECKING:
     from stitch_nas.activations._context import StitchContext
     from stitch_nas.activations._keys import ActivationKey
 
-__all__ = ["stored_batches", "compute_batches", "fill_every_cut"]
+__all__ = [
+    "stored_batches",
+    "compute_batches",
+    "fill_every_cut",
+    "gathered_batches",
+    "selected_batches",
+]
 
 Stored = torch.Tensor | np.ndarray
 
@@ -60,6 +67,54 @@ def stored_batches(ctx: StitchContext, model: str, values: Stored) -> Iterator[t
         part = values[i : i + ctx.batch_size]
         batch = torch.from_numpy(np.array(part)) if isinstance(part, np.ndarray) else part
         yield ctx.for_compute(model, batch)
+
+
+def gathered_batches(
+    ctx: StitchContext, model: str, values: Stored, index: torch.Tensor
+) -> Iterator[torch.Tensor]:
+    """The rows ``index`` (sorted) of ``values``, batch by batch, as :func:`stored_batches`."""
+    for i in range(0, len(index), ctx.batch_size):
+        part = index[i : i + ctx.batch_size]
+        if isinstance(values, np.ndarray):
+            batch = torch.from_numpy(np.asarray(values[part.numpy()]))
+        else:
+            batch = _same_layout(values[part.to(values.device)], values)
+        yield ctx.for_compute(model, batch)
+
+
+def selected_batches(
+    batches: Iterator[torch.Tensor], index: torch.Tensor, batch_size: int
+) -> Iterator[torch.Tensor]:
+    """The rows ``index`` (sorted) of a split streamed as ``batches``, ``batch_size`` at a time.
+
+    The whole stream is read, so an activation computed on the way is still stored (a pass
+    that stops early stores nothing); only the chosen rows go on.
+    """
+    wanted = index.tolist()
+    pending: list[torch.Tensor] = []
+    seen = count = 0
+    for batch in batches:
+        lo, hi = bisect_left(wanted, seen), bisect_left(wanted, seen + len(batch))
+        seen += len(batch)
+        if hi == lo:
+            continue
+        rows = torch.tensor(wanted[lo:hi], device=batch.device) - (seen - len(batch))
+        pending.append(_same_layout(batch[rows], batch))
+        count += hi - lo
+        while count >= batch_size:
+            joined = torch.cat(pending) if len(pending) > 1 else pending[0]
+            yield _same_layout(joined[:batch_size], batch)
+            pending, count = [joined[batch_size:]], count - batch_size
+    if count:
+        yield _same_layout(torch.cat(pending), pending[0])
+
+
+def _same_layout(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    # picked rows keep the source's channels-last layout: the kernels (and their rounding)
+    # must be those the whole batch would run
+    if like.dim() == 4 and like.is_contiguous(memory_format=torch.channels_last):
+        return rows.contiguous(memory_format=torch.channels_last)
+    return rows
 
 
 def _source(

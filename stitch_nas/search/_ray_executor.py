@@ -80,12 +80,16 @@ class TrialWorker:
         """The worker's process id, once it is built (used to wait for start-up)."""
         return os.getpid()
 
-    def evaluate(self, number: int, config: dict[str, Any]) -> dict[str, Any]:
+    def evaluate(
+        self, number: int, config: dict[str, Any], front: list[list[float]] | None = None
+    ) -> dict[str, Any]:
         """Evaluate one config (as JSON) for trial ``number``; the outcome as a dict.
 
+        ``front``: the study's front when the config was sent, for multi-fidelity evaluation.
         The dict also holds ``"node"``, the Ray node id of this worker.
         """
-        outcome = evaluate_config(self.ctx, StitchConfig.from_dict(config), **self.evaluation)
+        stitch = StitchConfig.from_dict(config)
+        outcome = evaluate_config(self.ctx, stitch, **self.evaluation, front=front)
         return {**asdict(outcome), "node": self.node}
 
     def cache_stats(self) -> dict[str, int]:
@@ -235,7 +239,7 @@ class RayExecutor:
                         bar.update(1)
                         continue
                     worker = idle.pop()
-                    ref = pool.submit(worker, trial.number, config)
+                    ref = pool.submit(worker, trial.number, config, objective.front(study))
                     in_flight[ref] = _Pending(trial, config, worker)
                 if not in_flight:
                     break
@@ -336,8 +340,10 @@ class _Pool:
         except self.ray.exceptions.RayError as exc:
             raise StitchNASError(f"Ray workers could not start: {_first_line(exc)}") from exc
 
-    def submit(self, index: int, number: int, config: StitchConfig) -> Any:
-        return self.actors[index].evaluate.remote(number, config.to_dict())
+    def submit(
+        self, index: int, number: int, config: StitchConfig, front: list[list[float]] | None
+    ) -> Any:
+        return self.actors[index].evaluate.remote(number, config.to_dict(), front)
 
     def result(self, ref: Any, pending: _Pending) -> TrialOutcome:
         """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""
@@ -407,4 +413,4 @@ def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
             cpus_per_worker=search.cpus_per_worker,
             gpus_per_worker=gpus,
         )
-    raise ConfigError(f"unknown executor {search.executor!r}; use one of {EXECUTORS}")
+    raise ConfigError(f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}")

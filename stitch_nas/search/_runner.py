@@ -25,6 +25,16 @@ from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
 from stitch_nas.stitching import Measurement, config_cka, fragment_macs, measure
 
+from ._fidelity import (
+    DEFAULT_FIDELITY,
+    MIN_SLICE_IMAGES,
+    FidelityGate,
+    Front,
+    SliceStop,
+    check_fidelity,
+    current_front,
+    slice_size,
+)
 from ._storage import BufferedTrial
 from ._studies import completed_count, set_metric_names
 
@@ -61,6 +71,8 @@ class StitchObjective:
         budgets: Mapping[str, float] | None = None,
         space_options: Mapping[str, Any] | None = None,
         fuse: bool = False,
+        fidelity: float = DEFAULT_FIDELITY,
+        min_slice: int = MIN_SLICE_IMAGES,
     ) -> None:
         self.ctx = ctx
         self.space = SPACES.get(space)
@@ -78,6 +90,12 @@ class StitchObjective:
         # an unknown option is a one-line error now, not a TypeError on the first trial
         keyword_options(self.space, self.space_options, f"search space {space!r}")
         self.fuse = fuse
+        # multi-fidelity evaluation (see ._fidelity): share of the split scored first, 0: off
+        self.fidelity = check_fidelity(fidelity)
+        # ... on a slice of at least min_slice images; smaller splits are scored whole
+        self.gated = self.fidelity > 0 and (
+            slice_size(len(ctx.labels("val")), self.fidelity) >= min_slice
+        )
         self.latency = any(o.needs_latency for o in self.objectives)
         self._seen: dict[str, tuple[int, Measurement]] = {}  # config hash -> first measurement
         self._named = False  # metric names checked on the study of the first trial
@@ -117,17 +135,27 @@ class StitchObjective:
         values = self.duplicate(trial, config)
         if values is not None:
             return optuna.trial.TrialState.COMPLETE, values, None
-        outcome = self.evaluate(config)
+        outcome = self.evaluate(config, self.front(trial.study))
         state, values = self.finish(trial, config, outcome)
         return state, values, outcome.reason
 
     def evaluation_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`evaluate_config` for this objective (JSON types)."""
-        return {"cka_threshold": self.cka_threshold, "fuse": self.fuse, "latency": self.latency}
+        fidelity = {"fidelity": self.fidelity, "objectives": self.names, "budgets": self.budgets}
+        return {
+            "cka_threshold": self.cka_threshold,
+            "fuse": self.fuse,
+            "latency": self.latency,
+            "fidelity": fidelity if self.gated else None,
+        }
 
-    def evaluate(self, config: StitchConfig) -> TrialOutcome:
+    def front(self, study: optuna.Study) -> Front | None:
+        """The study's current front for multi-fidelity evaluation (None: the gate is off)."""
+        return current_front(study, self.names, self.budgets) if self.gated else None
+
+    def evaluate(self, config: StitchConfig, front: Front | None = None) -> TrialOutcome:
         """Score, prune or measure ``config`` in this process (what a Ray worker does remotely)."""
-        return evaluate_config(self.ctx, config, **self.evaluation_options())
+        return evaluate_config(self.ctx, config, **self.evaluation_options(), front=front)
 
     def duplicate(self, trial: optuna.Trial, config: StitchConfig) -> tuple[float, ...] | None:
         """The earlier measurement's values if ``config`` was measured before, else None.
@@ -151,6 +179,8 @@ class StitchObjective:
         """
         if outcome.cka is not None:
             trial.set_user_attr(attrs.CKA, outcome.cka)
+        for key, value in (outcome.partial or {}).items():  # the slice of a fidelity prune
+            trial.set_user_attr(key, value)
         if outcome.status == "pruned":
             trial.set_user_attr(attrs.PRUNE_REASON, outcome.reason)
             return optuna.trial.TrialState.PRUNED, None
@@ -184,12 +214,14 @@ class TrialOutcome:
         measurement: ``Measurement.to_dict()`` when complete.
         cka: the config's CKA score when it was computed.
         reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
+        partial: what the first slice measured when multi-fidelity evaluation pruned it.
     """
 
     status: str
     measurement: dict[str, Any] | None = None
     cka: float | None = None
     reason: str | None = None
+    partial: dict[str, Any] | None = None
 
 
 def evaluate_config(
@@ -199,18 +231,24 @@ def evaluate_config(
     cka_threshold: float = 0.0,
     fuse: bool = False,
     latency: bool = False,
+    fidelity: Mapping[str, Any] | None = None,
+    front: Sequence[Sequence[float]] | None = None,
 ) -> TrialOutcome:
     """CKA-prune, fit and measure ``config``; any exception becomes a "fail" outcome.
 
     A trial that raises is recorded as FAIL with its reason rather than stopping the study;
-    the runners stop a study whose trials all fail.
+    the runners stop a study whose trials all fail. ``fidelity`` (``fidelity``, ``objectives``,
+    ``budgets``) and a non-empty ``front`` turn on multi-fidelity evaluation (``._fidelity``).
     """
     cka: float | None = None
+    gate = FidelityGate(front=front, **fidelity) if fidelity and front else None
     try:
         cka = config_cka(ctx, config)
         if config.is_stitched and cka < cka_threshold:
             return TrialOutcome("pruned", cka=cka, reason=f"cka {cka:.3f} < {cka_threshold}")
-        _, result = measure(ctx, config, fuse=fuse, latency=latency, cka=cka)
+        _, result = measure(ctx, config, fuse=fuse, latency=latency, cka=cka, screen=gate)
+    except SliceStop as stop:
+        return TrialOutcome("pruned", cka=cka, reason=stop.reason, partial=stop.record)
     except LayoutError as exc:  # a structural mismatch, not a broken trial
         return TrialOutcome("pruned", cka=cka, reason=f"layout: {exc}")
     except Exception as exc:  # noqa: BLE001 - failure isolation: the study goes on
@@ -276,7 +314,8 @@ def check_budget_reachable(objective: StitchObjective) -> None:
     for key, limit in objective.budgets.items():
         costs = []
         for name in ctx.zoo.names():
-            for cut in ctx.cuts(name):
+            # a deeper prefix holds the shallower one, so each model's first cut is its cheapest
+            for cut in ctx.cuts(name)[:1]:
                 if key == "macs":
                     costs.append(fragment_macs(ctx, name, None, cut.name))
                 else:

@@ -10,9 +10,11 @@ that are memoised per (model, start, end), plus the stitches' own MACs.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ from ._heads import fit_head
 
 __all__ = [
     "Measurement",
+    "Screen",
     "measure",
     "config_cka",
     "fragment_macs",
@@ -36,6 +39,7 @@ __all__ = [
     "fit_net_head",
     "net_outputs",
     "output_batches",
+    "count_correct",
     "streamed_accuracy",
     "model_macs",
 ]
@@ -150,19 +154,30 @@ def head_accuracy(
     return float((scores.argmax(1).cpu() == labels).float().mean())
 
 
-def output_batches(ctx: StitchContext, net: StitchedNet, split: str) -> Iterator[torch.Tensor]:
+def output_batches(
+    ctx: StitchContext, net: StitchedNet, split: str, index: torch.Tensor | None = None
+) -> Iterator[torch.Tensor]:
     """``net``'s outputs on ``split`` batch by batch, continuing from the first model's cached
     activation (served or recomputed batch by batch by the context).
 
     When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
     stands for it, and the whole network runs on the preprocessed images, batch by batch.
+    ``index`` (sorted): only those images of the split, in that order.
     """
     first = net.config.fragments[0]
+    rest: torch.nn.Module
     if net.cached_prefix:
-        rest: torch.nn.Module = net.new_parts()
-        source = ctx.activation_batches(first.model, first.end, split)
+        rest = net.new_parts()
+        if index is None:
+            source = ctx.activation_batches(first.model, first.end, split)
+        else:
+            source = ctx.activation_rows(first.model, first.end, split, index)
     else:
-        rest, source = torch.nn.Sequential(*net.parts), ctx.input_batches(first.model, split)
+        rest = torch.nn.Sequential(*net.parts)
+        if index is None:
+            source = ctx.input_batches(first.model, split)
+        else:
+            source = ctx.input_rows(first.model, split, index)
     for batch in source:
         with torch.no_grad():
             yield rest(batch)
@@ -173,21 +188,50 @@ def net_outputs(ctx: StitchContext, net: StitchedNet, split: str) -> torch.Tenso
     return torch.cat(list(output_batches(ctx, net, split)))
 
 
-def streamed_accuracy(
-    ctx: StitchContext, net: StitchedNet, split: str, head: torch.nn.Module | None
-) -> float:
-    """Top-1 accuracy of ``net`` (then ``head``, None: native) on ``split``, batch by batch."""
-    labels = ctx.labels(split)
+def count_correct(
+    ctx: StitchContext,
+    net: StitchedNet,
+    split: str,
+    head: torch.nn.Module | None,
+    index: torch.Tensor | None = None,
+) -> tuple[int, int]:
+    """Images of ``split`` (``index``: those only) that ``net`` then ``head`` gets right, and
+    how many were seen."""
+    labels = ctx.labels(split) if index is None else ctx.labels(split)[index]
     correct = seen = 0
-    for outputs in output_batches(ctx, net, split):
+    for outputs in output_batches(ctx, net, split, index):
         if head is not None:
             with torch.no_grad():
                 outputs = head(outputs)
         wanted = labels[seen : seen + len(outputs)]
         correct += int((outputs.argmax(1).cpu() == wanted).sum())
         seen += len(outputs)
+    return correct, seen
+
+
+def _mean(correct: int, seen: int) -> float:
     # float32, as the mean over a whole split of 0/1 predictions has always been computed
     return float(torch.tensor(correct, dtype=torch.float32) / max(seen, 1))
+
+
+def streamed_accuracy(
+    ctx: StitchContext, net: StitchedNet, split: str, head: torch.nn.Module | None
+) -> float:
+    """Top-1 accuracy of ``net`` (then ``head``, None: native) on ``split``, batch by batch."""
+    return _mean(*count_correct(ctx, net, split, head))
+
+
+class Screen(Protocol):
+    """A gate between a first slice of the split and the rest (multi-fidelity evaluation;
+    :mod:`stitch_nas.search._fidelity` holds the rule)."""
+
+    def slices(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images scored first and the rest, as sorted indices into a split of ``n``."""
+        ...
+
+    def check(self, costs: Measurement, correct: int, images: int) -> None:
+        """Raise to stop after the first slice (``costs``: everything but the accuracy)."""
+        ...
 
 
 def fit_net_head(ctx: StitchContext, net: StitchedNet) -> torch.nn.Module | None:
@@ -221,21 +265,36 @@ def measure(
     fuse: bool = False,
     latency: bool = False,
     cka: float | None = None,
+    screen: Screen | None = None,
 ) -> tuple[StitchedNet, Measurement]:
-    """Build ``config`` and measure it on ``split``."""
+    """Build ``config`` and measure it on ``split``.
+
+    With ``screen``, the accuracy pass scores the screen's first slice, lets it stop the
+    measurement (it raises), then scores the rest: the same correct images as one pass.
+    """
     start = time.perf_counter()
     net = build(ctx, config, fuse=fuse)
     fitted = time.perf_counter()
-    accuracy = streamed_accuracy(ctx, net, split, fit_net_head(ctx, net))
-    evaluated = time.perf_counter()
+    # the costs come first: a screen weighs the first slice's accuracy against them
     result = Measurement(
-        accuracy=accuracy,
+        accuracy=math.nan,
         macs=network_macs(ctx, net),
         params=count_params_of([net]),
         cka=config_cka(ctx, config) if cka is None else cka,
         split=split,
         latency_ms=_latency_ms(ctx, net) if latency else None,
         fit_seconds=fitted - start,
-        eval_seconds=evaluated - fitted,
     )
+    counted = time.perf_counter()
+    head = fit_net_head(ctx, net)
+    if screen is None:
+        correct, seen = count_correct(ctx, net, split, head)
+    else:
+        first, rest = screen.slices(len(ctx.labels(split)))
+        correct, seen = count_correct(ctx, net, split, head, first)
+        screen.check(result, correct, seen)
+        more, extra = count_correct(ctx, net, split, head, rest)
+        correct, seen = correct + more, seen + extra
+    result.accuracy = _mean(correct, seen)
+    result.eval_seconds = time.perf_counter() - counted
     return net, result

@@ -1,0 +1,159 @@
+"""Multi-fidelity evaluation: the slice gate's rule, and that passing it changes no accuracy."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from stitch_nas import attrs
+from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
+from stitch_nas.errors import ConfigError
+from stitch_nas.report import wilson_interval
+from stitch_nas.search import StitchObjective, evaluate_config
+from stitch_nas.search._fidelity import FidelityGate, SliceStop, current_front
+from stitch_nas.stitching import Measurement
+from tests._tiny import tiny_context
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+NAMES = ("accuracy", "macs")
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return tiny_context()
+
+
+def _gate(front, budgets=None) -> FidelityGate:
+    return FidelityGate(fidelity=0.15, objectives=NAMES, front=front, budgets=budgets or {})
+
+
+def _costs(macs: int = 1000) -> Measurement:
+    return Measurement(accuracy=float("nan"), macs=macs, params=10, cka=1.0)
+
+
+def _configs(ctx) -> list[StitchConfig]:
+    cut_a, cut_b = ctx.cuts("resnet")[1], ctx.cuts("resnet")[2]
+    stitched = StitchConfig(
+        (Fragment("resnet", None, cut_a.name), Fragment("resnet", cut_b.name, None)),
+        (AdapterSpec("lstsq"),),
+    )
+    return [StitchConfig.single("resnet"), StitchConfig.single("vit"), stitched]
+
+
+@pytest.mark.parametrize("k", [0, 3, 20, 45])
+def test_a_config_whose_upper_end_reaches_the_front_is_kept(k):
+    m = 45
+    high = wilson_interval(k / m, m)[1]
+    # a front point exactly at the upper end, same MACs: the config could still tie it
+    _gate([[high, 1000.0]]).check(_costs(), k, m)
+    # a cheaper config is never dominated by a dearer point, whatever its accuracy
+    _gate([[1.0, 1000.0]]).check(_costs(macs=999), k, m)
+
+
+@pytest.mark.parametrize("k", [0, 3, 20])
+def test_a_hopeless_config_is_dropped(k):
+    m = 45
+    high = wilson_interval(k / m, m)[1]
+    with pytest.raises(SliceStop, match="dominated") as stop:
+        _gate([[high + 1e-6, 1000.0]]).check(_costs(), k, m)
+    assert stop.value.record[attrs.SLICE_IMAGES] == m
+    assert stop.value.record[attrs.PARTIAL_ACCURACY] == k / m
+
+
+def test_no_front_never_prunes_and_over_budget_does():
+    _gate([]).check(_costs(macs=10**12), 0, 45)
+    with pytest.raises(SliceStop, match="macs budget"):
+        _gate([[0.0, 1e12]], budgets={"macs": 500.0}).check(_costs(), 45, 45)
+
+
+def test_the_slice_is_a_fixed_shuffle_not_the_head_of_the_split():
+    first, rest = _gate([]).slices(300)
+    again, _ = _gate([]).slices(300)
+    assert len(first) == 45 and len(rest) == 255 and first.equal(again)
+    assert sorted(first.tolist() + rest.tolist()) == list(range(300))
+    assert first.max() > 200  # not the first 45 images
+
+
+def test_accuracy_with_the_gate_equals_accuracy_without(ctx):
+    gated_ctx = tiny_context()  # nothing cached: the first slice streams the whole split
+    fidelity = {"fidelity": 0.15, "objectives": list(NAMES), "budgets": {}}
+    never = [[0.0, 1e15]]  # a front that dominates nothing
+    for config in _configs(ctx):
+        plain = evaluate_config(ctx, config)
+        gated = evaluate_config(gated_ctx, config, fidelity=fidelity, front=never)
+        assert plain.status == gated.status == "complete", (plain.reason, gated.reason)
+        assert gated.measurement["accuracy"] == plain.measurement["accuracy"]
+        assert gated.measurement["macs"] == plain.measurement["macs"]
+
+
+def test_the_gate_off_measures_everything(ctx):
+    hopeless = [[1.0, 1.0]]
+    config = _configs(ctx)[0]
+    assert evaluate_config(ctx, config, fidelity=None, front=hopeless).status == "complete"
+    objective = StitchObjective(ctx, fidelity=0)
+    assert objective.evaluation_options()["fidelity"] is None
+    study = optuna.create_study(directions=objective.directions)
+    assert objective.front(study) is None
+    with pytest.raises(ConfigError, match="fidelity"):
+        StitchObjective(ctx, fidelity=1.0)
+
+
+def test_a_slice_below_the_minimum_turns_the_gate_off(ctx):
+    n = len(ctx.labels("val"))
+    small = StitchObjective(ctx, fidelity=0.15, min_slice=round(0.15 * n) + 1)
+    assert small.evaluation_options()["fidelity"] is None
+    study = optuna.create_study(directions=small.directions)
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))
+    assert small.front(study) is None
+    exact = StitchObjective(ctx, fidelity=0.15, min_slice=round(0.15 * n))
+    assert exact.evaluation_options()["fidelity"] is not None and exact.front(study)
+
+
+def test_a_pruned_trial_carries_the_slice(ctx):
+    objective = StitchObjective(ctx, fidelity=0.15, min_slice=0)
+    study = optuna.create_study(directions=objective.directions)
+    # a front point better than any network on both objectives
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))
+    study.enqueue_trial({})
+    study.optimize(objective, n_trials=1)
+    trial = study.trials[-1]
+    assert trial.state == optuna.trial.TrialState.PRUNED, trial.user_attrs
+    n = len(ctx.labels("val"))
+    assert trial.user_attrs[attrs.SLICE_IMAGES] == round(0.15 * n)
+    low, high = trial.user_attrs[attrs.PARTIAL_INTERVAL]
+    assert low <= trial.user_attrs[attrs.PARTIAL_ACCURACY] <= high
+    assert trial.user_attrs[attrs.PRUNE_REASON].startswith("fidelity:")
+
+
+def test_the_front_holds_references_within_budget():
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.set_user_attr(
+        attrs.REFERENCES,
+        [
+            {"name": "a", "accuracy": 0.9, "macs": 100, "params": 5, "cka": 1.0},
+            {"name": "b", "accuracy": 0.95, "macs": 900, "params": 5, "cka": 1.0},
+        ],
+    )
+    assert current_front(study, NAMES, {}) == []  # no trial completed yet: no front
+    study.add_trial(optuna.trial.create_trial(values=[0.5, 200.0]))  # dominated by "a"
+    assert current_front(study, NAMES, {}) == [[0.9, 100.0], [0.95, 900.0]]
+    assert current_front(study, NAMES, {"macs": 500}) == [[0.9, 100.0]]
+
+
+def test_ray_workers_apply_the_same_rule(ctx, tmp_path):
+    ray = pytest.importorskip("ray")
+    from stitch_nas.search import RayExecutor, create_study, run_search
+
+    objective = StitchObjective(ctx, fidelity=0.15, min_slice=0)
+    study = create_study(objective, tmp_path / "ray", sampler="random", seed=0)
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))  # dominates every network
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        run_search(objective, study, 3, executor=RayExecutor(workers=1))
+    finally:
+        ray.shutdown()
+    gated = [t for t in study.trials[1:] if t.state == optuna.trial.TrialState.PRUNED]
+    assert gated and all(attrs.SLICE_IMAGES in t.user_attrs for t in gated), [
+        t.user_attrs.get(attrs.PRUNE_REASON) for t in study.trials[1:]
+    ]
