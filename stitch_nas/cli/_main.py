@@ -28,8 +28,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
+class _Help(argparse.HelpFormatter):
+    """Show an option's default where it has one; None means "as the YAML file says"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS)
+        if shown and action.option_strings and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
+        formatter_class=_Help,
         prog="stitch-nas",
         description="Search networks stitched from fragments of pretrained models.",
     )
@@ -41,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"stitch-nas {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="search the embedded digits zoo (no downloads)")
+    demo = sub.add_parser(
+        "demo", formatter_class=_Help, help="search the embedded digits zoo (no downloads)"
+    )
     _search_options(demo, default_out="stitch_nas_demo")
     demo.add_argument(
         "--space",
@@ -50,11 +64,15 @@ def _parser() -> argparse.ArgumentParser:
         "traft)",
     )
 
-    search = sub.add_parser("search", help="search as described by a YAML config file")
+    search = sub.add_parser(
+        "search", formatter_class=_Help, help="search as described by a YAML config file"
+    )
     search.add_argument("config", help="YAML file (see examples/search.yaml)")
     _search_options(search, default_out="stitch_nas_run")
 
-    report = sub.add_parser("report", help="write and print the report of a search folder")
+    report = sub.add_parser(
+        "report", formatter_class=_Help, help="write and print the report of a search folder"
+    )
     report.add_argument("dir", help="a folder written by demo or search")
     report.add_argument(
         "--no-test",
@@ -62,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
         help="do not measure front networks and zoo models that lack test figures",
     )
 
-    export = sub.add_parser("export", help="export networks of a search folder to DIR/models")
+    export = sub.add_parser(
+        "export", formatter_class=_Help, help="export networks of a search folder to DIR/models"
+    )
     export.add_argument("dir", help="a folder written by demo or search")
     export.add_argument(
         "--trials", default="pareto", help="'pareto' (default) or trial numbers, e.g. 12,40"
@@ -76,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _quiet(export)
 
-    zoo = sub.add_parser("zoo", help="list or build the embedded mini zoo")
+    zoo = sub.add_parser("zoo", formatter_class=_Help, help="list or build the embedded mini zoo")
     zoo.add_argument("action", choices=["list", "build"])
     zoo.add_argument("--cache-dir", default=None, help="where the zoo is cached")
     return parser
@@ -94,7 +114,7 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--trials", type=int, default=None, help="total trials (default 50)")
     parser.add_argument("--resume", action="store_true", help="continue the study in --out")
     parser.add_argument("--sampler", default=None, help="tpe (default), nsga2 or random")
-    parser.add_argument("--seed", type=int, default=None, help="sampler seed")
+    parser.add_argument("--seed", type=int, default=None, help="sampler seed (default 0)")
     parser.add_argument("--cache-dir", default=None, help="where the mini zoo is cached")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _quiet(parser)
@@ -121,7 +141,9 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     )
     parser.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or mps")
     parser.add_argument(
-        "--cka-threshold", default=None, help="prune stitches with CKA below this, in [0, 1]"
+        "--cka-threshold",
+        default=None,
+        help="prune stitches with CKA below this, in [0, 1] (default 0.3)",
     )
     parser.add_argument(
         "--fidelity",
@@ -130,7 +152,9 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
         "config on the whole split (default 0.15)",
     )
     parser.add_argument(
-        "--objectives", default=None, help="comma-separated, e.g. accuracy,macs,params"
+        "--objectives",
+        default=None,
+        help="comma-separated (default accuracy,macs); also params, latency, cka",
     )
     parser.add_argument(
         "--budget",

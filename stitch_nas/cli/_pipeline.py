@@ -21,6 +21,7 @@ from stitch_nas.export import FORMATS, ExportSummary, export_study
 from stitch_nas.search import (
     StitchObjective,
     check_study,
+    completed_count,
     create_study,
     load_folder_study,
     run_search,
@@ -128,9 +129,14 @@ def run_settings(
         if not join:  # other drivers may be writing there
             undo_new(Path(out_dir), before)
         raise
-    start = time.perf_counter()
+    start, finished = time.perf_counter(), completed_count(study)
     run_search(objective, study, search.trials, progress=progress, executor=executor)
-    echo(f"{search.trials} trials in {time.perf_counter() - start:.1f} s")
+    ran, total = completed_count(study) - finished, completed_count(study)
+    if ran == 0:
+        echo(f"no trial left to run: the study holds {total} finished of {search.trials}")
+    else:  # on --resume / --join the study also holds earlier trials
+        held = f" (the study holds {total})" if total != ran else ""
+        echo(f"{ran} trials in {time.perf_counter() - start:.1f} s{held}")
     # the front is chosen on validation: its networks and the zoo's are measured once more on
     # the test split, which no choice used, before anything is reported
     echo(measure_holdout(study, ctx, fuse=search.fuse).describe())

@@ -403,6 +403,8 @@ def _tick(bar: Any):
         if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
             bar.update(1)
         if not bar.disable and trial.number % 10 == 0:  # best_trials reads every trial
-            bar.set_postfix(pareto=len(study.best_trials), refresh=False)
+            # a config sampled twice is two trials with the same values: count it once
+            front = {t.user_attrs.get(attrs.DESCRIBE, t.number) for t in study.best_trials}
+            bar.set_postfix(pareto=len(front), refresh=False)
 
     return callback
