@@ -169,10 +169,9 @@ class Registry(Generic[T]):
 
     def load_plugins(self) -> None:
         """Import the entry points of this registry's group (once)."""
-        if self._loaded:
+        if self._loaded or self.group is None:
             return
         self._loaded = True
-        assert self.group is not None  # _loaded starts True without a group
         for ep in entry_points(group=self.group):
             try:
                 obj = ep.load()

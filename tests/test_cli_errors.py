@@ -280,8 +280,7 @@ def test_the_corrected_command_runs_into_the_same_out(tmp_path, capsys, mini_zoo
 def test_the_torch_free_copies_agree_with_the_library():
     from stitch_nas.cli import _preflight
     from stitch_nas.export import FORMATS
-    from stitch_nas.search import SAMPLERS
-    from stitch_nas.search._ray_executor import EXECUTORS
+    from stitch_nas.search import EXECUTORS, SAMPLERS
     from stitch_nas.search._runner import BUDGET_KEYS
 
     assert _preflight.SAMPLERS == SAMPLERS

@@ -9,7 +9,7 @@ import pytest
 
 import stitch_nas
 from stitch_nas import errors
-from stitch_nas.search import StitchObjective, create_study, run_search
+from stitch_nas.search import StitchObjective, completed_count, create_study, run_search
 from stitch_nas.search import _runner as runner
 from tests._tiny import tiny_context
 
@@ -108,7 +108,7 @@ def test_resume_continues_the_same_study_to_the_requested_total(ctx, tmp_path):
         create_study(objective, out)
     resumed = create_study(objective, out, sampler="random", resume=True)
     run_search(objective, resumed, 6)
-    assert runner.completed_count(resumed) == 6
+    assert completed_count(resumed) == 6
     for number, values in first.items():
         assert resumed.trials[number].values == values
 

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from stitch_nas.errors import ConfigError, StitchNASError
 
-if TYPE_CHECKING:
-    from ._settings import SearchSettings
+from ._flags import apply_run_flags, trial_numbers
 
 __all__ = ["main"]
 
@@ -203,7 +199,7 @@ def _run_search(args: argparse.Namespace) -> int:
         if args.executor == "local":
             raise ConfigError("--workers and --ray-address need --executor ray; drop them")
         settings.search.executor = "ray"
-    _apply_run_flags(args, settings.search)
+    apply_run_flags(args, settings.search)
     from ._preflight import check_plugins, check_run
 
     check_run(settings, Path(args.out), resume=args.resume, join=args.join)
@@ -223,86 +219,6 @@ def _run_search(args: argparse.Namespace) -> int:
     return 0
 
 
-_DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
-_BUDGET_KEYS = ("macs", "params")
-
-
-def _apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
-    """Check the per-run flags and let them override the YAML file's search section.
-
-    Everything is checked here, after parsing and before torch or the zoo load, so a bad
-    value answers at once with one line.
-    """
-    if args.resume and args.join:
-        raise ConfigError(
-            "--resume and --join exclude each other: --resume is for a study no other driver "
-            "runs on, --join for one they may; pick one"
-        )
-    if args.study_name is not None:
-        if not args.study_name.strip() or args.study_name != args.study_name.strip():
-            raise ConfigError(
-                f"--study-name {args.study_name!r}: give a non-empty name without leading or "
-                "trailing spaces"
-            )
-        search.study_name = args.study_name
-    if args.device is not None:
-        if not _DEVICE.fullmatch(args.device):
-            raise ConfigError(f"--device {args.device!r}: use cpu, cuda, cuda:N or mps")
-        search.device = args.device
-    if args.cka_threshold is not None:
-        search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)
-    if args.fidelity is not None:
-        search.fidelity = _unit_number("--fidelity", args.fidelity)
-        if search.fidelity == 1.0:
-            raise ConfigError("--fidelity 1 scores nothing first; use 0 to turn the slice off")
-    if args.objectives is not None:
-        names = [n.strip() for n in args.objectives.split(",") if n.strip()]
-        if not names:
-            raise ConfigError("--objectives is empty; give names such as accuracy,macs")
-        if len(set(names)) != len(names):
-            raise ConfigError(f"--objectives {args.objectives!r} names an objective twice")
-        search.objectives = names
-    if args.budget is not None:
-        search.budgets = _budgets(args.budget)
-    from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
-
-    for name in search.objectives:
-        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
-
-
-def _unit_number(flag: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not a number; give one in [0, 1]") from None
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{flag} {text!r} must be in [0, 1]")
-    return value
-
-
-def _budgets(items: list[str]) -> dict[str, float]:
-    """``["macs=2e6", "params=1e5"]`` -> ``{"macs": 2e6, "params": 1e5}``, checked."""
-    budgets: dict[str, float] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or key not in _BUDGET_KEYS:
-            raise ConfigError(
-                f"--budget {item!r}: use KEY=VALUE with KEY one of {', '.join(_BUDGET_KEYS)}, "
-                "e.g. --budget macs=2e6"
-            )
-        try:
-            value = float(text)
-        except ValueError:
-            raise ConfigError(f"--budget {item!r}: {text!r} is not a number") from None
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--budget {item!r}: the limit must be a positive number")
-        if key in budgets:
-            raise ConfigError(f"--budget {key} is given twice; give it once")
-        budgets[key] = value
-    return budgets
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -310,15 +226,6 @@ def _version() -> str:
         return version("stitch-nas")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
-
-
-def _trial_numbers(text: str) -> str | list[int]:
-    if text == "pareto":
-        return text
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"--trials {text!r}: use 'pareto' or trial numbers like 12,40") from None
 
 
 def _quiet_optuna(args: argparse.Namespace) -> None:
@@ -336,7 +243,7 @@ def _export(args: argparse.Namespace) -> int:
     from ._preflight import check_folder, check_formats
 
     check_folder(Path(args.dir))
-    trials = _trial_numbers(args.trials)
+    trials = trial_numbers(args.trials)
     formats = check_formats(args.format)
     from ._pipeline import export_folder  # torch loads from here on
 

@@ -280,7 +280,6 @@ def load_split_folders(
         if len(dataset) == 0:
             raise DataError(f"split folder {str(folder)!r} holds no images; add some")
         parts[split] = _read_all(dataset)
-    assert classes is not None
     x_train, y_train = parts["train"]
     if len(y_train) <= probe_size:
         raise DataError(
@@ -295,6 +294,6 @@ def load_split_folders(
         probe=_subset(x_train, y_train, probe_idx),
         val=Split(*parts["val"]),
         test=Split(*parts["test"]),
-        label_names=tuple(classes),
+        label_names=tuple(dataset.classes),  # every split has the same (checked above)
         name=f"{root.name}{size}-split-folders",
     )

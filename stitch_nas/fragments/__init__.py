@@ -14,13 +14,13 @@ from ._costs import (
     count_params_of,
 )
 from ._cuts import (
-    LAYOUTS,
     CutPoint,
     cut_points,
     get_cut,
     segment,
     split,
 )
+from ._layouts import LAYOUTS
 from ._pieces import (
     PieceChain,
 )

@@ -28,10 +28,10 @@ from torch import nn
 from stitch_nas.errors import ConfigError, TraceError, UnknownCutError
 
 from ._blocks import BlockNamer, declared_blocks
+from ._layouts import layout_of, prefix_tokens
 
 __all__ = [
     "CutPoint",
-    "LAYOUTS",
     "cut_points",
     "default_input_shape",
     "get_cut",
@@ -41,7 +41,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LAYOUTS = ("nchw", "nhwc", "tokens", "vector")
 _IDENTITY_LIKE = (nn.Identity, nn.Dropout, nn.Dropout2d, nn.Dropout1d)
 
 
@@ -230,8 +229,8 @@ def _find_cuts(
     total = max(len(traced.nodes) - 1, 1)
     for index, (name, node) in enumerate(named):
         shape = shapes[node][1:]
-        layout = _layout(model, node, shape)
-        prefix = _prefix_tokens(model, shape) if layout == "tokens" else 0
+        layout = layout_of(model, node, shape)
+        prefix = prefix_tokens(model, shape) if layout == "tokens" else 0
         depth = traced.position[node] / total
         found.append((CutPoint(name, index, layout, tuple(shape), prefix, round(depth, 4)), node))
     return found
@@ -272,51 +271,6 @@ def _propagate_shapes(
     finally:
         model.train(was_training)
     return shapes
-
-
-def _layout(model: nn.Module, node: fx.Node, shape: tuple[int, ...]) -> str:
-    if len(shape) == 1:
-        return "vector"
-    if len(shape) == 2:
-        return "tokens"
-    if shape[1] == shape[2] and shape[0] != shape[1]:
-        return "nchw"
-    if shape[0] == shape[1] and shape[2] != shape[0]:
-        return "nhwc"
-    return _layout_from_consumer(model, node)
-
-
-def _layout_from_consumer(model: nn.Module, node: fx.Node) -> str:
-    """Ambiguous shape (C == H == W): the first normalising or weighted layer downstream decides."""
-    from timm.layers import LayerNorm2d
-
-    frontier, seen = list(node.users), set[fx.Node]()
-    while frontier and len(seen) < 64:
-        user = frontier.pop(0)
-        if user in seen:
-            continue
-        seen.add(user)
-        if user.op == "call_module":
-            consumer = model.get_submodule(str(user.target))
-            if isinstance(consumer, (nn.Conv2d, nn.BatchNorm2d, nn.GroupNorm, LayerNorm2d)):
-                return "nchw"
-            if isinstance(consumer, (nn.LayerNorm, nn.Linear)):
-                return "nhwc"
-        frontier.extend(user.users)
-    return "nchw"
-
-
-def _prefix_tokens(model: nn.Module, shape: tuple[int, ...]) -> int:
-    """Tokens in front of a square grid of patch tokens (before the class token is added: 0)."""
-    n = shape[0]
-    declared = getattr(model, "num_prefix_tokens", None)
-    if (
-        isinstance(declared, int)
-        and 0 <= declared < n
-        and math.isqrt(n - declared) ** 2 == n - declared
-    ):
-        return declared
-    return n - math.isqrt(n) ** 2
 
 
 def cut_points(model: nn.Module, *, input_shape: tuple[int, ...] | None = None) -> list[CutPoint]:

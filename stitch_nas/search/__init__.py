@@ -2,11 +2,18 @@
 that run trials (local, Ray actors, Ray Tune).
 """
 
+from ._loop import (
+    EXECUTORS,
+    Executor,
+    check_budget_reachable,
+    executor_from_settings,
+    measure_references,
+    run_search,
+)
 from ._ray_executor import (
     RAY_NODE,
     RayExecutor,
     TrialWorker,
-    executor_from_settings,
 )
 from ._ray_shared import (
     SharedActivationCache,
@@ -16,14 +23,10 @@ from ._ray_shared import (
     share_context,
 )
 from ._runner import (
-    Executor,
     StitchObjective,
     TrialOutcome,
-    check_budget_reachable,
     evaluate_config,
     make_objective,
-    measure_references,
-    run_search,
 )
 from ._studies import (
     LEGACY_STUDY_NAME,
@@ -48,6 +51,7 @@ from ._tune import (
 
 __all__ = [
     "CONFIG_KEY",
+    "EXECUTORS",
     "Executor",
     "RAY_NODE",
     "RayExecutor",

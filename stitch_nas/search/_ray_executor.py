@@ -32,7 +32,6 @@ import optuna
 import torch
 
 from stitch_nas import attrs
-from stitch_nas.cli._settings import SearchSettings
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, StitchNASError
 from stitch_nas.stitching import fragment_macs
@@ -42,7 +41,7 @@ from ._runner import StitchObjective, TrialOutcome, evaluate_config
 from ._storage import BufferedTrial, heartbeat_of
 from ._studies import completed_count
 
-__all__ = ["RAY_NODE", "RayExecutor", "TrialWorker", "executor_from_settings"]
+__all__ = ["RAY_NODE", "RayExecutor", "TrialWorker"]
 
 logger = logging.getLogger(__name__)
 
@@ -392,25 +391,3 @@ class _Pool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-
-
-EXECUTORS = ("local", "ray")
-
-
-def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
-    """The executor that ``search.executor`` names: None runs trials in this process."""
-    if search.executor == "local":
-        return None
-    if search.executor == "ray":
-        if search.gpus_per_worker < 0 and search.gpus_per_worker != -1:
-            raise ConfigError(
-                f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
-            )
-        gpus = None if search.gpus_per_worker == -1 else search.gpus_per_worker
-        return RayExecutor(
-            workers=search.workers,
-            address=search.ray_address,
-            cpus_per_worker=search.cpus_per_worker,
-            gpus_per_worker=gpus,
-        )
-    raise ConfigError(f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}")

@@ -35,13 +35,14 @@ def _spec(item: dict[str, Any], default: InputSpec | None) -> InputSpec | None:
     """The item's input spec: its own ``input_size``/``mean``/``std`` over ``default``."""
     size = item.get("input_size") or item.get("img_size")
     mean, std = item.get("mean"), item.get("std")
-    if default is None and (size is None or mean is None or std is None):
-        return None
-    assert default is not None or (size and mean and std)
+    if default is None:
+        if size is None or mean is None or std is None:
+            return None
+        return InputSpec(_side(size), tuple(mean), tuple(std))
     return InputSpec(
-        _side(size) if size else default.size,  # type: ignore[union-attr]
-        tuple(mean) if mean else default.mean,  # type: ignore[union-attr]
-        tuple(std) if std else default.std,  # type: ignore[union-attr]
+        _side(size) if size else default.size,
+        tuple(mean) if mean else default.mean,
+        tuple(std) if std else default.std,
     )
 
 
@@ -130,8 +131,11 @@ def module_entry(item: dict[str, Any], data_labels: Sequence[str]) -> ZooEntry:
             f"{item['module']} returned a {type(model).__name__}; it must return an nn.Module"
         )
     spec = _spec(item, None)
-    assert spec is not None  # input_size, mean and std are required keys of this source
     name = item.get("name") or item["module"].rpartition(":")[2]
+    if spec is None:  # the settings check asks for them first; this is for direct callers
+        raise ConfigError(
+            f"zoo model {name!r}: a module source needs input_size, mean and std; add them"
+        )
     labels = tuple(item.get("label_names") or data_labels)
     entry = from_module(
         name,
