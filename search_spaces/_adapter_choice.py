@@ -3,7 +3,10 @@
 Only combinations that can join the sampled pair of cut points are offered, so no trial is
 spent on a layout error. Optuna needs a parameter to keep one set of choices, so when the
 feasible set is a subset of what the user allowed, the subset is part of the parameter's name
-(``resize[bilinear/none]``).
+(``resize[bilinear/none]``). Losses that read the destination's classifier against the data's
+labels (``task``; ``distill`` with a teacher other than the destination) are offered only where
+the destination predicts those labels, and ``train='suffix'`` only where the loss reaches a
+suffix (not ``match``; not ``feature`` at the destination's penultimate layer itself).
 """
 
 from __future__ import annotations
@@ -21,7 +24,15 @@ from stitch_nas.fragments import CutPoint
 
 __all__ = ["ADAPTER_KINDS", "AdapterChoices", "suggest_adapter", "can_join"]
 
-ADAPTER_KINDS = ("lstsq", "linear", "linear_relu", "conv3x3", "bottleneck", "transformer_block")
+ADAPTER_KINDS = (
+    "lstsq",
+    "linear",
+    "linear_relu",
+    "conv3x3",
+    "bottleneck",
+    "transformer_block",
+    "lowrank",
+)
 
 
 class AdapterChoices:
@@ -30,7 +41,8 @@ class AdapterChoices:
     Args:
         adapters: adapter kinds to choose from.
         resizes: spatial rescaling modes (trained kinds).
-        losses: training losses ("none" = least-squares initialisation only).
+        losses: training losses ("none" = least-squares initialisation only; "match", "task",
+            "distill", "feature": see :mod:`stitch_nas.adapters`).
         trains: what trains ("adapter", "suffix", "all").
         options: fixed options for every trained adapter (e.g. ``{"steps": 100}``).
     """
@@ -108,14 +120,25 @@ def suggest_adapter(
         return AdapterSpec("lstsq")
     resize = _pick(trial, f"{prefix}resize", choices.resizes, feasible[kind])
     native = tuple(ctx.entry(dst_model).label_names) == tuple(ctx.data.label_names)
-    losses = [x for x in choices.losses if x != "task" or native]
+    teacher = choices.options.get("teacher", "destination")
+    labelled = {"task"} | ({"distill"} if teacher not in ("destination", dst_model) else set())
+    losses = [x for x in choices.losses if x not in labelled or native]
     if not losses:
         raise ConfigError(
             f"loss choices {list(choices.losses)} need labels {dst_model!r} does not predict; "
-            "allow loss 'match' or 'none'"
+            "allow loss 'match', 'feature' or 'none'"
         )
     loss = _pick(trial, f"{prefix}loss", choices.losses, losses)
-    usable = {"none": ("adapter",), "match": ("adapter", "all"), "task": registry.TRAINS}[loss]
+    # the feature loss at the penultimate layer itself has no suffix to train, as match never has
+    at_feature = dst.name == registry.feature_cut(ctx, dst_model).name
+    no_suffix = ("adapter", "all")
+    usable = {
+        "none": ("adapter",),
+        "match": no_suffix,
+        "task": registry.TRAINS,
+        "distill": registry.TRAINS,
+        "feature": no_suffix if at_feature else registry.TRAINS,
+    }[loss]
     trains = [t for t in choices.trains if t in usable and (first_joint or t != "all")]
     trains = trains or ["adapter"]
     what = _pick(trial, f"{prefix}train_{loss}", choices.trains, trains)

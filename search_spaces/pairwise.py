@@ -130,9 +130,10 @@ def _suggest_cut(
 
 
 def _layout_group(cut: CutPoint) -> str:
-    if cut.layout in ("nchw", "nhwc"):
+    layout = cut.join_layout  # a 1x1 grid joins what a vector joins
+    if layout in ("nchw", "nhwc"):
         return "grid"
-    return f"tokens{cut.prefix_tokens}" if cut.layout == "tokens" else cut.layout
+    return f"tokens{cut.prefix_tokens}" if layout == "tokens" else layout
 
 
 def joins(kinds: Sequence[str], src: CutPoint, dst: CutPoint) -> bool:

@@ -286,9 +286,11 @@ class StitchContext:
 
     # -- similarity --------------------------------------------------------------------------
     def row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:
-        """How two cuts are compared: per-position rows on a common grid, else pooled rows."""
+        """How two cuts are compared: per-position rows on a common grid, else pooled rows
+        (a 1x1 grid is a vector here too: resizing a map to 1x1 would read its centre only)."""
         sa, sb = a.spatial, b.spatial
-        if a.layout in _GRIDS and b.layout in _GRIDS and sa is not None and sb is not None:
+        grids = a.join_layout in _GRIDS and b.join_layout in _GRIDS
+        if grids and sa is not None and sb is not None:
             return self.cka_rows, similarity.common_spatial((1, 1, *sa), (1, 1, *sb))
         return "pooled", None
 

@@ -3,7 +3,8 @@
 One registry holds every kind: ``lstsq`` (closed form, fusable into the next layer) and the
 trained kinds of Traft & Cheney (``linear``, ``linear_relu``, ``conv3x3``, ``bottleneck``,
 ``transformer_block``), each between norm layers, with spatial rescaling and layout conversion
-between CNN (NCHW), Swin (NHWC) and ViT (tokens) cut points. Register your own kind with
+between CNN (NCHW), Swin (NHWC) and ViT (tokens) cut points, and ``lowrank`` (SN-Netv2: the
+frozen least-squares map plus a trained low-rank update). Register your own kind with
 :func:`register_adapter`; list them with :func:`list_adapters` and build one with
 :func:`create`. Fitting (:func:`initialise`) and training (:func:`fit_joint`) change weight
 values only: ``create`` with the same arguments always gives the same ``state_dict`` layout.
@@ -11,10 +12,12 @@ values only: ``create`` with the same arguments always gives the same ``state_di
 
 from . import _bodies as _bodies  # registers the trained kinds
 from . import _closed_form as _closed_form  # registers "lstsq"
+from . import _lowrank as _lowrank  # registers "lowrank"
 from ._bodies import StitchAdapter
 from ._convert import CLS_MODES, RESIZE_MODES
 from ._init import INIT_MODES, fit_conv, initialise
-from ._joint import Joint, JointFit, fit_joint
+from ._joint import Joint, JointFit, feature_cut, fit_joint, resolve_teacher
+from ._lowrank import LowRankStitch
 from ._lstsq import FusedStitch, LinearStitch, fit_lstsq, fuse_into_segment, joinable
 from ._registry import (
     ADAPTERS,
@@ -33,6 +36,7 @@ __all__ = [
     "ADAPTERS",
     "FusedStitch",
     "LinearStitch",
+    "LowRankStitch",
     "can_join",
     "fit_lstsq",
     "fuse_into_segment",
@@ -50,6 +54,7 @@ __all__ = [
     "TRAINS",
     "TrainReport",
     "create",
+    "feature_cut",
     "fit_conv",
     "fit_joint",
     "get_adapter",
@@ -58,4 +63,5 @@ __all__ = [
     "only_training",
     "register_adapter",
     "resolve_options",
+    "resolve_teacher",
 ]

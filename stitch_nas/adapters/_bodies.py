@@ -54,7 +54,7 @@ class StitchAdapter(nn.Module):
     ) -> None:
         super().__init__()
         self.src, self.dst = src, dst
-        self.to_grid = ToGrid(src, size, stride, cls, pool=dst.layout == "vector")
+        self.to_grid = ToGrid(src, size, stride, cls, pool=dst.join_layout == "vector")
         self.pre, self.body, self.post = pre, body, post
         self.from_grid = FromGrid(dst, src, pos)
 
@@ -91,12 +91,33 @@ def _build(
     )
 
 
+def block_kernel(stride: int) -> int:
+    """Kernel of a linear map that downsamples by ``stride`` (``resize="integrated"``).
+
+    It covers the ``stride`` x ``stride`` block of source positions under each destination
+    position (padding 0), so every source position is read once and output ``i`` is centred
+    where bilinear resizing centres it (``stride * i + (stride - 1) / 2``). A 1x1 kernel at
+    that stride reads only the block's top-left position: a quarter of the source at stride 2,
+    one corner of an 8x8 map at stride 8, which cost 23 to 45 points of accuracy against
+    bilinear resizing (mini zoo and real zoo stitches initialised by least squares).
+    """
+    return stride
+
+
+def neighbourhood_kernel(stride: int) -> int:
+    """Kernel (padding 1) of a 3x3 convolution that downsamples by ``stride``: the block under
+    each destination position plus a one-position border, centred as bilinear resizing is (at
+    stride 1, the 3x3 kernel itself; a 3x3 kernel at stride 4 would skip half the source)."""
+    return stride + 2
+
+
 class LinearBody(nn.Module):
-    """A 1x1 convolution (a Linear per position), optionally followed by a ReLU."""
+    """A 1x1 convolution (a Linear per position), optionally followed by a ReLU; downsampling,
+    a linear map of each block of source positions (:func:`block_kernel`)."""
 
     def __init__(self, c_in: int, c_out: int, stride: int, relu: bool) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(c_in, c_out, 1, stride=stride)
+        self.conv = nn.Conv2d(c_in, c_out, block_kernel(stride), stride=stride)
         self.act = nn.ReLU() if relu else nn.Identity()
 
     def linear_part(self) -> nn.Conv2d:
@@ -107,11 +128,12 @@ class LinearBody(nn.Module):
 
 
 class Conv3x3Body(nn.Module):
-    """A 3x3 convolution and a ReLU (least squares fits all nine taps)."""
+    """A 3x3 convolution and a ReLU (least squares fits all nine taps); downsampling, the
+    kernel of :func:`neighbourhood_kernel`."""
 
     def __init__(self, c_in: int, c_out: int, stride: int) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
+        self.conv = nn.Conv2d(c_in, c_out, neighbourhood_kernel(stride), stride, padding=1)
         self.act = nn.ReLU()
 
     def linear_part(self) -> nn.Conv2d:
@@ -131,11 +153,12 @@ class BottleneckBody(nn.Module):
     def __init__(self, c_in: int, c_out: int, stride: int, width: int) -> None:
         super().__init__()
         self.conv1, self.bn1 = nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        kernel = neighbourhood_kernel(stride)  # downsampling: see the kernel functions
+        self.conv2 = nn.Conv2d(width, width, kernel, stride, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(width)
         self.conv3, self.bn3 = nn.Conv2d(width, c_out, 1, bias=False), nn.BatchNorm2d(c_out)
         nn.init.zeros_(self.bn3.weight)
-        self.shortcut = nn.Conv2d(c_in, c_out, 1, stride=stride)
+        self.shortcut = nn.Conv2d(c_in, c_out, block_kernel(stride), stride=stride)
         self.act = nn.ReLU()
 
     def linear_part(self) -> nn.Conv2d:

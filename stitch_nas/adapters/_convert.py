@@ -3,8 +3,9 @@
 Every trained adapter works on an NCHW grid. :class:`ToGrid` brings the source activation there
 (NHWC is permuted; a ViT's patch tokens are laid back on their square grid and its class
 token(s) are dropped or folded in by concatenation onto every patch token, as Traft & Cheney
-do; a vector is a 1x1 grid) and rescales it to the destination's grid (bilinear, or left to a
-strided conv in the body: "integrated"). :class:`FromGrid` writes the body's output in the
+do; a vector is a 1x1 grid, and a 1x1 grid destination is joined as the vector it is: the
+source is averaged over its positions) and rescales it to the destination's grid (bilinear, or
+left to a strided conv in the body: "integrated"). :class:`FromGrid` writes the body's output in the
 destination's layout; entering a ViT it adds a per-position bias that stands in for the
 destination's position embedding (fitted by least squares) and makes the class token(s) from
 the mean of the patch tokens and the source's own prefix tokens (a linear map, also fitted).
@@ -59,13 +60,14 @@ def plan(src: CutPoint, dst: CutPoint, resize: str) -> tuple[tuple[int, int], in
     Raises:
         LayoutError: the pair or the resize mode cannot work, with the reason.
     """
-    if src.layout == "vector" and dst.layout != "vector":
+    if src.join_layout == "vector" and dst.join_layout != "vector":  # a 1x1 grid is a vector
         raise LayoutError(
-            f"vector cut {src.name!r} has no positions to spread over the {dst.layout} cut "
+            f"{'vector' if src.layout == 'vector' else '1x1 grid'} cut {src.name!r} has no "
+            f"positions to spread over the {dst.layout} cut "
             f"{dst.name!r}; pick a grid or token cut as source"
         )
     have, want = _side(src), _side(dst)
-    if dst.layout == "vector":  # pooled first: the body then works on one position
+    if dst.join_layout == "vector":  # pooled first: the body then works on one position
         return (1, 1), 1
     if resize == "bilinear":
         return want, 1

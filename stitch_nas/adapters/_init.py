@@ -19,6 +19,7 @@ from stitch_nas.fragments import CutPoint
 
 from ._bodies import StitchAdapter
 from ._convert import grid_target, prefix
+from ._lowrank import LowRankStitch
 from ._lstsq import LinearStitch, NormalEquations, chunk_images, fit_lstsq, solve_normal
 
 __all__ = ["INIT_MODES", "initialise", "fit_conv"]
@@ -105,12 +106,18 @@ def _lstsq(adapter: StitchAdapter, x: torch.Tensor, y: torch.Tensor, ridge: floa
 
 
 def _identity(adapter: StitchAdapter) -> None:
-    """Channel i to channel i (centre tap), zero bias; class tokens start as the mean token."""
+    """Channel i to channel i, zero bias; class tokens start as the mean token.
+
+    The taps that read the source positions under each output position carry the channel:
+    the centre tap at stride 1, the mean of the ``s`` x ``s`` block when the conv downsamples
+    by ``s`` (its kernel spans the block, after its padding: see ``_bodies.block_kernel``).
+    """
     conv = adapter.body.linear_part()  # type: ignore[operator]
     conv.weight.zero_()
-    centre = (conv.kernel_size[0] // 2, conv.kernel_size[1] // 2)
+    (sh, sw), (ph, pw) = conv.stride, conv.padding
+    rows, cols = slice(ph, ph + sh), slice(pw, pw + sw)
     for i in range(min(conv.in_channels, conv.out_channels)):
-        conv.weight[i, i, centre[0], centre[1]] = 1.0
+        conv.weight[i, i, rows, cols] = 1.0 / (sh * sw)
     conv.bias.zero_()
     out = adapter.from_grid
     if out.pos_bias is not None:
@@ -149,6 +156,8 @@ def initialise(
         with torch.no_grad():
             if isinstance(adapter, LinearStitch):
                 adapter.load_state_dict(fit_lstsq(x, y, src, dst, ridge=ridge).state_dict())
+            elif isinstance(adapter, LowRankStitch):  # its base, as lstsq fits; B := 0
+                adapter.fit_base(fit_lstsq(x, y, src, dst, ridge=ridge))
             elif isinstance(adapter, StitchAdapter) and init == "lstsq":
                 _lstsq(adapter, x, y, ridge)
             elif isinstance(adapter, StitchAdapter) and init == "identity":

@@ -5,9 +5,15 @@ The adapter is created from its spec, initialised on the probe split, then train
 probe images are too few to train a nonlinear adapter without overfitting, and the train split is
 disjoint from the validation and test splits accuracy is measured on. The probe split is the
 held-out set for early stopping. ``match`` reads the destination's cached activations;
-``task`` needs the destination model to predict the data set's own labels.
+``task`` needs the destination model to predict the data set's own labels. ``distill`` reads
+its teacher's cached logits: the destination's own (label-free: any zoo model's classifier
+works), or another zoo model's (``teacher`` a name, or ``"best"``: the highest probe accuracy
+among the models predicting the data's labels), and then both models must predict the data's
+labels. ``feature`` reads the destination's cached activations at its penultimate layer,
+:func:`feature_cut`, and trains through the destination up to there (label-free).
 
-What trains: ``adapter`` (ReStNet); ``suffix`` (adapter and the destination model after the cut);
+What trains: ``adapter`` (ReStNet); ``suffix`` (adapter and the destination model after the cut,
+up to the penultimate layer for ``feature``);
 ``all`` (also the first fragment: SN-Net's full fine-tune). Trained models are deep copies, so
 the zoo's shared modules never change; copies run in eval mode (their BatchNorm statistics stay
 as trained), only their weights move.
@@ -31,7 +37,7 @@ from ._init import initialise
 from ._registry import create, resolve_options
 from ._train import TrainData, TrainReport, train
 
-__all__ = ["Joint", "JointFit", "fit_joint"]
+__all__ = ["Joint", "JointFit", "feature_cut", "fit_joint", "resolve_teacher"]
 
 
 @dataclass
@@ -58,17 +64,81 @@ class JointFit:
     report: TrainReport | None = None
 
 
+def feature_cut(ctx: StitchContext, model: str) -> CutPoint:
+    """Where ``feature`` matches ``model``: its penultimate layer, the last of its cut points.
+
+    Cut points stop before a model's output node, so the last one is the classifier's input:
+    the pooled vector (ResNet ``global_pool``, ViT ``head_drop``) or, where the head pools
+    itself, the last feature map (ConvNeXt ``norm_pre``).
+    """
+    return ctx.cuts(model)[-1]
+
+
+def resolve_teacher(ctx: StitchContext, name: str, dst_model: str) -> str:
+    """The zoo model whose logits ``distill`` learns from (``name`` as the option gives it).
+
+    Raises:
+        ConfigError: ``name`` is not a zoo model, or (teacher other than the destination) the
+            teacher or the destination does not predict the data's labels, or no model does.
+    """
+    labels = tuple(ctx.data.label_names)
+    if name == "destination":
+        return dst_model
+    if name == "best":
+        name = _best(ctx)
+    elif name not in ctx.zoo.names():
+        raise ConfigError(
+            f"teacher={name!r} is not a zoo model; use 'destination', 'best' or one of "
+            f"{sorted(ctx.zoo.names())}"
+        )
+    for model, role in ((name, "teacher"), (dst_model, "destination")):
+        if name != dst_model and tuple(ctx.entry(model).label_names) != labels:
+            raise ConfigError(
+                f"loss='distill' with teacher={name!r}: the {role} {model!r} predicts other "
+                "labels than the data's; use teacher='destination' or a model with the data's"
+            )
+    return name
+
+
+def _best(ctx: StitchContext) -> str:
+    """The zoo model with the best probe accuracy among those predicting the data's labels.
+
+    Probe logits are cached and read by every fit anyway; ties go to the first in zoo order.
+    """
+    key = ("distill_best_teacher",)
+    if key not in ctx.memo:
+        labels, y = tuple(ctx.data.label_names), ctx.labels("probe")
+        native = [m for m in ctx.zoo.names() if tuple(ctx.entry(m).label_names) == labels]
+        if not native:
+            raise ConfigError(
+                "teacher='best' but no zoo model predicts the data's labels; "
+                "use teacher='destination'"
+            )
+        accuracy = {
+            m: float((ctx.activation(m, None, "probe").argmax(1).cpu() == y).float().mean())
+            for m in native
+        }
+        ctx.memo[key] = max(native, key=lambda m: accuracy[m])
+    return str(ctx.memo[key])
+
+
 def _check(spec: AdapterSpec, opts: dict, joint: Joint, ctx: StitchContext) -> None:
     loss, what = opts["loss"], opts["train"]
     if loss == "none" and what != "adapter":
         raise ConfigError(
             f"adapter {spec.kind!r} has train={what!r} but loss='none' trains nothing; "
-            "set loss='match' or 'task'"
+            "set loss='match', 'task', 'distill' or 'feature'"
         )
     if loss == "match" and what == "suffix":
         raise ConfigError(
             "train='suffix' with loss='match': the match loss never reaches the suffix; "
-            "use loss='task' or train='adapter'"
+            "use loss='task', 'distill' or 'feature', or train='adapter'"
+        )
+    at_feature = joint.dst_cut.name == feature_cut(ctx, joint.dst_model).name
+    if loss == "feature" and what == "suffix" and at_feature:
+        raise ConfigError(
+            f"train='suffix' with loss='feature' at {joint.dst_model}:{joint.dst_cut.name!r}, "
+            "the penultimate layer itself: there is no suffix to train; use train='adapter'"
         )
     if what == "all" and joint.index > 0:
         raise ConfigError(
@@ -82,6 +152,8 @@ def _check(spec: AdapterSpec, opts: dict, joint: Joint, ctx: StitchContext) -> N
                 f"loss='task' runs {joint.dst_model!r}'s own classifier, whose labels "
                 f"{labels[:3]}... differ from the data's; use loss='match'"
             )
+    if loss == "distill":
+        resolve_teacher(ctx, str(opts["teacher"]), joint.dst_model)
 
 
 def _copy_segment(
@@ -144,18 +216,23 @@ def fit_joint(ctx: StitchContext, spec: AdapterSpec, joint: Joint) -> JointFit:
         chain.append(prefix)
         trained.append(prefix)
     chain.append(adapter)
-    trains_suffix = opts["loss"] == "task" and opts["train"] != "adapter"
+    # the loss reads the destination's suffix output: its logits, or its penultimate features
+    suffix_end = feature_cut(ctx, dst).name if opts["loss"] == "feature" else None
+    has_suffix = opts["loss"] in ("task", "distill") or (
+        opts["loss"] == "feature" and suffix_end != cut
+    )
+    trains_suffix = has_suffix and opts["train"] != "adapter"
     fragment: nn.Module = ctx.segment(dst, cut, joint.end)
-    if trains_suffix:
+    if trains_suffix:  # one private copy of dst: the fragment shares the trained suffix weights
         fragment = _copy_segment(ctx, copies, dst, cut, joint.end, device)
-    if opts["loss"] == "task":
+    if has_suffix:
         if trains_suffix:
-            suffix = _copy_segment(ctx, copies, dst, cut, None, device)
+            suffix = _copy_segment(ctx, copies, dst, cut, suffix_end, device)
             trained.append(suffix)
         elif device != ctx.device:  # never move the zoo's own modules
-            suffix = copy.deepcopy(ctx.segment(dst, cut, None)).to(device)
+            suffix = copy.deepcopy(ctx.segment(dst, cut, suffix_end)).to(device)
         else:
-            suffix = ctx.segment(dst, cut, None)
+            suffix = ctx.segment(dst, cut, suffix_end)
         chain.append(suffix)
     data = _data(ctx, joint, opts)
     params = list({id(p): p for m in trained for p in m.parameters()}.values())
@@ -197,9 +274,14 @@ def _data(ctx: StitchContext, joint: Joint, opts: dict) -> TrainData:
         val_inputs = ctx.inputs(joint.first.model, "probe")
     else:
         inputs, val_inputs = joint.chain_input(split), joint.probe_x
-    if opts["loss"] == "match":
-        targets = ctx.activation(joint.dst_model, joint.dst_cut.name, split)
-        val_targets = ctx.activation(joint.dst_model, joint.dst_cut.name, "probe")
+    loss, dst = opts["loss"], joint.dst_model
+    if loss in ("match", "feature"):
+        at = feature_cut(ctx, dst).name if loss == "feature" else joint.dst_cut.name
+        targets, val_targets = ctx.activation(dst, at, split), ctx.activation(dst, at, "probe")
+    elif loss == "distill":  # cached logits: each teacher runs once per split
+        source = resolve_teacher(ctx, str(opts["teacher"]), dst)
+        targets = ctx.activation(source, None, split)
+        val_targets = ctx.activation(source, None, "probe")
     else:
         targets, val_targets = ctx.labels(split), ctx.labels("probe")
     return TrainData(inputs, targets, val_inputs, val_targets)

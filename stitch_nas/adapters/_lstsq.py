@@ -3,7 +3,8 @@
 An affine map ``y = A x + b`` from the activation at cut i of model A to the activation model B
 expects at cut j, fitted on the probe set. Each spatial position (or token) is one row of the
 system, so on image layouts the map is a 1x1 convolution. Spatial sizes are matched by bilinear
-resizing; a grid entering a vector cut is average-pooled first (StitchNet, conv -> linear).
+resizing; a grid entering a vector cut, or a 1x1 grid cut (a vector in disguise, such as a
+pooled ``C x 1 x 1`` output), is average-pooled first (StitchNet, conv -> linear).
 
 Where the first layer after cut j is a conv or linear layer that alone consumes the cut, the map
 can be fused into that layer's weights (``W' = W A``), removing the stitch as a separate layer.
@@ -62,14 +63,16 @@ SUPPORTED_PAIRS = (
     "nchw/nhwc -> vector",
     "vector -> vector",
     "tokens -> tokens (same number of prefix tokens)",
+    "a 1x1 grid counts as a vector (CutPoint.join_layout)",
 )
 
 
 def check_pair(src: CutPoint, dst: CutPoint) -> None:
+    s, d = src.join_layout, dst.join_layout
     ok = (
-        (src.layout in _GRID and dst.layout in (*_GRID, "vector"))
-        or (src.layout == dst.layout == "vector")
-        or (src.layout == dst.layout == "tokens" and src.prefix_tokens == dst.prefix_tokens)
+        (s in _GRID and d in (*_GRID, "vector"))
+        or (s == d == "vector")
+        or (s == d == "tokens" and src.prefix_tokens == dst.prefix_tokens)
     )
     if not ok:
         raise LayoutError(
@@ -110,18 +113,21 @@ class _Align(nn.Module):
         super().__init__()
         check_pair(src, dst)
         self.src_layout, self.dst_layout = src.layout, dst.layout
+        self.dst_joins = dst.join_layout
         self.dst_spatial = dst.spatial
         self.prefix = src.prefix_tokens
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.src_layout in _GRID:
             grid = x.permute(0, 3, 1, 2) if self.src_layout == "nhwc" else x
-            if self.dst_layout == "vector":
-                return grid.mean(dim=(2, 3))
+            if self.dst_joins == "vector":  # a vector, or a 1x1 grid: pooled, not resized
+                pooled = grid.mean(dim=(2, 3))
+                return pooled if self.dst_layout == "vector" else pooled[:, None, None, :]
             return _resize_grid(grid, self.dst_size()).permute(0, 2, 3, 1)
         if self.src_layout == "tokens":
             return self._align_tokens(x)
-        return x
+        # a vector: as it is, or on the one position of a 1x1 grid
+        return x if self.dst_layout == "vector" else x[:, None, None, :]
 
     def dst_size(self) -> tuple[int, int]:
         """Height and width of the destination grid (grid and token cuts only)."""

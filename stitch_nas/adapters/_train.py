@@ -1,11 +1,17 @@
 """Training adapters: AdamW with a cosine schedule, a step or time budget, early stopping.
 
 Defaults are Traft & Cheney's (AdamW, lr 2e-3, weight decay 0.05, cosine annealing to 0).
-Two losses: ``match`` (mean squared error to the destination model's own activations at its
-cut: label-free, nothing runs after the adapter) and ``task`` (cross-entropy through the
-destination's frozen suffix). Early stopping watches the same loss on a held-out set (the probe
-split, which no accuracy is measured on) and restores the best weights seen. A NaN or Inf loss
-raises :class:`~stitch_nas.errors.NonFiniteError`, which the runner records as a failed trial.
+Four losses: ``match`` (mean squared error to the destination model's own activations at its
+cut: label-free, nothing runs after the adapter), ``task`` (cross-entropy through the
+destination's frozen suffix), ``distill`` (knowledge distillation through that suffix:
+``T^2 * KL(teacher || student)`` on logits softened by the ``temperature`` T, Hinton et al.'s
+form; the teacher is the destination model itself by default, or any zoo model, or ``"best"``,
+the strongest one, as SN-Net distils from RegNetY-160) and ``feature`` (mean squared error to
+the destination's own features at its penultimate layer, through the suffix up to there).
+SN-Net gives no temperature (it follows DeiT's training recipe), so the default is 1.0.
+Early stopping watches the same loss on a held-out set (the probe split, which no accuracy is
+measured on) and restores the best weights seen. A NaN or Inf loss raises
+:class:`~stitch_nas.errors.NonFiniteError`, which the runner records as a failed trial.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOSSES = ("none", "match", "task")
+LOSSES = ("none", "match", "task", "distill", "feature")
 TRAINS = ("adapter", "suffix", "all")
 
 TRAIN_OPTIONS: dict[str, Option] = {
@@ -48,6 +54,16 @@ TRAIN_OPTIONS: dict[str, Option] = {
     "ridge": number(None, 0.0, optional=True),
     "loss": choice("match", *LOSSES),
     "train": choice("adapter", *TRAINS),
+    "temperature": Option(
+        1.0,
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf,
+        "a number > 0 (distill's softening temperature)",
+    ),
+    "teacher": Option(
+        "destination",
+        lambda v: isinstance(v, str) and bool(v),
+        "'destination', 'best' or a zoo model name (distill's teacher)",
+    ),
     "steps": integer(200, 1),
     "seconds": number(None, 0.0, optional=True),
     "lr": number(2e-3, 0.0),
@@ -67,7 +83,8 @@ TRAIN_OPTIONS: dict[str, Option] = {
 class TrainData:
     """Training and held-out pairs: inputs of the trained chain and what its output should be.
 
-    Targets are destination activations (``match``) or class labels (``task``).
+    Targets are destination activations (``match``; ``feature``: at the penultimate layer),
+    class labels (``task``) or the teacher's logits (``distill``).
     """
 
     inputs: torch.Tensor
@@ -92,8 +109,16 @@ class TrainReport:
         return asdict(self)
 
 
-def _loss(loss: str, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(out, target) if loss == "match" else F.cross_entropy(out, target)
+def _loss(loss: str, out: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+    if loss in ("match", "feature"):
+        return F.mse_loss(out, target)
+    if loss == "task":
+        return F.cross_entropy(out, target)
+    # distill: T^2 keeps the gradient scale of the soft targets independent of T (Hinton et al.)
+    student = F.log_softmax(out / temperature, dim=1)
+    teacher = F.log_softmax(target.float() / temperature, dim=1)
+    kl = F.kl_div(student, teacher, reduction="batchmean", log_target=True)
+    return kl * temperature**2
 
 
 def _batches(x: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
@@ -102,7 +127,12 @@ def _batches(x: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
 
 
 def _held_out(
-    model: nn.Module, data: TrainData, loss: str, size: int, device: torch.device
+    model: nn.Module,
+    data: TrainData,
+    loss: str,
+    temperature: float,
+    size: int,
+    device: torch.device,
 ) -> float:
     """Mean held-out loss, in eval mode (running BatchNorm statistics)."""
     was = model.training
@@ -113,7 +143,7 @@ def _held_out(
             _batches(data.val_inputs, size), _batches(data.val_targets, size), strict=True
         ):
             out = model(xb.to(device))
-            total += float(_loss(loss, out, yb.to(device))) * xb.shape[0]
+            total += float(_loss(loss, out, yb.to(device), temperature)) * xb.shape[0]
     model.train(was)
     return total / max(data.val_inputs.shape[0], 1)
 
@@ -190,10 +220,11 @@ def train(
         params: the parameters that train; every other parameter of ``model`` stays frozen.
         modules: modules whose state is snapshotted for early stopping; the adapter among
             them runs in train mode (batch statistics), all else in eval mode.
-        opts: resolved adapter options (loss, steps, seconds, lr, weight_decay, batch_size,
-            patience, eval_every, seed).
+        opts: resolved adapter options (loss, temperature, steps, seconds, lr, weight_decay,
+            batch_size, patience, eval_every, seed).
     """
     loss_name, steps = str(opts["loss"]), int(opts["steps"])
+    temperature = float(opts["temperature"])
     optimiser = torch.optim.AdamW(params, lr=float(opts["lr"]), weight_decay=opts["weight_decay"])
     schedule = cosine_schedule(optimiser, steps)
     model.eval()
@@ -201,7 +232,7 @@ def train(
     generator = torch.Generator().manual_seed(int(opts["seed"]))
     size, n = int(opts["batch_size"]), data.inputs.shape[0]
     every, patience = int(opts["eval_every"]), int(opts["patience"])
-    best = initial = _held_out(model, data, loss_name, size, device)
+    best = initial = _held_out(model, data, loss_name, temperature, size, device)
     best_state, stale, stopped = _snapshot(modules), 0, "steps"
     losses: list[float] = []
     start = time.perf_counter()
@@ -217,11 +248,11 @@ def train(
             index = order[cursor : cursor + size]
             cursor += size
             out = model(data.inputs[index].to(device))
-            loss = _loss(loss_name, out, data.targets[index].to(device))
+            loss = _loss(loss_name, out, data.targets[index].to(device), temperature)
             fix = f"lower lr (now {opts['lr']}) or use init='lstsq'"
             losses.append(take_step(loss, optimiser, schedule, what=what, step=step, fix=fix))
             if (step + 1) % every == 0 or step + 1 == steps:
-                val = _held_out(model, data, loss_name, size, device)
+                val = _held_out(model, data, loss_name, temperature, size, device)
                 if val < best:
                     best, best_state, stale = val, _snapshot(modules), 0
                 else:

@@ -79,6 +79,17 @@ class CutPoint:
             return (side, side)
         return None
 
+    @property
+    def join_layout(self) -> str:
+        """The layout adapters join this cut as: a grid of one position (a pooled ``C x 1 x 1``
+        output, or a map strided down to 1x1) is a vector in disguise, so it is joined as one:
+        a grid entering it is averaged over its positions (not resized to its centre pixels),
+        a vector may enter it, and it spreads over no grid. ``layout`` stays the tensor's own.
+        """
+        if self.layout in ("nchw", "nhwc") and self.spatial == (1, 1):
+            return "vector"
+        return self.layout
+
 
 class _LeafTracer(fx.Tracer):
     """fx tracer that keeps timm's registered non-traceable modules and functions as leaves."""
