@@ -16,7 +16,7 @@ def main(n_trials: int = 20) -> optuna.Study:
     data = load_digits_splits()
     zoo = load_mini_zoo(data, progress=True)
     objective = stitch_nas.make_objective(
-        zoo, data, space="pairwise", objectives=["accuracy", "macs"], cka_threshold=0.3
+        zoo, data, space="pairwise", objectives=["accuracy", "macs"], probe_threshold=1.5
     )
     study = optuna.create_study(
         directions=objective.directions,  # ["maximize", "minimize"]

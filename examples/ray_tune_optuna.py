@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> optuna.Study:
 
         zoo = load_mini_zoo(data, progress=True)
     objective = stitch_nas.make_objective(
-        zoo, data, objectives=["accuracy", "macs"], budgets={"macs": args.macs_budget}
+        zoo,
+        data,
+        objectives=["accuracy", "macs"],
+        budgets={"macs": args.macs_budget},
+        # untrained models predict at chance: pruning stitches that do would prune them all
+        probe_threshold=0.0 if args.tiny else None,
     )
     searcher = StitchOptunaSearch(
         objective, sampler=optuna.samplers.TPESampler(seed=0, constant_liar=True)

@@ -14,12 +14,16 @@ __all__ = [
     "DESCRIBE",
     "DUPLICATE_OF",
     "FAIL_REASON",
+    "KIND",
+    "KINDS",
     "MODELS",
     "OBJECTIVES",
     "PARTIAL_ACCURACY",
     "PARTIAL_INTERVAL",
+    "PROBE_ACCURACY",
     "PRUNE_REASON",
     "REFERENCES",
+    "REFERENCE_OF",
     "SETTINGS",
     "SLICE_IMAGES",
     "SPACE",
@@ -35,12 +39,19 @@ CONFIG = "config"
 DESCRIBE = "describe"
 #: the zoo models the config uses, in order
 MODELS = "models"
-#: number of the earlier trial with the same config (its measurement is reused)
+#: a repeat of an earlier trial's config: that trial's number (the repeat is PRUNED, not refitted)
 DUPLICATE_OF = "duplicate_of"
+#: a zoo model on its own, measured once as a reference: its name (the trial is PRUNED)
+REFERENCE_OF = "reference_of"
 #: the config's CKA chain score on the probe split
 CKA = "cka"
 #: why a PRUNED trial was pruned
 PRUNE_REASON = "prune_reason"
+#: the least-squares version's accuracy on the probe split (the pruning and seeding proxy)
+PROBE_ACCURACY = "probe_accuracy"
+#: the network's kind ("stitched", "new head", ...: ``stitch_nas.stitching.network_kind``), the
+#: ``Measurement`` field of that name; trials of older versions lack it
+KIND = "kind"
 #: why a FAIL trial failed
 FAIL_REASON = "fail_reason"
 #: a trial pruned by multi-fidelity evaluation: its accuracy on the first slice of the split,
@@ -68,6 +79,9 @@ SPLIT_SIZES = "split_sizes"
 #: test split that no choice used. It lives on the study because Optuna refuses to change a
 #: finished trial's user attributes.
 TEST_RESULTS = "test_results"
+#: ``{"<trial number>": kind}`` of front networks whose trials lack ``KIND`` (measured by an older
+#: version), recorded by the test pass, which has the zoo to work the kinds out
+KINDS = "kinds"
 #: a zoo reference's accuracy on the test split (a key of each ``REFERENCES`` dict); also the
 #: field name in ``pareto.json``, ``trials.csv`` and an export's ``meta.json``
 TEST_ACCURACY = "test_accuracy"

@@ -32,3 +32,12 @@ def mini_zoo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mini_zoo(digits: DataSplits, mini_zoo_dir: Path) -> Zoo:
     """The trained mini zoo; treat it as read-only, other tests share it."""
     return load_mini_zoo(digits, cache_dir=mini_zoo_dir)
+
+
+@pytest.fixture(autouse=True)
+def no_default_probe_pruning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most tests search the untrained tiny zoo (``tests._tiny``), where every stitch predicts
+    at chance and the default probe pruning would prune them all. Objectives made without an
+    explicit ``probe_threshold`` skip probe pruning here; tests of it pass the threshold, and
+    the CLI's settings always pass theirs (``tests/test_proxy.py``)."""
+    monkeypatch.setattr("stitch_nas.search._runner.DEFAULT_PROBE_THRESHOLD", 0.0)

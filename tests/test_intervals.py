@@ -70,6 +70,7 @@ def _stitched(accuracy: float, macs: float) -> Any:
         attrs.CONFIG: config,
         attrs.DESCRIBE: "a[input:x] -lstsq-> b[y:output]",
         attrs.MODELS: ["a", "b"],
+        attrs.KIND: "stitched",
         "accuracy": accuracy,
         "macs": macs,
         "params": 10,

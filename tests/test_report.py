@@ -47,6 +47,7 @@ def _done(values: list[float], models: tuple[str, ...] = ("resnet", "vit"), **kw
         "config": _config(models),
         "describe": " -lstsq-> ".join(f"{m}[..]" for m in models),
         "models": list(dict.fromkeys(models)),
+        "kind": "stitched" if len(models) > 1 else "zoo model",
         "accuracy": values[0],
         "macs": values[1],
         "params": values[2] if len(values) > 2 else values[1] // 10,
@@ -200,7 +201,7 @@ def test_table(study: optuna.Study, tmp_path: Path) -> None:
     assert "resnet: no claim, no test figures" in table
     assert "test       (not measured" in table
     assert "validation     0.5245       0.6545       0.6564" in table
-    assert "single: resnet[..]" in table and "stitched: resnet[..] -lstsq-> vit[..]" in table
+    assert "zoo model: resnet[..]" in table and "stitched: resnet[..] -lstsq-> vit[..]" in table
     assert "200" in table
 
 

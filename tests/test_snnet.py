@@ -135,7 +135,9 @@ def _search(ctx, n, **options):
 def test_search_measures_and_exports_the_jointly_trained_stitches(ctx, tmp_path):
     study = _search(ctx, 4, joint=FAST)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(done) == 4
+    # a repeated stitch is pruned as a duplicate of its first trial, not measured again
+    repeats = [t for t in study.trials if "duplicate_of" in t.user_attrs]
+    assert len(done) + len(repeats) == 4 and len(done) >= 3
     configs = [StitchConfig.from_dict(t.user_attrs["config"]) for t in done]
     assert all(c.adapters[0].kind == "snnet" for c in configs)
     # a fresh context (another worker, `stitch-nas export`) trains and measures the same

@@ -250,6 +250,7 @@ zoo:
 search:
   sampler: random
   cka_threshold: 0.0
+  probe_threshold: 0.0  # untrained models: every stitch is at chance, none may be pruned
   export: false
   heartbeat_s: 1
 """

@@ -200,7 +200,8 @@ def test_search_from_yaml_on_split_folders(tmp_path: Path) -> None:
             "size": 16,
             "probe_size": 32,
         },  # fmt: skip
-        "search": {"trials": 3, "export": False, "cka_threshold": 0.0},
+        # untrained models: every stitch is at chance, so none may be probe-pruned
+        "search": {"trials": 3, "export": False, "cka_threshold": 0.0, "probe_threshold": 0.0},
     }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     code = main(["search", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "out"), "-q"])

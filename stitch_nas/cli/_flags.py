@@ -44,6 +44,8 @@ def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
         search.device = args.device
     if args.cka_threshold is not None:
         search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)
+    if args.probe_threshold is not None:
+        search.probe_threshold = _number("--probe-threshold", args.probe_threshold, 0.0, 10.0)
     if args.fidelity is not None:
         search.fidelity = _unit_number("--fidelity", args.fidelity)
         if search.fidelity == 1.0:
@@ -64,12 +66,18 @@ def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
 
 
 def _unit_number(flag: str, text: str) -> float:
+    return _number(flag, text, 0.0, 1.0)
+
+
+def _number(flag: str, text: str, low: float, high: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not a number; give one in [0, 1]") from None
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{flag} {text!r} must be in [0, 1]")
+        raise ConfigError(
+            f"{flag} {text!r} is not a number; give one in [{low:g}, {high:g}]"
+        ) from None
+    if not low <= value <= high:
+        raise ConfigError(f"{flag} {text!r} must be in [{low:g}, {high:g}]")
     return value
 
 

@@ -139,7 +139,13 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument(
         "--cka-threshold",
         default=None,
-        help="prune stitches with CKA below this, in [0, 1] (default 0.3)",
+        help="prune stitches with CKA below this, in [0, 1] (default 0: off)",
+    )
+    parser.add_argument(
+        "--probe-threshold",
+        default=None,
+        help="prune stitches whose least-squares probe accuracy is below this multiple of "
+        "chance, in [0, 10] (default 1.5; 0: off)",
     )
     parser.add_argument(
         "--fidelity",

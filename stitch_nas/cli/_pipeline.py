@@ -25,6 +25,7 @@ from stitch_nas.search import (
     create_study,
     load_folder_study,
     run_search,
+    seed_study,
 )
 from stitch_nas.zoo import Zoo
 
@@ -108,6 +109,7 @@ def run_settings(
             space=search.space,
             objectives=search.objectives,
             cka_threshold=search.cka_threshold,
+            probe_threshold=search.probe_threshold,
             fidelity=search.fidelity,
             budgets=search.budgets,
             space_options=search.space_options,
@@ -130,6 +132,9 @@ def run_settings(
             undo_new(Path(out_dir), before)
         raise
     start, finished = time.perf_counter(), completed_count(study)
+    seed_study(
+        study, objective, min(search.seed_trials, search.trials), seed=search.seed, echo=echo
+    )
     run_search(objective, study, search.trials, progress=progress, executor=executor)
     ran, total = completed_count(study) - finished, completed_count(study)
     if ran == 0:

@@ -61,7 +61,7 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
     _at_least("trials", search.trials, 1)
     _at_least("workers", search.workers, 1)
     _at_least("heartbeat_s", search.heartbeat_s, 1)
-    if not search.cache_memory_gb > 0:
+    if search.cache_memory_gb is not None and not search.cache_memory_gb > 0:
         raise ConfigError(
             f"search.cache_memory_gb={search.cache_memory_gb}: give a positive size in GB"
         )
@@ -71,6 +71,13 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         raise ConfigError(
             f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
         )
+    if not 0.0 <= search.probe_threshold <= 10.0:
+        raise ConfigError(
+            f"search.probe_threshold={search.probe_threshold}: give a multiple of chance in "
+            "[0, 10] (1.5 by default; 0 turns probe pruning off)"
+        )
+    if search.seed_trials < 0:
+        raise ConfigError(f"search.seed_trials={search.seed_trials}: give 0 (off) or more")
     if not 0.0 <= search.cka_threshold <= 1.0:
         raise ConfigError(f"search.cka_threshold={search.cka_threshold}: give a value in [0, 1]")
     if not 0.0 <= search.fidelity < 1.0:

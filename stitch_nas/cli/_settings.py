@@ -54,12 +54,15 @@ class SearchSettings:
     sampler: str = "tpe"
     seed: int = 0
     trials: int = 50
-    cka_threshold: float = 0.3
+    #: prune stitched configs whose least-squares probe accuracy is below this times chance
+    probe_threshold: float = 1.5
+    seed_trials: int = 8  #: configs the probe ranks best, chosen from 4x as many, tried first
+    cka_threshold: float = 0.0  #: prune stitched configs below this CKA (0: off)
     fidelity: float = 0.15  #: share of val a config is scored on first (0: off)
     budgets: dict = field(default_factory=dict)
     fuse: bool = False
     device: str = "cpu"
-    cache_memory_gb: float = 2.0
+    cache_memory_gb: float | None = None  #: None: 15 % of this machine's memory
     cache_dir: str | None = None
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
     executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
@@ -79,10 +82,18 @@ class Settings:
     search: SearchSettings = field(default_factory=SearchSettings)
 
 
+#: keys whose default None means "decided at run time" and whose value is otherwise a number
+_NUMBERS_OR_NONE = {"cache_memory_gb"}
+
+
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default (ints pass for floats)."""
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if key in _NUMBERS_OR_NONE:
+        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            return None if value is None else float(value)
+        raise ConfigError(f"{section}.{key} must be a number, got {type(value).__name__} {value!r}")
     if default is None:
         if value is None or isinstance(value, str):
             return value

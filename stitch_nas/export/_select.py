@@ -15,6 +15,7 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ExportError
 from stitch_nas.report import pareto_trials
+from stitch_nas.report._pareto import first_of_each_network
 from stitch_nas.stitching import Measurement
 
 from ._write import FORMATS, ExportItem, export_elastic, export_network
@@ -56,7 +57,11 @@ def _mb(size: int) -> str:
 
 
 def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[FrozenTrial]:
-    """``"pareto"`` (the front) or trial numbers, each of which must have completed."""
+    """``"pareto"`` (the front) or trial numbers, each of which must have completed.
+
+    Each network is exported once: of a trial and its copies (``duplicate_of``, recorded as
+    COMPLETE by older searches) the lowest-numbered is kept.
+    """
     if isinstance(trials, str):
         if trials != "pareto":
             raise ExportError(f"trials={trials!r}: use 'pareto' or a list of trial numbers")
@@ -77,7 +82,14 @@ def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[Froz
                 'export a COMPLETE trial, e.g. one on the Pareto front (trials="pareto")'
             )
         chosen.append(trial)
-    return chosen
+    first, kept = {t.number for t in first_of_each_network(chosen)}, []
+    for trial in chosen:
+        if trial.number in first:
+            first.discard(trial.number)
+            kept.append(trial)
+        else:
+            logger.info("trial %d repeats an earlier trial's network; exported once", trial.number)
+    return kept
 
 
 def _item(trial: FrozenTrial) -> ExportItem:

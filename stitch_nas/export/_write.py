@@ -36,7 +36,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.files import atomic_folder
 from stitch_nas.report import accuracy_figures, accuracy_on
-from stitch_nas.stitching import StitchedNet, fit_net_head, head_recipe, measure
+from stitch_nas.stitching import StitchedNet, fit_net_head, head_recipe, measure, reproduces
 from stitch_nas.zoo import check_architecture
 
 from ._files import checksums, save_weights
@@ -74,7 +74,7 @@ def _network(ctx: StitchContext, item: ExportItem, fuse: bool) -> ExportedNet:
     """Rebuild ``item`` exactly as the search measured it, and check that it measures the same."""
     net, result = measure(ctx, item.config, fuse=fuse)
     recorded = item.metrics.get("accuracy")
-    if recorded is not None and abs(result.accuracy - float(recorded)) > 1e-9:
+    if recorded is not None and not reproduces(ctx, result.accuracy, float(recorded)):
         raise ExportError(
             f"{item.name}: the rebuilt network measures accuracy {result.accuracy:.4f}, the "
             f"search recorded {float(recorded):.4f}; export with the zoo, data and fuse "

@@ -11,9 +11,13 @@ on the test split only, and allows for the test split's size: a stitched front n
 
 If (1) holds and the zoo model's test accuracy lies inside the network's interval, the network
 *matches it within noise*; above the interval, it is worse. Nothing is claimed without test
-figures. Rule (2) treats the zoo model's accuracy as a point: it asks the network's accuracy to
-be distinguishable from the zoo model's measured value, whereas McNemar's paired test on the
-same images (which needs per-image correctness) would weigh the noise of both.
+figures. Only networks of kind ``"stitched"`` (every model contributes a block of its own:
+:func:`~stitch_nas.stitching.network_kind`) make these claims; front networks of another kind
+("new head": one model kept whole up to its pooled features with another's head; "new stem")
+are judged by the same rule but listed apart, with their kind. Rule (2) treats the zoo model's
+accuracy as a point: it asks the network's accuracy to be distinguishable from the zoo
+model's measured value, whereas McNemar's paired test on the same images (which needs
+per-image correctness) would weigh the noise of both.
 
 **Hypervolumes** of the zoo's models alone, of the front alone and of front + zoo are computed in
 the normalised box of :func:`~stitch_nas.report.hypervolume_box` (reference point: accuracy 0
@@ -30,9 +34,11 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial
 
 from stitch_nas import attrs
+from stitch_nas.stitching import STITCHED
 
 from ._holdout import holdout_accuracies, split_sizes
 from ._intervals import wilson_interval
+from ._kinds import recorded_kinds, trial_kind
 from ._pareto import (
     finite_number,
     hypervolume_box,
@@ -50,6 +56,8 @@ DOMINATION_RULE = (
     "a stitched network dominates a zoo model when it costs no more on every other objective "
     "and the lower end of the 95 % Wilson interval of its test accuracy is above the zoo "
     "model's test accuracy; it matches it within noise when that accuracy is inside its interval"
+    " (stitched: every model contributes a block of its own; a zoo model with another's head or "
+    "stem is listed apart, by its kind)"
 )
 
 
@@ -107,20 +115,28 @@ def _costs_no_more(
 
 
 def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
-    """For each zoo model, the stitched front networks that dominate or match it on test.
+    """For each zoo model, the front networks that dominate or match it on test.
 
     The rule is the module docstring's (and :data:`DOMINATION_RULE`).
 
     Returns:
         One dict per zoo model: ``reference`` (name), ``test_accuracy`` (None if not measured),
-        ``dominated_by`` and ``matched_by`` (stitched front trial numbers, each no costlier on
-        every other objective) and ``status``: ``"judged"``, ``"no_test"`` (missing test
-        figures), ``"no_accuracy"`` (accuracy is not an objective) or ``"incomparable"`` (the
-        zoo model lacks an objective value).
+        ``dominated_by`` and ``matched_by`` (front trial numbers of kind "stitched", each no
+        costlier on every other objective), ``dominated_by_other`` and ``matched_by_other``
+        (the same for front networks of other kinds but "zoo model", or of no known kind),
+        ``kinds`` (``{"<trial number>": kind or None}`` of every network listed) and
+        ``status``: ``"judged"``, ``"no_test"`` (missing test figures), ``"no_accuracy"``
+        (accuracy is not an objective) or ``"incomparable"`` (the zoo model lacks an
+        objective value).
     """
     objectives, directions = objective_names(study), list(study.directions)
     tests, n_test = holdout_accuracies(study), split_sizes(study).get("test")
-    stitched: list[FrozenTrial] = [t for t in pareto_trials(study) if n_fragments(t) > 1]
+    recorded = recorded_kinds(study)
+    kinds = {t.number: trial_kind(t, recorded) for t in pareto_trials(study)}
+    # a zoo model alone on the front (refitted head aside) is no claim of the search
+    judged: list[FrozenTrial] = [
+        t for t in pareto_trials(study) if n_fragments(t) > 1 or kinds[t.number] == "truncated"
+    ]
     out = []
     for ref in zoo_references(study):
         claim: dict[str, Any] = {
@@ -128,6 +144,9 @@ def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
             attrs.TEST_ACCURACY: finite_number(ref.get(attrs.TEST_ACCURACY)),
             "dominated_by": [],
             "matched_by": [],
+            "dominated_by_other": [],
+            "matched_by_other": [],
+            "kinds": {},
             "status": "judged",
         }
         out.append(claim)
@@ -138,16 +157,20 @@ def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
         if point is None:
             claim["status"] = "incomparable"
             continue
-        if zoo_test is None or not n_test or any(t.number not in tests for t in stitched):
+        if zoo_test is None or not n_test or any(t.number not in tests for t in judged):
             claim["status"] = "no_test"
             continue
         acc = objectives.index("accuracy")
-        for t in stitched:
+        for t in judged:
             if not _costs_no_more(list(t.values), point, directions, acc):
                 continue
             low, high = wilson_interval(tests[t.number], int(n_test))
+            other = "" if kinds[t.number] == STITCHED else "_other"
             if low > zoo_test:
-                claim["dominated_by"].append(t.number)
+                claim["dominated_by" + other].append(t.number)
             elif high >= zoo_test:
-                claim["matched_by"].append(t.number)
+                claim["matched_by" + other].append(t.number)
+            else:
+                continue
+            claim["kinds"][str(t.number)] = kinds[t.number]
     return out

@@ -11,7 +11,9 @@ test accuracy on the study:
   refuses to change a finished trial's own user attributes, so they live on the study);
 - ``attrs.TEST_ACCURACY`` in each dict of ``study.user_attrs[attrs.REFERENCES]``;
 - ``study.user_attrs[attrs.SPLIT_SIZES]``: the data set's name and the number of validation and
-  test images, which the accuracy intervals are computed on.
+  test images, which the accuracy intervals are computed on;
+- ``study.user_attrs[attrs.KINDS]``: the kind (:func:`~stitch_nas.stitching.network_kind`) of
+  each front network whose trial was recorded without one, by an older version.
 
 Figures already recorded are kept, so after ``--resume`` only new front networks are measured.
 """
@@ -30,8 +32,16 @@ from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.stitching import StitchedNet, fit_net_head, measure, net_outputs
+from stitch_nas.stitching import (
+    StitchedNet,
+    fit_net_head,
+    measure,
+    net_outputs,
+    network_kind,
+    reproduces,
+)
 
+from ._kinds import recorded_kinds
 from ._pareto import (
     finite_number,
     pareto_trials,
@@ -116,7 +126,7 @@ def _val_and_test(
 ) -> float:
     """Rebuild ``config``, check its validation accuracy against the search's, return test's."""
     net, result = measure(ctx, config, fuse=fuse)
-    if recorded is not None and abs(result.accuracy - recorded) > 1e-9:
+    if recorded is not None and not reproduces(ctx, result.accuracy, recorded):
         raise ConfigError(
             f"{what}: the rebuilt network measures validation accuracy {result.accuracy:.4f}, the "
             f"search recorded {recorded:.4f}, so its test figure would be of another network; "
@@ -124,6 +134,17 @@ def _val_and_test(
             "pass with `stitch-nas report --no-test`)"
         )
     return accuracy_on(ctx, net, HOLDOUT_SPLIT)
+
+
+def _record_kinds(study: optuna.Study, ctx: StitchContext) -> None:
+    """Work out the kinds of front networks whose trials lack one (cuts only, no measuring)."""
+    kinds = {str(k): v for k, v in recorded_kinds(study).items()}
+    for trial in pareto_trials(study):
+        if attrs.KIND not in trial.user_attrs and str(trial.number) not in kinds:
+            config = StitchConfig.from_dict(trial_config(trial))
+            kinds[str(trial.number)] = network_kind(ctx, config)
+    if kinds:
+        study.set_user_attr(attrs.KINDS, kinds)
 
 
 def measure_holdout(study: optuna.Study, ctx: StitchContext, *, fuse: bool = False) -> HoldoutPass:
@@ -168,6 +189,7 @@ def measure_holdout(study: optuna.Study, ctx: StitchContext, *, fuse: bool = Fal
             ref[attrs.TEST_ACCURACY] = _val_and_test(ctx, config, val, str(ref["name"]), False)
     study.set_user_attr(attrs.TEST_RESULTS, results)
     study.set_user_attr(attrs.REFERENCES, refs)
+    _record_kinds(study, ctx)
     return HoldoutPass(
         [t.number for t in trials], names, n_test, seconds=time.perf_counter() - start
     )

@@ -14,6 +14,7 @@ import optuna
 from stitch_nas import attrs
 
 from ._claims import DOMINATION_RULE
+from ._kinds import kind_text
 from ._plot import Mark, Panel, human, label_offsets, labelled, panels
 
 __all__ = ["report_html", "panel_svg"]
@@ -210,8 +211,8 @@ def report_html(
         figures = "\n".join(panel_svg(p) for p in drawn)
     cols = ["val acc", "95% interval", "test acc", "95% interval", "MACs", "params"]
     front_table = _table(
-        ["trial", *cols, "network"],
-        [[f"#{r['number']}", *_figures(r), r["describe"]] for r in front],
+        ["trial", *cols, "kind", "network"],
+        [[f"#{r['number']}", *_figures(r), kind_text(r.get("kind")), r["describe"]] for r in front],
     )
     zoo = _table(["zoo model", *cols], [[str(r["name"]), *_figures(r)] for r in references])
     text = "\n".join(escape(line) for line in lines)
@@ -219,7 +220,9 @@ def report_html(
 <html lang="en"><head><meta charset="utf-8"><title>{escape(heading)}</title>
 <style>{_STYLE}</style></head><body>
 <h1>{escape(heading)}</h1>
-<p class="note">Hover a point for its network and config. Error bars and intervals: 95 % Wilson
+<p class="note">Hover a point for its network and config. Kinds: "stitched" when every model
+contributes a block of its own; "new head" / "new stem" when one model only lends its head
+(pooling and classifier, or a pooled cut onward) or its stem. Error bars and intervals: 95 % Wilson
 score intervals on the number of images of each split. The front is chosen on validation; the
 test split is used by no choice of the search.</p>
 {figures}

@@ -28,12 +28,14 @@ from stitch_nas.errors import ConfigError
 __all__ = [
     "dominated_references",
     "finite_number",
+    "first_of_each_network",
     "front_hypervolume",
     "hypervolume",
     "hypervolume_box",
     "is_feasible",
     "lookup_metric",
     "n_fragments",
+    "network_key",
     "normalised_hypervolume",
     "objective_names",
     "pareto_trials",
@@ -138,10 +140,12 @@ def _dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[Any]
 def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     """The non-dominated feasible completed trials, sorted by the first minimised objective.
 
-    This is ``study.best_trials`` without repeats of an already measured config. Optuna 5 keeps
-    only COMPLETE trials and, as soon as any trial of the study has a constraint, first drops
-    those with a constraint value > 0 (a trial with no constraint counts as feasible), so an
-    infeasible trial never knocks a feasible one off.
+    This is ``study.best_trials`` with each network once: a search records a repeated config as
+    a PRUNED trial, but older studies recorded it as a COMPLETE copy (``duplicate_of``); of a
+    trial and its copies the first on the front is kept.
+    Optuna 5 keeps only COMPLETE trials and, as soon as any trial of the study has a
+    constraint, first drops those with a constraint value > 0 (a trial with no constraint
+    counts as feasible), so an infeasible trial never knocks a feasible one off.
 
     Args:
         study: A multi-objective study.
@@ -150,11 +154,24 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
         Front trials, cheapest first (best first on the first objective if none is minimised).
     """
     mins = [i for i, d in enumerate(study.directions) if d == _MIN]
-    # a re-proposed config is recorded again with "duplicate_of": list each network once
-    best = [t for t in study.best_trials if attrs.DUPLICATE_OF not in t.user_attrs]
+    best = first_of_each_network(study.best_trials)
     if mins:
         return sorted(best, key=lambda t: (t.values[mins[0]], t.number))
     return sorted(best, key=lambda t: (-t.values[0], t.number))
+
+
+def network_key(trial: FrozenTrial) -> int:
+    """The trial that first measured ``trial``'s network: the one it copies, else itself."""
+    source = trial.user_attrs.get(attrs.DUPLICATE_OF)
+    return source if isinstance(source, int) and not isinstance(source, bool) else trial.number
+
+
+def first_of_each_network(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """``trials`` with one trial per network (a trial and its copies): the lowest-numbered."""
+    first: dict[int, FrozenTrial] = {}
+    for trial in sorted(trials, key=lambda t: t.number):
+        first.setdefault(network_key(trial), trial)
+    return list(first.values())
 
 
 def hypervolume(
@@ -298,11 +315,13 @@ def dominated_references(study: optuna.Study) -> list[dict[str, Any]]:
 
     Returns:
         One dict per reference: ``reference`` (name), ``dominated_by`` (trial numbers) and
-        ``dominated_by_stitched`` (those of them with more than one fragment). A reference that
+        ``dominated_by_stitched`` (those of them whose kind is "stitched": every model
+        contributes a block, see :mod:`stitch_nas.stitching._kinds`). A reference that
         lacks an objective value cannot be compared and gets empty lists.
     """
     objectives, directions = objective_names(study), study.directions
     front, out = pareto_trials(study), []
+    recorded = study.user_attrs.get(attrs.KINDS) or {}  # kinds the test pass filled in
     for ref in zoo_references(study):
         point = reference_values(ref, objectives)
         if point is None:
@@ -312,7 +331,12 @@ def dominated_references(study: optuna.Study) -> list[dict[str, Any]]:
             {
                 "reference": str(ref["name"]),
                 "dominated_by": [t.number for t in wins],
-                "dominated_by_stitched": [t.number for t in wins if n_fragments(t) > 1],
+                "dominated_by_stitched": [t.number for t in wins if _stitched(t, recorded)],
             }
         )
     return out
+
+
+def _stitched(trial: FrozenTrial, recorded: dict[str, Any]) -> bool:
+    """Whether ``trial``'s network is a real stitch (its own kind, else the test pass's)."""
+    return trial.user_attrs.get(attrs.KIND, recorded.get(str(trial.number))) == "stitched"

@@ -25,11 +25,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.files import atomic_write
+from stitch_nas.stitching import STITCHED
 
 from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
 from ._holdout import holdout_accuracies, split_sizes
 from ._html import report_html
 from ._intervals import accuracy_figures
+from ._kinds import kind_text, recorded_kinds, trial_kind
 from ._pareto import (
     finite_number,
     is_feasible,
@@ -52,7 +54,11 @@ INTERVALS = "95 % Wilson score interval"
 
 
 def _front_row(
-    trial: FrozenTrial, objectives: list[str], tests: dict[int, float], sizes: dict[str, Any]
+    trial: FrozenTrial,
+    objectives: list[str],
+    tests: dict[int, float],
+    sizes: dict[str, Any],
+    kinds: dict[int, str],
 ) -> dict[str, Any]:
     row: dict[str, Any] = {
         "number": trial.number,
@@ -61,12 +67,14 @@ def _front_row(
     row.update({m: trial_metric(trial, m, objectives) for m in _METRICS})
     val, test = row["accuracy"], tests.get(trial.number)
     row.update(accuracy_figures(val, sizes.get("val"), test, sizes.get("test")))
+    kind = trial_kind(trial, kinds)
     row.update(
         describe=str(trial.user_attrs.get(attrs.DESCRIBE, "")),
         config=trial_config(trial),
         models=[str(m) for m in trial.user_attrs.get(attrs.MODELS, [])],
         n_fragments=n_fragments(trial),
-        stitched=n_fragments(trial) > 1,
+        kind=kind,  # None: an older version's trial the test pass has not seen
+        stitched=None if kind is None else kind == STITCHED,
     )
     return row
 
@@ -180,9 +188,10 @@ class ReportSummary:
                 lines.append(f"  {name}: no claim, {why}")
                 continue
 
-            def who(numbers: list[int]) -> str:
+            def who(numbers: list[int], kind: bool = False) -> str:
                 return ", ".join(
-                    f"#{n} ({fronts[n][attrs.TEST_ACCURACY]:.4f} "
+                    f"#{n}{' ' + kind_text(fronts[n]['kind']) if kind else ''} "
+                    f"({fronts[n][attrs.TEST_ACCURACY]:.4f} "
                     f"{_interval(fronts[n]['test_accuracy_interval'])})"
                     for n in numbers
                 )
@@ -199,6 +208,16 @@ class ReportSummary:
                 lines.append(
                     f"{head} no stitched network dominates it or matches it at no higher cost"
                 )
+            other = [
+                f"{word} {who(c[key], kind=True)}"
+                for key, word in (
+                    ("dominated_by_other", "dominated by"),
+                    ("matched_by_other", "within noise at no higher cost:"),
+                )
+                if c[key]
+            ]
+            if other:
+                lines.append(f"    networks of another kind: {'; '.join(other)}")
         return lines
 
     def table(self) -> str:
@@ -209,7 +228,7 @@ class ReportSummary:
         lines = [f"Pareto front, chosen on validation: {len(self.front)} networks ({counts})"]
         lines.append(f"{'trial':>6} {_cells(None)}  network")
         for r in self.front:
-            kind = "stitched" if r["stitched"] else "single"
+            kind = kind_text(r["kind"])
             lines.append(f"{'#' + str(r['number']):>6} {_cells(r)}  {kind}: {r['describe']}")
         width = max([9] + [len(str(ref["name"])) for ref in self.references])
         if self.references:
@@ -236,13 +255,14 @@ def _trials_csv(
     writer = csv.writer(buf)  # writes None as an empty field
     intervals = "accuracy_low accuracy_high".split()
     tested = [attrs.TEST_ACCURACY, "test_accuracy_low", "test_accuracy_high"]
-    names = "feasible is_pareto n_fragments models describe prune_reason fail_reason duration_s"
+    names = "feasible is_pareto n_fragments kind models describe prune_reason fail_reason"
+    names += " duration_s"
     tail = [*names.split(), "config"]
     writer.writerow(
         ["number", "state", *(f"value_{n}" for n in objectives), *_METRICS, *intervals, *tested]
         + tail
     )
-    sizes, tests = split_sizes(study), holdout_accuracies(study)
+    sizes, tests, kinds = split_sizes(study), holdout_accuracies(study), recorded_kinds(study)
     for t in study.get_trials(deepcopy=False):
         ua, config = t.user_attrs, trial_config(t)
         values = list(t.values) if t.values is not None else [None] * len(objectives)
@@ -253,7 +273,7 @@ def _trials_csv(
         duration = t.duration.total_seconds() if t.duration is not None else None
         models = "+".join(str(m) for m in ua.get(attrs.MODELS, []))
         config_json = json.dumps(config, sort_keys=True, default=str) if config else None
-        flags = [is_feasible(t), t.number in front, n_fragments(t), models]
+        flags = [is_feasible(t), t.number in front, n_fragments(t), trial_kind(t, kinds), models]
         reasons = [ua.get(attrs.DESCRIBE), ua.get(attrs.PRUNE_REASON), ua.get(attrs.FAIL_REASON)]
         writer.writerow(
             [t.number, t.state.name, *values, *metrics, *low_high, *test, *flags, *reasons]
@@ -287,7 +307,8 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     objectives, sizes, tests = objective_names(study), split_sizes(study), holdout_accuracies(study)
-    front = [_front_row(t, objectives, tests, sizes) for t in pareto_trials(study)]
+    kinds = recorded_kinds(study)
+    front = [_front_row(t, objectives, tests, sizes, kinds) for t in pareto_trials(study)]
     refs = [_reference_row(r, sizes) for r in zoo_references(study)]
     counts = {s.name: 0 for s in TrialState}
     for t in study.get_trials(deepcopy=False):

@@ -28,6 +28,7 @@ from ._runner import (
     evaluate_config,
     make_objective,
 )
+from ._seeding import seed_study
 from ._studies import (
     LEGACY_STUDY_NAME,
     SAMPLERS,
@@ -76,6 +77,7 @@ __all__ = [
     "load_folder_study",
     "make_objective",
     "make_sampler",
+    "seed_study",
     "set_metric_names",
     "make_trainable",
     "measure_references",

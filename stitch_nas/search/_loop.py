@@ -1,12 +1,20 @@
 """The loop that runs a study: zoo references first, then trials one by one in this process
-or on the executor the settings name (Ray workers), until the requested total is reached."""
+or on the executor the settings name (Ray workers), until the requested total is reached.
+
+The total counts distinct networks: a proposal that repeats an evaluated config, or a zoo model
+on its own, is recorded as a cheap PRUNED trial that does not count
+(:meth:`StitchObjective.duplicate`). A space that only repeats itself stops the search after
+``objective.max_repeats`` such proposals in a row, with a warning.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import optuna
+from optuna.trial import TrialState
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
@@ -31,12 +39,20 @@ __all__ = [
     "run_search",
 ]
 
+logger = logging.getLogger(__name__)
 
-def measure_references(ctx: StitchContext, models: Sequence[str] | None = None) -> list[dict]:
-    """Each zoo model on its own, measured like a trial: the reference stars of the report."""
+
+def measure_references(
+    ctx: StitchContext, models: Sequence[str] | None = None, *, latency: bool = False
+) -> list[dict]:
+    """Each zoo model on its own, measured like a trial: the reference stars of the report.
+
+    A search's space proposing a zoo model on its own gets these figures, not a new trial, so
+    they include latency when an objective needs it.
+    """
     rows = []
     for name in models or ctx.zoo.names():
-        _, m = measure(ctx, StitchConfig.single(name))
+        _, m = measure(ctx, StitchConfig.single(name), latency=latency)
         rows.append({"name": name, **{k: v for k, v in m.to_dict().items() if v is not None}})
     return rows
 
@@ -81,12 +97,15 @@ def run_search(
     progress: bool = False,
     executor: Executor | None = None,
 ) -> optuna.Study:
-    """Run until the study holds ``n_trials`` finished (complete or pruned) trials.
+    """Run until the study holds ``n_trials`` finished (complete or pruned) distinct networks.
+
+    Repeats of evaluated configs do not count (:func:`completed_count`); after
+    ``objective.max_repeats`` of them in a row the search stops short with a warning.
 
     Args:
         objective: The objective (search space, objectives, budgets) to run.
         study: The study to add trials to; finished trials already in it count.
-        n_trials: Total number of finished trials to reach.
+        n_trials: Total number of finished distinct networks to reach.
         progress: Show a progress bar.
         executor: Where trials run; None runs them one by one in this process, a
             :class:`~stitch_nas.search.RayExecutor` runs them on Ray workers.
@@ -94,9 +113,10 @@ def run_search(
     if n_trials < 1:
         raise ConfigError(f"the number of trials must be >= 1, got {n_trials}")
     if attrs.REFERENCES not in study.user_attrs:
-        refs = measure_references(objective.ctx)
+        refs = measure_references(objective.ctx, latency=objective.latency)
         study.set_user_attr(attrs.REFERENCES, refs)
     check_budget_reachable(objective)
+    objective.repeats = 0
     if executor is not None:
         return executor.run(objective, study, n_trials, progress=progress)
     from tqdm.auto import tqdm
@@ -104,32 +124,36 @@ def run_search(
     done = completed_count(study)
     bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
     try:
-        while completed_count(study) < n_trials:
+        while completed_count(study) < n_trials and not objective.exhausted():
             remaining = n_trials - completed_count(study)
-            before = len(study.trials)
-            callbacks = [_tick(bar), _stop_at(n_trials)]
+            before = _finished(study)  # by number: enqueued trials wait among the earlier ones
+            callbacks = [_tick(bar), _stop_at(n_trials, objective)]
             study.optimize(objective, n_trials=remaining, callbacks=callbacks)
-            if len(study.trials) == before:
+            new = [t for t in _finished(study).values() if t.number not in before]
+            if not new:
                 break
-            if _only_failures(study, before):  # every trial of a round failed: stop, don't spin
+            if all(t.state == TrialState.FAIL for t in new):  # every one failed: don't spin
                 raise StitchNASError(
                     "every trial failed; see fail_reason in trials.csv for the cause"
                 )
     finally:
         bar.close()
+    if objective.exhausted():
+        logger.warning(objective.exhausted_message(study, n_trials))
     return study
 
 
-def _only_failures(study: optuna.Study, since: int) -> bool:
-    new = study.trials[since:]
-    return bool(new) and all(t.state == optuna.trial.TrialState.FAIL for t in new)
+def _finished(study: optuna.Study) -> dict[int, optuna.trial.FrozenTrial]:
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return {t.number: t for t in study.get_trials(deepcopy=False, states=states)}
 
 
-def _stop_at(n_trials: int):
-    """Stop at the requested total even when other drivers add trials to the study."""
+def _stop_at(n_trials: int, objective: StitchObjective):
+    """Stop at the requested total even when other drivers add trials to the study, or when
+    the space proposes nothing new."""
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if completed_count(study) >= n_trials:
+        if objective.exhausted() or completed_count(study) >= n_trials:
             study.stop()
 
     return callback
@@ -137,10 +161,12 @@ def _stop_at(n_trials: int):
 
 def _tick(bar: Any):
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+        finished = (TrialState.COMPLETE, TrialState.PRUNED)
+        repeat = attrs.DUPLICATE_OF in trial.user_attrs or attrs.REFERENCE_OF in trial.user_attrs
+        if trial.state in finished and not repeat:
             bar.update(1)
         if not bar.disable and trial.number % 10 == 0:  # best_trials reads every trial
-            # a config sampled twice is two trials with the same values: count it once
+            # two drivers may measure one config at once: count it once
             front = {t.user_attrs.get(attrs.DESCRIBE, t.number) for t in study.best_trials}
             bar.set_postfix(pareto=len(front), refresh=False)
 

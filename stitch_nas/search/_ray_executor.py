@@ -6,7 +6,9 @@ worker. Workers are Ray actors that each hold the zoo and read cached activation
 store (:mod:`stitch_nas.search`); a worker CKA-prunes, fits and measures the config and sends
 back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with the same bookkeeping
 as the local executor (:meth:`StitchObjective.finish`) and tells the study. TPE's constant liar
-handles the trials still in flight.
+handles the trials still in flight. A config evaluated before or in flight (here or in another
+driver on the study) is told PRUNED at once as a repeat and does not count
+(:meth:`StitchObjective.duplicate`).
 
 Failures are isolated: a trial that raises or returns NaN is recorded FAIL with its reason; a
 worker that dies (killed, out of memory) fails only its trial and is replaced. A run stops with
@@ -142,7 +144,7 @@ class RayExecutor:
     def run(
         self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
     ) -> optuna.Study:
-        """Run until ``study`` holds ``n_trials`` finished (complete or pruned) trials."""
+        """Run until ``study`` holds ``n_trials`` finished (complete or pruned) networks."""
         ray = import_ray()
         started = self._init_ray(ray)
         pool: _Pool | None = None
@@ -221,7 +223,7 @@ class RayExecutor:
         bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
         try:
             while True:
-                while idle and done + len(in_flight) < n_trials:
+                while idle and done + len(in_flight) < n_trials and not objective.exhausted():
                     trial = _ask(study)
                     buffered = BufferedTrial(trial)
                     view = cast(optuna.Trial, buffered)  # a Trial to the objective
@@ -230,12 +232,11 @@ class RayExecutor:
                     except BaseException:  # a broken space is the user's error, as locally
                         study.tell(trial, state=_TrialState.FAIL)
                         raise
-                    values = objective.duplicate(view, config)
+                    repeat = objective.duplicate(view, config)
                     buffered.flush()
-                    if values is not None:  # reuse the earlier measurement, no worker needed
-                        study.tell(trial, values)
-                        done, counts["duplicates"] = done + 1, counts["duplicates"] + 1
-                        bar.update(1)
+                    if repeat is not None:  # evaluated before: no worker, and it does not count
+                        study.tell(trial, state=_TrialState.PRUNED)
+                        counts["duplicates"] += 1
                         continue
                     worker = idle.pop()
                     ref = pool.submit(worker, trial.number, config, objective.front(study))
@@ -271,6 +272,8 @@ class RayExecutor:
             for pending in in_flight.values():  # interrupted: don't leave them RUNNING
                 pending.trial.set_user_attr(attrs.FAIL_REASON, "driver stopped mid-trial")
                 study.tell(pending.trial, state=_TrialState.FAIL)
+        if objective.exhausted():
+            logger.warning(objective.exhausted_message(study, n_trials))
         counts["trials_per_node"] = nodes
         return counts
 

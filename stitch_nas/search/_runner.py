@@ -3,13 +3,15 @@
 ``make_objective`` returns a callable for ``study.optimize``: it samples a StitchConfig from a
 search space, prunes it on CKA before any fitting, fits and measures it, records everything as
 JSON user attributes, sets budget constraints, and returns the objective values. A trial that
-fails on its own (bad stitch, NaN) is recorded as FAIL with its reason; the study goes on.
+fails on its own (bad stitch, NaN) is recorded as FAIL with its reason; the study goes on. A
+config the study evaluated before is not evaluated again (:meth:`StitchObjective.duplicate`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -22,7 +24,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, LayoutError, StitchNASError
 from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
-from stitch_nas.stitching import Measurement, config_cka, measure
+from stitch_nas.stitching import Measurement, ProbeScore, config_cka, measure, probe_accuracy
 
 from ._fidelity import (
     DEFAULT_FIDELITY,
@@ -34,8 +36,9 @@ from ._fidelity import (
     current_front,
     slice_size,
 )
+from ._seen import Earlier, SeenConfigs
 from ._storage import BufferedTrial
-from ._studies import set_metric_names
+from ._studies import completed_count, set_metric_names
 
 __all__ = [
     "StitchObjective",
@@ -47,6 +50,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BUDGET_KEYS = ("macs", "params")
+#: prune stitched configs whose least-squares probe accuracy is below this multiple of chance
+DEFAULT_PROBE_THRESHOLD = 1.5
+#: stop a search after this many proposals in a row that were all repeats of evaluated configs
+DEFAULT_MAX_REPEATS = 50
 
 
 class StitchObjective:
@@ -64,11 +71,13 @@ class StitchObjective:
         space: str = "pairwise",
         objectives: Sequence[str] = ("accuracy", "macs"),
         cka_threshold: float = 0.0,
+        probe_threshold: float | None = None,
         budgets: Mapping[str, float] | None = None,
         space_options: Mapping[str, Any] | None = None,
         fuse: bool = False,
         fidelity: float = DEFAULT_FIDELITY,
         min_slice: int = MIN_SLICE_IMAGES,
+        max_repeats: int = DEFAULT_MAX_REPEATS,
     ) -> None:
         self.ctx = ctx
         self.space = SPACES.get(space)
@@ -81,6 +90,14 @@ class StitchObjective:
         if not 0.0 <= cka_threshold <= 1.0:
             raise ConfigError(f"cka_threshold must be in [0, 1], got {cka_threshold}")
         self.cka_threshold = cka_threshold
+        if probe_threshold is None:  # read at call time, so a test may change the default
+            probe_threshold = DEFAULT_PROBE_THRESHOLD
+        if not 0.0 <= probe_threshold <= ctx.num_classes:
+            raise ConfigError(
+                f"probe_threshold={probe_threshold} is a multiple of chance; give a value in "
+                f"[0, {ctx.num_classes}] (0 turns probe pruning off)"
+            )
+        self.probe_threshold = float(probe_threshold)
         self.budgets = _check_budgets(budgets or {})
         self.space_options = dict(space_options or {})
         # an unknown option is a one-line error now, not a TypeError on the first trial
@@ -93,7 +110,11 @@ class StitchObjective:
             slice_size(len(ctx.labels("val")), self.fidelity) >= min_slice
         )
         self.latency = any(o.needs_latency for o in self.objectives)
-        self._seen: dict[str, tuple[int, Measurement]] = {}  # config hash -> first measurement
+        if isinstance(max_repeats, bool) or not isinstance(max_repeats, int) or max_repeats < 1:
+            raise ConfigError(f"max_repeats must be an integer >= 1, got {max_repeats!r}")
+        self.max_repeats = max_repeats
+        self.repeats = 0  # proposals in a row that repeated an evaluated config
+        self._seen = SeenConfigs()  # read from the study, so --resume and --join share it
         self._named = False  # metric names checked on the study of the first trial
 
     def sample(self, trial: optuna.Trial) -> StitchConfig:
@@ -128,9 +149,9 @@ class StitchObjective:
     def _run(
         self, trial: optuna.Trial, config: StitchConfig
     ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None, str | None]:
-        values = self.duplicate(trial, config)
-        if values is not None:
-            return optuna.trial.TrialState.COMPLETE, values, None
+        repeat = self.duplicate(trial, config)
+        if repeat is not None:
+            return optuna.trial.TrialState.PRUNED, None, repeat
         outcome = self.evaluate(config, self.front(trial.study))
         state, values = self.finish(trial, config, outcome)
         return state, values, outcome.reason
@@ -140,6 +161,7 @@ class StitchObjective:
         fidelity = {"fidelity": self.fidelity, "objectives": self.names, "budgets": self.budgets}
         return {
             "cka_threshold": self.cka_threshold,
+            "probe_threshold": self.probe_threshold,
             "fuse": self.fuse,
             "latency": self.latency,
             "fidelity": fidelity if self.gated else None,
@@ -153,17 +175,61 @@ class StitchObjective:
         """Score, prune or measure ``config`` in this process (what a Ray worker does remotely)."""
         return evaluate_config(self.ctx, config, **self.evaluation_options(), front=front)
 
-    def duplicate(self, trial: optuna.Trial, config: StitchConfig) -> tuple[float, ...] | None:
-        """The earlier measurement's values if ``config`` was measured before, else None.
+    def duplicate(self, trial: optuna.Trial, config: StitchConfig) -> str | None:
+        """Why ``config`` is not evaluated (the trial's prune reason), or None: a new config.
 
-        Samplers do propose the same config twice; it is not refitted, and the trial records
-        ``duplicate_of``.
+        A config that the study evaluated before (in this driver, before ``--resume``, or in
+        another driver on the same storage), one still running there, and a zoo model on its
+        own (measured once as a reference before the search) are not fitted again. The trial
+        records ``duplicate_of`` (or ``reference_of``), the earlier figures as user attributes
+        and a prune reason, and is told PRUNED rather than COMPLETE with copied values, by
+        choice: the front and exports then hold each network once, the repeat does not count
+        towards the requested trials (:func:`~stitch_nas.search.completed_count`), and TPE
+        ranks a pruned trial among its poor ones, so it moves on to configs it has not
+        proposed instead of proposing the same one again. :attr:`repeats` counts repeats in a
+        row; the runners stop at ``max_repeats`` (:meth:`exhausted`).
         """
-        seen = self._seen.get(config.stable_hash())
-        if seen is None:
+        self._seen.refresh(trial.study, current=trial.number)
+        earlier = self._seen.get(config.stable_hash())
+        if earlier is not None and earlier.reference is not None and not self._stands_in(earlier):
+            earlier = None
+        if earlier is None:
+            self.repeats = 0
             return None
-        trial.set_user_attr(attrs.DUPLICATE_OF, seen[0])
-        return self.record(trial, seen[1])
+        self.repeats += 1
+        if earlier.reference is not None:
+            trial.set_user_attr(attrs.REFERENCE_OF, earlier.reference)
+        else:
+            trial.set_user_attr(attrs.DUPLICATE_OF, earlier.number)
+        for key, value in earlier.figures.items():
+            trial.set_user_attr(key, value)
+        reason = earlier.describe()
+        trial.set_user_attr(attrs.PRUNE_REASON, reason)
+        return reason
+
+    def _stands_in(self, reference: Earlier) -> bool:
+        """Whether a zoo reference holds every objective's figure (older ones lack latency)."""
+        try:
+            result = Measurement(**reference.figures)
+        except TypeError:  # a figure the reference was stored without
+            return False
+        usable = all(math.isfinite(float(o.value(result))) for o in self.objectives)
+        if not usable:
+            logger.info(
+                "zoo reference %s lacks an objective's figure; measured as a trial",
+                reference.reference,
+            )
+        return usable
+
+    def exhausted(self) -> bool:
+        """Whether the last ``max_repeats`` proposals all repeated evaluated configs."""
+        return self.repeats >= self.max_repeats
+
+    def exhausted_message(self, study: optuna.Study, n_trials: int) -> str:
+        return (
+            f"the space holds no new config after {self.repeats} proposals; "
+            f"{completed_count(study)} of {n_trials} measured"
+        )
 
     def finish(
         self, trial: optuna.Trial, config: StitchConfig, outcome: TrialOutcome
@@ -171,10 +237,12 @@ class StitchObjective:
         """Record ``outcome`` on ``trial``; return the state to tell and, if COMPLETE, the values.
 
         This is the one place where both executors do the trial bookkeeping: CKA, prune and
-        fail reasons, measurements as user attributes, budget constraints, duplicates.
+        fail reasons, measurements as user attributes, budget constraints.
         """
         if outcome.cka is not None:
             trial.set_user_attr(attrs.CKA, outcome.cka)
+        if outcome.probe is not None:
+            trial.set_user_attr(attrs.PROBE_ACCURACY, outcome.probe)
         for key, value in (outcome.partial or {}).items():  # the slice of a fidelity prune
             trial.set_user_attr(key, value)
         if outcome.status == "pruned":
@@ -187,7 +255,6 @@ class StitchObjective:
         values = self.record(trial, result)
         if not all(math.isfinite(v) for v in values):  # record() wrote the fail_reason
             return optuna.trial.TrialState.FAIL, None
-        self._seen[config.stable_hash()] = (trial.number, result)
         return optuna.trial.TrialState.COMPLETE, values
 
     def record(self, trial: optuna.Trial, result: Measurement) -> tuple[float, ...]:
@@ -211,6 +278,7 @@ class TrialOutcome:
         cka: the config's CKA score when it was computed.
         reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
         partial: what the first slice measured when multi-fidelity evaluation pruned it.
+        probe: the least-squares version's probe accuracy, when it was measured.
     """
 
     status: str
@@ -218,6 +286,7 @@ class TrialOutcome:
     cka: float | None = None
     reason: str | None = None
     partial: dict[str, Any] | None = None
+    probe: float | None = None
 
 
 def evaluate_config(
@@ -225,33 +294,60 @@ def evaluate_config(
     config: StitchConfig,
     *,
     cka_threshold: float = 0.0,
+    probe_threshold: float = 0.0,
     fuse: bool = False,
     latency: bool = False,
     fidelity: Mapping[str, Any] | None = None,
     front: Sequence[Sequence[float]] | None = None,
 ) -> TrialOutcome:
-    """CKA-prune, fit and measure ``config``; any exception becomes a "fail" outcome.
+    """Prune (CKA, then least-squares probe accuracy), fit and measure ``config``; any exception
+    becomes a "fail" outcome.
 
     A trial that raises is recorded as FAIL with its reason rather than stopping the study;
-    the runners stop a study whose trials all fail. ``fidelity`` (``fidelity``, ``objectives``,
+    the runners stop a study whose trials all fail. ``probe_threshold`` is a multiple of chance
+    (``1 / classes``) that the least-squares version's probe accuracy must reach
+    (:mod:`stitch_nas.stitching._proxy`). ``fidelity`` (``fidelity``, ``objectives``,
     ``budgets``) and a non-empty ``front`` turn on multi-fidelity evaluation (``._fidelity``).
     """
     cka: float | None = None
+    probe = None
     gate = FidelityGate(front=front, **fidelity) if fidelity and front else None
     try:
         cka = config_cka(ctx, config)
         if config.is_stitched and cka < cka_threshold:
             return TrialOutcome("pruned", cka=cka, reason=f"cka {cka:.3f} < {cka_threshold}")
-        _, result = measure(ctx, config, fuse=fuse, latency=latency, cka=cka, screen=gate)
+        started = time.perf_counter()
+        if config.is_stitched and probe_threshold > 0:
+            probe = probe_accuracy(ctx, config)
+            floor = probe_threshold / ctx.num_classes
+            if probe.accuracy < floor:
+                reason = f"probe accuracy {probe.accuracy:.3f} < {floor:.3f}"
+                return TrialOutcome("pruned", cka=cka, reason=reason, probe=probe.accuracy)
+        _, result = measure(
+            ctx,
+            config,
+            fuse=fuse,
+            latency=latency,
+            cka=cka,
+            screen=gate,
+            net=probe.net if probe and probe.own else None,
+            fit_seconds=time.perf_counter() - started if probe and probe.own else 0.0,
+        )
     except SliceStop as stop:
-        return TrialOutcome("pruned", cka=cka, reason=stop.reason, partial=stop.record)
+        return TrialOutcome(
+            "pruned", cka=cka, reason=stop.reason, partial=stop.record, probe=_probe(probe)
+        )
     except LayoutError as exc:  # a structural mismatch, not a broken trial
         return TrialOutcome("pruned", cka=cka, reason=f"layout: {exc}")
     except Exception as exc:  # noqa: BLE001 - failure isolation: the study goes on
         known = isinstance(exc, (StitchNASError, RuntimeError, ValueError))
         logger.warning("config %s failed: %s", config.describe(), exc, exc_info=not known)
         return TrialOutcome("fail", cka=cka, reason=f"{type(exc).__name__}: {exc}")
-    return TrialOutcome("complete", measurement=result.to_dict(), cka=cka)
+    return TrialOutcome("complete", measurement=result.to_dict(), cka=cka, probe=_probe(probe))
+
+
+def _probe(score: ProbeScore | None) -> float | None:
+    return None if score is None else score.accuracy
 
 
 def _check_budgets(budgets: Mapping[str, float]) -> dict[str, float]:

@@ -230,5 +230,9 @@ def load_folder_study(out_dir: str | Path) -> optuna.Study:
 
 
 def completed_count(study: optuna.Study) -> int:
+    """Finished (COMPLETE or PRUNED) trials that evaluated a network of their own: a repeat of
+    an earlier config (``duplicate_of``) or of a zoo reference (``reference_of``) is not one."""
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    return len(study.get_trials(deepcopy=False, states=states))
+    repeats = (attrs.DUPLICATE_OF, attrs.REFERENCE_OF)
+    trials = study.get_trials(deepcopy=False, states=states)
+    return sum(not any(k in t.user_attrs for k in repeats) for t in trials)

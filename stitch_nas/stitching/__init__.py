@@ -18,6 +18,7 @@ from ._heads import (
     head_recipe,
     register_head,
 )
+from ._kinds import KINDS, STITCHED, network_kind, piece_roles
 from ._measure import (
     Measurement,
     config_cka,
@@ -28,9 +29,18 @@ from ._measure import (
     model_macs,
     net_outputs,
     network_macs,
+    reproduces,
 )
+from ._proxy import ProbeScore, least_squares_version, probe_accuracy
 
 __all__ = [
+    "ProbeScore",
+    "least_squares_version",
+    "probe_accuracy",
+    "KINDS",
+    "STITCHED",
+    "network_kind",
+    "piece_roles",
     "HeadKind",
     "KNNHead",
     "LinearProbeHead",
@@ -52,4 +62,5 @@ __all__ = [
     "model_macs",
     "net_outputs",
     "network_macs",
+    "reproduces",
 ]

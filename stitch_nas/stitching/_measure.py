@@ -27,11 +27,13 @@ from stitch_nas.similarity import chain_score
 
 from ._build import StitchedNet, build
 from ._heads import fit_head
+from ._kinds import network_kind
 
 __all__ = [
     "Measurement",
     "Screen",
     "measure",
+    "reproduces",
     "config_cka",
     "fragment_macs",
     "network_macs",
@@ -59,6 +61,8 @@ class Measurement:
     latency_ms: float | None = None  #: median wall time of one batch-1 forward, milliseconds
     fit_seconds: float = 0.0  #: time to fit the stitches
     eval_seconds: float = 0.0  #: time of the accuracy pass
+    #: the network's kind (:func:`~stitch_nas.stitching.network_kind`); None: not known
+    kind: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -221,6 +225,20 @@ def streamed_accuracy(
     return _mean(*count_correct(ctx, net, split, head))
 
 
+#: how far a re-measured accuracy may move when activations are stored below float32: a value
+#: recomputed from an earlier cached cut starts from that cut's rounded value, which flips a
+#: near-tie now and then (2 of 5,000 CIFAR-10 images on the real zoo); another zoo, data set or
+#: network moves it by more
+LOW_PRECISION_TOLERANCE = 0.002
+
+
+def reproduces(ctx: StitchContext, measured: float, recorded: float) -> bool:
+    """Whether ``measured`` (a rebuilt network's accuracy) is the ``recorded`` one: exactly with
+    float32 activation storage, within :data:`LOW_PRECISION_TOLERANCE` with float16."""
+    exact = ctx.cache.dtype == torch.float32
+    return abs(measured - recorded) <= (1e-9 if exact else LOW_PRECISION_TOLERANCE)
+
+
 class Screen(Protocol):
     """A gate between a first slice of the split and the rest (multi-fidelity evaluation;
     :mod:`stitch_nas.search._fidelity` holds the rule)."""
@@ -266,14 +284,18 @@ def measure(
     latency: bool = False,
     cka: float | None = None,
     screen: Screen | None = None,
+    net: StitchedNet | None = None,
+    fit_seconds: float = 0.0,
 ) -> tuple[StitchedNet, Measurement]:
     """Build ``config`` and measure it on ``split``.
 
     With ``screen``, the accuracy pass scores the screen's first slice, lets it stop the
     measurement (it raises), then scores the rest: the same correct images as one pass.
+    ``net``: ``config`` already built (by the probe-accuracy proxy), which took ``fit_seconds``.
     """
-    start = time.perf_counter()
-    net = build(ctx, config, fuse=fuse)
+    start = time.perf_counter() - fit_seconds
+    if net is None or net.config != config or fuse:
+        net = build(ctx, config, fuse=fuse)
     fitted = time.perf_counter()
     # the costs come first: a screen weighs the first slice's accuracy against them
     result = Measurement(
@@ -284,6 +306,7 @@ def measure(
         split=split,
         latency_ms=_latency_ms(ctx, net) if latency else None,
         fit_seconds=fitted - start,
+        kind=network_kind(ctx, config),
     )
     counted = time.perf_counter()
     head = fit_net_head(ctx, net)

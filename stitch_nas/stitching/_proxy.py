@@ -1,0 +1,60 @@
+"""A cheap score that predicts a stitched network's accuracy: its least-squares probe accuracy.
+
+Before any adapter is trained and before the validation split is read, a config is built with
+least squares only (every trained adapter initialised by least squares and left untrained) and
+scored on the probe split: the fraction of probe images it classifies right. The probe images
+are the ones the stitches were fitted to, so the figure is optimistic, but it costs one pass over
+a few hundred images and it ranks configs far better than CKA: Spearman correlation with
+validation accuracy 0.947 against CKA's 0.234 on the digits zoo (939 least-squares configs), and
+0.988 against 0.799 on the real CIFAR-10 zoo (100 sampled configs; ``benchmarks/proxy.py``).
+
+The search prunes a stitched config whose probe accuracy is below ``probe_threshold`` (as a
+multiple of chance, ``1 / classes``: a stitch no better than guessing is broken, whatever its
+cost) and seeds a fresh study with the configs the probe ranks best (``search._seeding``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from stitch_nas.activations import StitchContext
+from stitch_nas.adapters import get_adapter
+from stitch_nas.config import AdapterSpec, StitchConfig
+
+from ._build import NETWORKS, StitchedNet, build
+from ._measure import count_correct, fit_net_head
+
+__all__ = ["ProbeScore", "least_squares_version", "probe_accuracy"]
+
+
+@dataclasses.dataclass
+class ProbeScore:
+    """A config's probe accuracy and the least-squares network it measured."""
+
+    accuracy: float  #: share of the probe split classified right by the least-squares version
+    images: int  #: probe images scored
+    net: StitchedNet  #: the least-squares version, built (same structure and costs as config)
+    own: bool  #: whether ``net`` is the config's own network (no adapter of it trains)
+
+
+def _untrained(spec: AdapterSpec) -> AdapterSpec:
+    """``spec`` initialised by least squares and not trained (kinds without a ``loss`` option,
+    such as ``lstsq`` itself or a jointly trained SN-Net stitch, are used as they are)."""
+    if spec.kind in NETWORKS or "loss" not in get_adapter(spec.kind).options:
+        return spec
+    options = {**dict(spec.options), "loss": "none", "init": "lstsq", "train": "adapter"}
+    return AdapterSpec(spec.kind, tuple(sorted(options.items())))
+
+
+def least_squares_version(config: StitchConfig) -> StitchConfig:
+    """``config`` with every trained adapter replaced by its least-squares initialisation."""
+    return dataclasses.replace(config, adapters=tuple(_untrained(a) for a in config.adapters))
+
+
+def probe_accuracy(ctx: StitchContext, config: StitchConfig) -> ProbeScore:
+    """Build the least-squares version of ``config`` and score it on the probe split."""
+    cheap = least_squares_version(config)
+    net = build(ctx, cheap)
+    head = fit_net_head(ctx, net)
+    correct, seen = count_correct(ctx, net, "probe", head)
+    return ProbeScore(correct / max(seen, 1), seen, net, cheap == config)

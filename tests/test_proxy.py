@@ -1,0 +1,92 @@
+"""The least-squares probe accuracy: the default pruning and seeding proxy of a search."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from stitch_nas.activations import StitchContext
+from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
+from stitch_nas.errors import ConfigError
+from stitch_nas.search import StitchObjective, evaluate_config, seed_study
+from stitch_nas.stitching import least_squares_version, measure, probe_accuracy
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def ctx(mini_zoo, digits):
+    return StitchContext(mini_zoo, digits)
+
+
+def _pair(ctx, kind="lstsq", **options):
+    a, b = "resnet", "convnext"
+    src, dst = ctx.cuts(a)[len(ctx.cuts(a)) // 2], ctx.cuts(b)[len(ctx.cuts(b)) // 2]
+    spec = AdapterSpec(kind, tuple(sorted(options.items())))
+    return StitchConfig((Fragment(a, None, src.name), Fragment(b, dst.name, None)), (spec,))
+
+
+def test_probe_accuracy_is_the_least_squares_networks_accuracy_on_the_probe_split(ctx):
+    config = _pair(ctx)
+    score = probe_accuracy(ctx, config)
+    assert score.own and score.images == len(ctx.labels("probe"))
+    _, on_probe = measure(ctx, config, split="probe")
+    assert score.accuracy == pytest.approx(on_probe.accuracy, abs=1e-6)
+
+
+def test_trained_adapters_are_scored_by_their_least_squares_initialisation(ctx):
+    config = _pair(ctx, "linear", loss="task", train="suffix", steps=500)
+    cheap = least_squares_version(config)
+    options = dict(cheap.adapters[0].options)
+    assert options["loss"] == "none" and options["init"] == "lstsq"
+    assert options["train"] == "adapter" and options["steps"] == 500
+    score = probe_accuracy(ctx, config)
+    assert not score.own  # the trial still trains it; the proxy did not
+    assert least_squares_version(_pair(ctx)) == _pair(ctx)  # lstsq has nothing to untrain
+
+
+def test_a_stitch_below_the_threshold_is_pruned_before_measuring(ctx, monkeypatch):
+    import stitch_nas.search._runner as runner
+
+    def no_measure(*args, **kwargs):
+        raise AssertionError("a pruned config must not be measured on validation")
+
+    monkeypatch.setattr(runner, "measure", no_measure)
+    outcome = evaluate_config(ctx, _pair(ctx), probe_threshold=ctx.num_classes)  # 100 %
+    assert outcome.status == "pruned" and outcome.reason.startswith("probe accuracy")
+    assert outcome.probe is not None and outcome.probe < 1.0
+
+
+def test_the_probe_score_is_recorded_and_the_network_not_built_twice(ctx, monkeypatch):
+    import stitch_nas.stitching._measure as measuring
+
+    builds = []
+    real = measuring.build
+    monkeypatch.setattr(measuring, "build", lambda *a, **k: builds.append(1) or real(*a, **k))
+    outcome = evaluate_config(ctx, _pair(ctx), probe_threshold=1.0)
+    assert outcome.status == "complete" and 0.0 < outcome.probe <= 1.0
+    assert builds == []  # measure reused the network the proxy built
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    objective = StitchObjective(ctx, probe_threshold=1.0)
+    study.optimize(objective, n_trials=3)
+    stitched = [t for t in study.trials if len(t.user_attrs["config"]["fragments"]) > 1]
+    assert all("probe_accuracy" in t.user_attrs for t in stitched)
+
+
+def test_probe_threshold_is_checked(ctx):
+    with pytest.raises(ConfigError, match="probe_threshold=11"):
+        StitchObjective(ctx, probe_threshold=11)
+
+
+def test_seeding_enqueues_the_best_scored_configs_first(ctx):
+    objective = StitchObjective(ctx, probe_threshold=0.0)
+    study = optuna.create_study(directions=objective.directions)
+    assert seed_study(study, objective, 3, seed=0) == 3
+    waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    assert len(waiting) == 3
+    study.optimize(objective, n_trials=3)
+    seeded = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(seeded) == 3
+    # every seeded trial is a stitch the probe ranked at least as well as chance
+    assert all(t.user_attrs["accuracy"] > 1.0 / ctx.num_classes for t in seeded)
+    assert seed_study(study, objective, 3) == 0  # a study with trials is never seeded again
