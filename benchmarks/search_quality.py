@@ -53,6 +53,7 @@ from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.data import load_digits_splits
 from stitch_nas.report import hypervolume
 from stitch_nas.search import StitchObjective, evaluate_config, make_sampler, run_search
+from stitch_nas.stitching import probe_accuracy
 from stitch_nas.zoo import load_mini_zoo
 
 RESULTS = Path(__file__).parent / "results" / "search_quality.json"
@@ -78,6 +79,12 @@ def enumerate_pairwise(ctx: StitchContext, models: list[str]) -> list[StitchConf
     return configs
 
 
+def _pruned(row: dict[str, Any], thresholds: tuple[float, float]) -> bool:
+    """The runner's rule: CKA below its threshold, or probe accuracy below its multiple of
+    chance (``row["probe_accuracy"]`` is stored as a multiple of chance)."""
+    return row["cka"] < thresholds[0] or row["probe_accuracy"] < thresholds[1]
+
+
 def front_hv(points: list[tuple[float, float]], ref: list[float]) -> float:
     return hypervolume(points, DIRECTIONS, ref) if points else 0.0
 
@@ -89,7 +96,7 @@ def run_sampler(
     ctx: StitchContext,
     table: dict[str, dict],
     models: list[str],
-    threshold: float,
+    thresholds: tuple[float, float],
 ) -> tuple[list[tuple[float, float]], int]:
     """``n`` trials of the pairwise space; returns measured points and how many were pruned.
 
@@ -104,7 +111,7 @@ def run_sampler(
             "pairwise", trial, ctx, models=models, cut_params=cut_params or "named"
         )
         row = table[config.stable_hash()]
-        if row["cka"] < threshold:  # the runner prunes here, before any fitting
+        if _pruned(row, thresholds):  # the runner prunes here, before measuring on val
             pruned += 1
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             continue
@@ -118,7 +125,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="", help="comma-separated zoo models (default: all)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--cka-threshold", type=float, default=0.3)
+    parser.add_argument("--cka-threshold", type=float, default=0.0, help="0: off (the default)")
+    parser.add_argument(
+        "--probe-threshold", type=float, default=1.5, help="times chance; the runner's default"
+    )
     parser.add_argument("--fidelity", type=float, default=0.0, help="compare the gate at this")
     parser.add_argument("--trials-share", type=float, default=0.25, help="with --fidelity")
     parser.add_argument("--samplers", default="tpe,nsga2", help="with --fidelity")
@@ -141,6 +151,7 @@ def main() -> None:
             "accuracy": m["accuracy"],
             "macs": m["macs"],
             "cka": m["cka"],
+            "probe_accuracy": probe_accuracy(ctx, config).accuracy * ctx.num_classes,
         }
     exhaustive_seconds = time.perf_counter() - start
     rows = list(table.values())
@@ -150,10 +161,14 @@ def main() -> None:
     if args.fidelity:
         compare_fidelity(args, ctx, table, len(configs), models, ref, full)
         return
-    rho = float(spearmanr([r["cka"] for r in rows], [r["accuracy"] for r in rows]).statistic)
-    below = [r for r in rows if r["cka"] < args.cka_threshold]
+    accuracy = [r["accuracy"] for r in rows]
+    rho = float(spearmanr([r["cka"] for r in rows], accuracy).statistic)
+    rho_probe = float(spearmanr([r["probe_accuracy"] for r in rows], accuracy).statistic)
+    thresholds = (args.cka_threshold, args.probe_threshold)
+    below = [r for r in rows if _pruned(r, thresholds)]
     front_keys = _front(table)
-    front_pruned = sum(table[k]["cka"] < args.cka_threshold for k in front_keys)
+    front_pruned = sum(_pruned(table[k], thresholds) for k in front_keys)
+    front_probe = sorted(table[k]["probe_accuracy"] for k in front_keys)
 
     results: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -165,7 +180,7 @@ def main() -> None:
         for name in METHODS:
             fracs, pruned_share = [], []
             for seed in range(args.seeds):
-                points, pruned = run_sampler(name, seed, n, ctx, table, models, args.cka_threshold)
+                points, pruned = run_sampler(name, seed, n, ctx, table, models, thresholds)
                 fracs.append(front_hv(points, ref) / full)
                 pruned_share.append(pruned / n)
             results.append(_row(name, fraction, n, fracs, pruned_share))
@@ -184,9 +199,12 @@ def main() -> None:
         "exhaustive_seconds": round(exhaustive_seconds, 2),
         "exhaustive_front_size": len(front_keys),
         "cka_threshold": args.cka_threshold,
+        "probe_threshold": args.probe_threshold,
         "share_of_space_below_threshold": len(below) / len(rows),
         "front_configs_below_threshold": front_pruned,
+        "front_probe_accuracy_times_chance": front_probe,
         "spearman_cka_accuracy": rho,
+        "spearman_probe_accuracy_accuracy": rho_probe,
         "stitchnet_networks": len(ranked),
         "stitchnet_networks_in_space": len(in_space),
         "stitchnet_seconds": round(stitchnet_seconds, 2),
@@ -322,10 +340,14 @@ def _print(out: dict[str, Any]) -> None:
         f"exhaustive front {out['exhaustive_front_size']} configs "
         f"({out['exhaustive_seconds']} s to measure all)"
     )
-    print(f"Spearman(CKA, accuracy) over the space: {out['spearman_cka_accuracy']:.3f}")
     print(
-        f"CKA < {out['cka_threshold']}: {100 * out['share_of_space_below_threshold']:.1f} % of "
-        f"the space, {out['front_configs_below_threshold']} of the front's configs"
+        f"Spearman with accuracy over the space: CKA {out['spearman_cka_accuracy']:.3f}, "
+        f"least-squares probe accuracy {out['spearman_probe_accuracy_accuracy']:.3f}"
+    )
+    print(
+        f"pruned (CKA < {out['cka_threshold']} or probe accuracy < {out['probe_threshold']} x "
+        f"chance): {100 * out['share_of_space_below_threshold']:.1f} % of the space, "
+        f"{out['front_configs_below_threshold']} of the front's configs"
     )
     print(
         f"StitchNet recursion: {out['stitchnet_networks']} networks "

@@ -1,0 +1,184 @@
+"""The development zoo searched the way the README recommends, judged on the held-out test half.
+
+    python benchmarks/realzoo.py [--settings examples/realzoo.yaml] [--out runs/realzoo-bench]
+                                 [--trials N] [--resume]
+
+Runs ``stitch-nas search SETTINGS --out OUT`` as a user would (its own process, wall time and
+peak memory measured), then reads the finished study: every front network and every zoo model
+was re-measured on the test split by the search itself. Reported, on test accuracy only:
+
+- normalised hypervolume of the zoo alone and of zoo + front, with the reference point at
+  accuracy 0.70 and 1.1 x the largest zoo model's MACs (networks below 70 % add nothing), in the
+  box from there to (accuracy 1, 0 MACs);
+- the networks on the combined front of zoo + front, each with its kind (``stitched``, ``new
+  head``, ``new stem``, ``zoo model``: only ``stitched`` networks count as stitched), test
+  accuracy with its 95 % Wilson interval, MACs and config;
+- the zoo models a stitched network strictly dominates under the report's rule (lower end of
+  its interval above the zoo model's test accuracy, at no more MACs), and by how much.
+
+Writes benchmarks/results/realzoo.json. Needs ``../shared/realzoo`` (or ``REALZOO=...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stitch_nas import attrs
+from stitch_nas.report import holdout_accuracies, hypervolume, wilson_interval
+from stitch_nas.report._holdout import split_sizes
+from stitch_nas.report._kinds import recorded_kinds, trial_kind
+from stitch_nas.report._pareto import first_of_each_network, zoo_references
+from stitch_nas.search import load_folder_study
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "realzoo.json"
+FLOOR = 0.70  #: the reference accuracy: networks below it add no hypervolume
+
+
+def _run(args: argparse.Namespace) -> tuple[float, float]:
+    """Run the search as a user would; returns (wall seconds, peak RSS of the search in GB)."""
+    command = [str(Path(sys.executable).with_name("stitch-nas")), "search", args.settings]
+    command += ["--out", args.out]
+    if args.trials:
+        command += ["--trials", str(args.trials)]
+    if args.resume:
+        command.append("--resume")
+    print("$ stitch-nas", " ".join(command[1:]), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    seconds = time.perf_counter() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return seconds, peak_kb / 2**20
+
+
+def _points(rows: list[dict[str, Any]]) -> np.ndarray:
+    return np.asarray([(r["test_accuracy"], r["macs"]) for r in rows], dtype=float).reshape(-1, 2)
+
+
+def _normalised_hv(rows: list[dict[str, Any]], max_macs: float) -> float:
+    box = (1.0 - FLOOR) * max_macs
+    return hypervolume(_points(rows), ["maximize", "minimize"], [FLOOR, max_macs]) / box
+
+
+def _on_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def beaten(r: dict[str, Any]) -> bool:
+        return any(
+            o["test_accuracy"] >= r["test_accuracy"]
+            and o["macs"] <= r["macs"]
+            and (o["test_accuracy"] > r["test_accuracy"] or o["macs"] < r["macs"])
+            for o in rows
+        )
+
+    return sorted((r for r in rows if not beaten(r)), key=lambda r: r["macs"])
+
+
+def evaluate(out: str) -> dict[str, Any]:
+    """The benchmark's figures from a finished search folder."""
+    study = load_folder_study(out)
+    n_test = int(split_sizes(study).get("test") or 0)
+    tested = holdout_accuracies(study)
+    zoo = [
+        {
+            "name": r["name"],
+            "kind": "zoo model",
+            "test_accuracy": float(r[attrs.TEST_ACCURACY]),
+            "macs": float(r["macs"]),
+        }
+        for r in zoo_references(study)
+    ]
+    trials = {t.number: t for t in study.trials}
+    kinds = recorded_kinds(study)
+    front = []
+    for t in first_of_each_network([trials[n] for n in tested if n in trials]):
+        front.append(
+            {
+                "trial": t.number,
+                "kind": trial_kind(t, kinds) or "kind unknown",
+                "test_accuracy": float(tested[t.number]),
+                "val_accuracy": float(t.user_attrs["accuracy"]),
+                "macs": float(t.user_attrs["macs"]),
+                "config": t.user_attrs.get(attrs.DESCRIBE, ""),
+            }
+        )
+    max_macs = 1.1 * max(r["macs"] for r in zoo)
+    combined = _on_front(zoo + front)
+    for r in combined:
+        low, high = wilson_interval(r["test_accuracy"], n_test)
+        r["interval"] = [round(low, 4), round(high, 4)]
+    dominated = []
+    for z in zoo:
+        for r in front:
+            low = wilson_interval(r["test_accuracy"], n_test)[0]
+            if r["kind"] == "stitched" and r["macs"] <= z["macs"] and low > z["test_accuracy"]:
+                margin = round(low - z["test_accuracy"], 4)
+                dominated.append({"zoo_model": z["name"], "by_trial": r["trial"], "margin": margin})
+    stitched = [r for r in combined if r["kind"] == "stitched" and r["test_accuracy"] >= FLOOR]
+    hv_zoo = _normalised_hv(zoo, max_macs)
+    hv_all = _normalised_hv(zoo + front, max_macs)
+    hv_stitched = _normalised_hv(zoo + [r for r in front if r["kind"] == "stitched"], max_macs)
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    return {
+        "test_images": n_test,
+        "reference_point": {"accuracy": FLOOR, "macs": max_macs},
+        "hv_zoo": round(hv_zoo, 4),
+        "hv_zoo_and_front": round(hv_all, 4),
+        "hv_zoo_and_stitched": round(hv_stitched, 4),
+        "hv_gain_stitched": round(hv_stitched - hv_zoo, 4),
+        "stitched_on_combined_front_at_70": len(stitched),
+        "combined_front": combined,
+        "zoo_dominated": dominated,
+        "trials": len(study.trials),
+        "complete": len(done),
+        "pruned": sum(t.state.name == "PRUNED" for t in study.trials),
+        "zoo": zoo,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", default=str(ROOT / "examples" / "realzoo.yaml"))
+    parser.add_argument("--out", default=str(ROOT / "runs" / "realzoo-bench"))
+    parser.add_argument("--trials", type=int, default=0, help="0: the settings file's number")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--evaluate-only", action="store_true", help="read a finished --out")
+    args = parser.parse_args()
+    seconds = peak_gb = None
+    if not args.evaluate_only:
+        seconds, peak_gb = _run(args)
+    record = {
+        "command": f"stitch-nas search {Path(args.settings).name} --out {args.out}",
+        "wall_seconds": None if seconds is None else round(seconds, 1),
+        "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),
+        **evaluate(args.out),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    }
+    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
+    print(
+        f"hypervolume on test (ref. accuracy {FLOOR}): zoo {record['hv_zoo']}, zoo + stitched "
+        f"{record['hv_zoo_and_stitched']} ({record['hv_gain_stitched']:+.4f}), zoo + front "
+        f"{record['hv_zoo_and_front']}"
+    )
+    print(
+        f"{record['stitched_on_combined_front_at_70']} stitched networks at >= {FLOOR} on the "
+        "combined front of zoo + search front, on test:"
+    )
+    for r in record["combined_front"]:
+        name = r.get("name") or f"#{r['trial']} {r['config']}"
+        print(
+            f"  {r['kind']:>9}  {r['test_accuracy']:.4f} {r['interval']}  {r['macs']:.3g}  {name}"
+        )
+
+
+if __name__ == "__main__":
+    main()
