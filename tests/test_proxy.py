@@ -90,3 +90,10 @@ def test_seeding_enqueues_the_best_scored_configs_first(ctx):
     # every seeded trial is a stitch the probe ranked at least as well as chance
     assert all(t.user_attrs["accuracy"] > 1.0 / ctx.num_classes for t in seeded)
     assert seed_study(study, objective, 3) == 0  # a study with trials is never seeded again
+
+
+def test_seeding_skips_configs_over_a_budget(ctx):
+    objective = StitchObjective(ctx, probe_threshold=0.0, budgets={"macs": 1})
+    study = optuna.create_study(directions=objective.directions)
+    assert seed_study(study, objective, 2, seed=0) == 0  # no network costs a single MAC
+    assert study.trials == []

@@ -6,7 +6,8 @@ stitches are poor. Before the search, ``4 x count`` configs are drawn from the s
 least-squares probe accuracy (:mod:`stitch_nas.stitching._proxy`, a few hundred images), and
 the ``count`` best are enqueued with ``study.enqueue_trial``: Pareto layers of (probe accuracy
 up, the search's cost objectives down), best layer first, so the first trials the sampler
-learns from already span the front. The enqueued trials are measured like any other.
+learns from already span the front. Candidates over a budget are skipped (up to 3 x as many
+draws are made to find enough within it). The enqueued trials are measured like any other.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def seed_study(
             logger.info("seeding skips %s: %s", config.describe(), exc)
             continue
         costs = {"macs": network_macs(ctx, probe.net), "params": count_params_of([probe.net])}
+        if any(costs[key] > limit for key, limit in objective.budgets.items()):
+            continue  # over a budget: it could never join the front
         point = (-probe.accuracy, *(float(costs[n]) for n in objective.names if n in costs))
         scored.append((point, trial.params))
     chosen = [scored[i][1] for i in _layers([p for p, _ in scored])[:count]]
