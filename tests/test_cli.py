@@ -27,6 +27,9 @@ def _run(capsys, *argv):
         ("model: {}\n", "unknown section 'model'"),
         ("search: [1, 2\n", "not valid YAML"),
         ("- 1\n- 2\n", "mapping"),
+        ("search: {probe_threshold: 12}\n", "search.probe_threshold=12.0: give a multiple"),
+        ("search: {seed_trials: -1}\n", "search.seed_trials=-1: give 0 (off) or more"),
+        ("search: {cache_memory_gb: lots}\n", "search.cache_memory_gb must be a number"),
     ],
 )
 def test_bad_config_files_exit_2_with_one_line(capsys, tmp_path, text, match):
@@ -202,6 +205,8 @@ BAD_FLAGS = [
     (["--device", "gpu"], "--device 'gpu': use cpu, cuda, cuda:N or mps"),
     (["--cka-threshold", "1.5"], "--cka-threshold '1.5' must be in [0, 1]"),
     (["--cka-threshold", "high"], "--cka-threshold 'high' is not a number"),
+    (["--probe-threshold", "11"], "--probe-threshold '11' must be in [0, 10]"),
+    (["--probe-threshold", "low"], "--probe-threshold 'low' is not a number"),
     (["--fidelity", "1"], "--fidelity 1 scores nothing first; use 0 to turn the slice off"),
     (["--fidelity", "half"], "--fidelity 'half' is not a number"),
     (["--objectives", "accuracy,flops"], "unknown objective 'flops'"),
