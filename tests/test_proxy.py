@@ -97,3 +97,18 @@ def test_seeding_skips_configs_over_a_budget(ctx):
     study = optuna.create_study(directions=objective.directions)
     assert seed_study(study, objective, 2, seed=0) == 0  # no network costs a single MAC
     assert study.trials == []
+
+
+def test_seeded_trials_reuse_the_probe_score_seeding_computed(ctx, monkeypatch):
+    import stitch_nas.stitching._proxy as proxy
+
+    objective = StitchObjective(ctx, probe_threshold=1.0)
+    study = optuna.create_study(directions=objective.directions)
+    assert seed_study(study, objective, 2, seed=1) == 2
+    builds = []
+    real = proxy.build
+    monkeypatch.setattr(proxy, "build", lambda *a, **k: builds.append(1) or real(*a, **k))
+    study.optimize(objective, n_trials=2)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 2 and all("probe_accuracy" in t.user_attrs for t in done)
+    assert builds == []  # neither trial scored its config again

@@ -18,9 +18,10 @@ from collections.abc import Callable
 
 import optuna
 
+from stitch_nas.config import StitchConfig
 from stitch_nas.errors import LayoutError
 from stitch_nas.fragments import count_params_of
-from stitch_nas.stitching import network_macs, probe_accuracy
+from stitch_nas.stitching import ProbeScore, keep_probe_score, network_macs, probe_accuracy
 
 from ._runner import StitchObjective
 
@@ -71,7 +72,7 @@ def seed_study(
         directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=seed)
     )
     seen: set[str] = set()
-    scored: list[tuple[tuple[float, ...], dict]] = []
+    scored: list[tuple[tuple[float, ...], dict, StitchConfig, ProbeScore]] = []
     for _ in range(CANDIDATES_PER_SEED * count * 3):  # repeats are skipped; give up eventually
         if len(scored) >= CANDIDATES_PER_SEED * count:
             break
@@ -90,10 +91,11 @@ def seed_study(
         if any(costs[key] > limit for key, limit in objective.budgets.items()):
             continue  # over a budget: it could never join the front
         point = (-probe.accuracy, *(float(costs[n]) for n in objective.names if n in costs))
-        scored.append((point, trial.params))
-    chosen = [scored[i][1] for i in _layers([p for p, _ in scored])[:count]]
-    for params in chosen:
+        scored.append((point, trial.params, config, probe))
+    chosen = [scored[i] for i in _layers([row[0] for row in scored])[:count]]
+    for _, params, config, probe in chosen:
         study.enqueue_trial(params, skip_if_exists=True)
+        keep_probe_score(ctx, config, probe)  # its trial reuses it instead of scoring again
     if echo is not None:
         echo(
             f"seeded {len(chosen)} trials: the best by least-squares probe accuracy of "

@@ -31,10 +31,11 @@ from ._measure import (
     network_macs,
     reproduces,
 )
-from ._proxy import ProbeScore, least_squares_version, probe_accuracy
+from ._proxy import ProbeScore, keep_probe_score, least_squares_version, probe_accuracy
 
 __all__ = [
     "ProbeScore",
+    "keep_probe_score",
     "least_squares_version",
     "probe_accuracy",
     "KINDS",

@@ -24,7 +24,7 @@ from stitch_nas.config import AdapterSpec, StitchConfig
 from ._build import NETWORKS, StitchedNet, build
 from ._measure import count_correct, fit_net_head
 
-__all__ = ["ProbeScore", "least_squares_version", "probe_accuracy"]
+__all__ = ["ProbeScore", "keep_probe_score", "least_squares_version", "probe_accuracy"]
 
 
 @dataclasses.dataclass
@@ -51,8 +51,22 @@ def least_squares_version(config: StitchConfig) -> StitchConfig:
     return dataclasses.replace(config, adapters=tuple(_untrained(a) for a in config.adapters))
 
 
+def _memo_key(config: StitchConfig) -> tuple[str, str]:
+    return ("probe_score", config.stable_hash())
+
+
+def keep_probe_score(ctx: StitchContext, config: StitchConfig, score: ProbeScore) -> None:
+    """Hold ``score`` for the next :func:`probe_accuracy` of ``config`` (seeding scores the
+    configs it enqueues, and their trials then need not score them again)."""
+    ctx.memo[_memo_key(config)] = score
+
+
 def probe_accuracy(ctx: StitchContext, config: StitchConfig) -> ProbeScore:
-    """Build the least-squares version of ``config`` and score it on the probe split."""
+    """Build the least-squares version of ``config`` and score it on the probe split (or hand
+    back, once, a score kept by :func:`keep_probe_score`)."""
+    kept = ctx.memo.pop(_memo_key(config), None)
+    if kept is not None:
+        return kept
     cheap = least_squares_version(config)
     net = build(ctx, cheap)
     head = fit_net_head(ctx, net)
