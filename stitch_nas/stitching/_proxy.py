@@ -6,7 +6,7 @@ scored on the probe split: the fraction of probe images it classifies right. The
 are the ones the stitches were fitted to, so the figure is optimistic, but it costs one pass over
 a few hundred images and it ranks configs far better than CKA: Spearman correlation with
 validation accuracy 0.947 against CKA's 0.234 on the digits zoo (939 least-squares configs), and
-0.988 against 0.799 on the real CIFAR-10 zoo (100 sampled configs; ``benchmarks/proxy.py``).
+0.992 against 0.720 on the real CIFAR-10 zoo (100 sampled configs; ``benchmarks/proxy.py``).
 
 The search prunes a stitched config whose probe accuracy is below ``probe_threshold`` (as a
 multiple of chance, ``1 / classes``: a stitch no better than guessing is broken, whatever its
