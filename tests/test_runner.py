@@ -42,7 +42,10 @@ def test_cka_pruning_happens_before_any_fitting(ctx, monkeypatch):
 
     monkeypatch.setattr(runner, "measure", no_fit)
     objective = StitchObjective(ctx, cka_threshold=1.0)  # nothing stitched reaches CKA 1
-    study = optuna.create_study(directions=objective.directions)
+    # a seeded sampler whose 4 proposals differ: a repeat would be pruned as a duplicate
+    study = optuna.create_study(
+        directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
     study.optimize(objective, n_trials=4)
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in study.trials)
     assert all(t.user_attrs["prune_reason"].startswith("cka") for t in study.trials)
