@@ -30,6 +30,17 @@ def _run(capsys, *argv):
         ("search: {probe_threshold: 12}\n", "search.probe_threshold=12.0: give a multiple"),
         ("search: {seed_trials: -1}\n", "search.seed_trials=-1: give 0 (off) or more"),
         ("search: {cache_memory_gb: lots}\n", "search.cache_memory_gb must be a number"),
+        ("search: {seed_pool: 2.5}\n", "search.seed_pool must be a whole number"),
+        ("search: {seed_trials: 8, seed_pool: 4}\n", "search.seed_pool=4: give at least"),
+        ("search: {refine_trials: -2}\n", "search.refine_trials=-2: give 0 (off) or more"),
+        (
+            "search: {refine_trials: 2, refine_adapter: {kind: lstsq}}\n",
+            "search.refine_adapter.kind='lstsq' does not train",
+        ),
+        (
+            "search: {refine_trials: 2, refine_adapter: {kind: linear, stepz: 3}}\n",
+            "stepz",
+        ),
     ],
 )
 def test_bad_config_files_exit_2_with_one_line(capsys, tmp_path, text, match):

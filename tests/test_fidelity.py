@@ -157,3 +157,24 @@ def test_ray_workers_apply_the_same_rule(ctx, tmp_path):
     assert gated and all(attrs.SLICE_IMAGES in t.user_attrs for t in gated), [
         t.user_attrs.get(attrs.PRUNE_REASON) for t in study.trials[1:]
     ]
+
+
+def test_a_trained_config_that_cannot_pay_is_pruned_before_training(ctx, monkeypatch):
+    import stitch_nas.adapters._joint as joint
+
+    trained = []
+    real_train = joint.train
+    monkeypatch.setattr(joint, "train", lambda *a, **k: trained.append(1) or real_train(*a, **k))
+    cut_a, cut_b = ctx.cuts("resnet")[1], ctx.cuts("resnet")[2]
+    config = StitchConfig(
+        (Fragment("resnet", None, cut_a.name), Fragment("resnet", cut_b.name, None)),
+        (AdapterSpec("linear", (("loss", "task"), ("steps", 4))),),
+    )
+    fidelity = {"fidelity": 0.15, "objectives": list(NAMES), "budgets": {}}
+    hopeless = evaluate_config(ctx, config, fidelity=fidelity, front=[[1.0, 1.0]])
+    assert hopeless.status == "pruned", hopeless.reason
+    assert hopeless.reason.startswith("before training, least squares: fidelity:")
+    assert not trained  # pruned on its least-squares version: nothing trained
+    kept = evaluate_config(ctx, config, fidelity=fidelity, front=[[0.0, 1e15]])
+    assert kept.status == "complete", kept.reason
+    assert trained  # one that could reach the front is trained and measured

@@ -24,6 +24,8 @@ from stitch_nas.search import (
     completed_count,
     create_study,
     load_folder_study,
+    refine_adapter,
+    refine_study,
     run_search,
     seed_study,
 )
@@ -133,9 +135,20 @@ def run_settings(
         raise
     start, finished = time.perf_counter(), completed_count(study)
     seed_study(
-        study, objective, min(search.seed_trials, search.trials), seed=search.seed, echo=echo
+        study,
+        objective,
+        min(search.seed_trials, search.trials),
+        seed=search.seed,
+        pool=search.seed_pool,
+        echo=echo,
+        progress=progress,
     )
     run_search(objective, study, search.trials, progress=progress, executor=executor)
+    adapter = refine_adapter(search.refine_adapter, "search.refine_adapter")
+    refined = refine_study(study, objective, search.refine_trials, adapter, echo=echo)
+    if refined:  # the enqueued refinements run first, one trial each
+        total = completed_count(study) + refined
+        run_search(objective, study, total, progress=progress, executor=executor)
     ran, total = completed_count(study) - finished, completed_count(study)
     if ran == 0:
         echo(f"no trial left to run: the study holds {total} finished of {search.trials}")

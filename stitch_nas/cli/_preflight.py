@@ -78,6 +78,13 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         )
     if search.seed_trials < 0:
         raise ConfigError(f"search.seed_trials={search.seed_trials}: give 0 (off) or more")
+    if search.refine_trials < 0:
+        raise ConfigError(f"search.refine_trials={search.refine_trials}: give 0 (off) or more")
+    if search.seed_pool is not None and search.seed_pool < search.seed_trials:
+        raise ConfigError(
+            f"search.seed_pool={search.seed_pool}: give at least seed_trials "
+            f"({search.seed_trials}) configs to choose from, or leave it out (4 x seed_trials)"
+        )
     if not 0.0 <= search.cka_threshold <= 1.0:
         raise ConfigError(f"search.cka_threshold={search.cka_threshold}: give a value in [0, 1]")
     if not 0.0 <= search.fidelity < 1.0:
@@ -229,6 +236,10 @@ def check_plugins(search: Any) -> None:
     if isinstance(head, str) and head != "native":
         HEADS.get(head)
     _check_adapters(value)
+    if search.refine_trials:
+        from stitch_nas.search import refine_adapter
+
+        refine_adapter(search.refine_adapter, "search.refine_adapter")
 
 
 def _check_adapters(value: Any) -> None:

@@ -56,8 +56,15 @@ class SearchSettings:
     trials: int = 50
     #: prune stitched configs whose least-squares probe accuracy is below this times chance
     probe_threshold: float = 1.5
-    seed_trials: int = 8  #: configs the probe ranks best, chosen from 4x as many, tried first
+    seed_trials: int = 8  #: configs the probe ranks best, tried first
+    seed_pool: int | None = None  #: random configs probe-scored to choose them from (None: 4x)
     cka_threshold: float = 0.0  #: prune stitched configs below this CKA (0: off)
+    #: after the search, the best least-squares networks retrained with refine_adapter (0: off)
+    refine_trials: int = 0
+    #: a linear stitch (any layout) trained by SN-Net's distillation from the destination model
+    refine_adapter: dict = field(
+        default_factory=lambda: {"kind": "linear", "loss": "distill", "steps": 100}
+    )
     fidelity: float = 0.15  #: share of val a config is scored on first (0: off)
     budgets: dict = field(default_factory=dict)
     fuse: bool = False
@@ -82,8 +89,8 @@ class Settings:
     search: SearchSettings = field(default_factory=SearchSettings)
 
 
-#: keys whose default None means "decided at run time" and whose value is otherwise a number
-_NUMBERS_OR_NONE = {"cache_memory_gb"}
+#: keys whose default None means "decided at run time", with the type of their other values
+_NUMBERS_OR_NONE: dict[str, type] = {"cache_memory_gb": float, "seed_pool": int}
 
 
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
@@ -91,9 +98,12 @@ def _typed(section: str, key: str, value: Any, default: Any) -> Any:
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if key in _NUMBERS_OR_NONE:
-        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-            return None if value is None else float(value)
-        raise ConfigError(f"{section}.{key} must be a number, got {type(value).__name__} {value!r}")
+        kind = _NUMBERS_OR_NONE[key]
+        kinds = (int, float) if kind is float else (int,)
+        if value is None or (isinstance(value, kinds) and not isinstance(value, bool)):
+            return None if value is None else kind(value)
+        what = "a number" if kind is float else "a whole number"
+        raise ConfigError(f"{section}.{key} must be {what}, got {type(value).__name__} {value!r}")
     if default is None:
         if value is None or isinstance(value, str):
             return value

@@ -22,6 +22,7 @@ from ._ray_shared import (
     models_on_cpu,
     share_context,
 )
+from ._refine import refine_adapter, refine_study
 from ._runner import (
     StitchObjective,
     TrialOutcome,
@@ -77,6 +78,8 @@ __all__ = [
     "load_folder_study",
     "make_objective",
     "make_sampler",
+    "refine_adapter",
+    "refine_study",
     "seed_study",
     "set_metric_names",
     "make_trainable",

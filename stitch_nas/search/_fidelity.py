@@ -24,6 +24,14 @@ digits demo (300 validation images, 45-image slices) the gate pruned 29 of 50 TP
 the front fell from 8 networks to 2, so below the minimum the whole split is cheaper than the
 risk. Benchmarks of the mechanism pass ``min_slice=0``.
 
+A config with trained adapters meets the gate twice: its least-squares version (already built
+by the probe proxy, with the same structure and costs) is scored on the slice before anything
+trains, and a config whose untrained stitch cannot reach the front even at the upper end of its
+interval is pruned there (:func:`screen_before_training`), so training is spent only where it
+could pay. The rule does not credit training with any gain, so a stitch that training would
+lift past the front from far below it is lost; in exchange a trial that cannot pay costs one
+slice pass instead of a training run.
+
 ``fidelity: 0`` turns the gate off. The front travels with each config (a list of objective
 vectors), so a Ray worker applies the same rule as the local loop.
 """
@@ -40,9 +48,17 @@ import optuna
 import torch
 
 from stitch_nas import attrs
+from stitch_nas.activations import StitchContext
 from stitch_nas.errors import ConfigError, StitchNASError
+from stitch_nas.fragments import count_params_of
 from stitch_nas.plugins import OBJECTIVES
-from stitch_nas.stitching import Measurement
+from stitch_nas.stitching import (
+    Measurement,
+    StitchedNet,
+    count_correct,
+    fit_net_head,
+    network_macs,
+)
 
 __all__ = [
     "DEFAULT_FIDELITY",
@@ -52,6 +68,7 @@ __all__ = [
     "SliceStop",
     "check_fidelity",
     "current_front",
+    "screen_before_training",
     "slice_size",
 ]
 
@@ -130,6 +147,20 @@ class FidelityGate:
             "params": costs.params,
         }
         raise SliceStop(reason, record)
+
+
+def screen_before_training(gate: FidelityGate, ctx: StitchContext, net: StitchedNet) -> None:
+    """Score ``net``, a config's least-squares version, on ``gate``'s slice of the validation
+    split and raise :class:`SliceStop` where the gate's rule prunes it (see the module doc)."""
+    costs = Measurement(
+        accuracy=math.nan, macs=network_macs(ctx, net), params=count_params_of([net]), cka=math.nan
+    )
+    first, _ = gate.slices(len(ctx.labels("val")))
+    correct, seen = count_correct(ctx, net, "val", fit_net_head(ctx, net), first)
+    try:
+        gate.check(costs, correct, seen)
+    except SliceStop as stop:
+        raise SliceStop(f"before training, least squares: {stop.reason}", stop.record) from None
 
 
 def optimistic(

@@ -24,7 +24,14 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, LayoutError, StitchNASError
 from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
-from stitch_nas.stitching import Measurement, ProbeScore, config_cka, measure, probe_accuracy
+from stitch_nas.stitching import (
+    Measurement,
+    ProbeScore,
+    config_cka,
+    least_squares_version,
+    measure,
+    probe_accuracy,
+)
 
 from ._fidelity import (
     DEFAULT_FIDELITY,
@@ -34,6 +41,7 @@ from ._fidelity import (
     SliceStop,
     check_fidelity,
     current_front,
+    screen_before_training,
     slice_size,
 )
 from ._seen import Earlier, SeenConfigs
@@ -118,7 +126,11 @@ class StitchObjective:
         self._named = False  # metric names checked on the study of the first trial
 
     def sample(self, trial: optuna.Trial) -> StitchConfig:
-        config = self.space(trial, self.ctx, **self.space_options)
+        given = trial.user_attrs.get(attrs.CONFIG)  # enqueued with its config (._refine)
+        if given is not None:
+            config = StitchConfig.from_dict(given)
+        else:
+            config = self.space(trial, self.ctx, **self.space_options)
         trial.set_user_attr(attrs.CONFIG, config.to_dict())
         trial.set_user_attr(attrs.DESCRIBE, config.describe())
         trial.set_user_attr(attrs.MODELS, list(config.models))
@@ -317,12 +329,15 @@ def evaluate_config(
         if config.is_stitched and cka < cka_threshold:
             return TrialOutcome("pruned", cka=cka, reason=f"cka {cka:.3f} < {cka_threshold}")
         started = time.perf_counter()
-        if config.is_stitched and probe_threshold > 0:
+        trains = least_squares_version(config) != config
+        if config.is_stitched and (probe_threshold > 0 or (gate is not None and trains)):
             probe = probe_accuracy(ctx, config)
             floor = probe_threshold / ctx.num_classes
             if probe.accuracy < floor:
                 reason = f"probe accuracy {probe.accuracy:.3f} < {floor:.3f}"
                 return TrialOutcome("pruned", cka=cka, reason=reason, probe=probe.accuracy)
+            if gate is not None and trains:  # train only what could reach the front
+                screen_before_training(gate, ctx, probe.net)
         _, result = measure(
             ctx,
             config,

@@ -1,13 +1,19 @@
 """Seeding a fresh study with the configs the probe proxy ranks best.
 
 A sampler's first trials are random (TPE's startup trials), and on a real zoo most random
-stitches are poor. Before the search, ``4 x count`` configs are drawn from the space at random
-(in a scratch in-memory study, so the user's study sees none of them), each is scored by its
+stitches are poor. Before the search, ``pool`` configs (``4 x count`` unless given) are drawn
+from the space at random (in a scratch in-memory study, so the user's study sees none of them),
+each is scored by its
 least-squares probe accuracy (:mod:`stitch_nas.stitching._proxy`, a few hundred images), and
 the ``count`` best are enqueued with ``study.enqueue_trial``: Pareto layers of (probe accuracy
 up, the search's cost objectives down), best layer first, so the first trials the sampler
 learns from already span the front. Candidates over a budget are skipped (up to 3 x as many
 draws are made to find enough within it). The enqueued trials are measured like any other.
+
+Why a pool larger than the default pays on a real zoo: the stitches that add to a zoo's front
+(cheap ones that skip a block of a strong model) are a few percent of a pairwise space, so 4
+random candidates per seed rarely hold one; scoring costs about a second per candidate, a
+fraction of a measured trial, so a pool of several hundred is a cheap way to find them.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from stitch_nas.stitching import ProbeScore, keep_probe_score, network_macs, pro
 
 from ._runner import StitchObjective
 
-__all__ = ["CANDIDATES_PER_SEED", "seed_study"]
+__all__ = ["CANDIDATES_PER_SEED", "pareto_order", "seed_study"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +39,7 @@ logger = logging.getLogger(__name__)
 CANDIDATES_PER_SEED = 4
 
 
-def _layers(points: list[tuple[float, ...]]) -> list[int]:
+def pareto_order(points: list[tuple[float, ...]]) -> list[int]:
     """Indices of ``points`` (every coordinate to minimise) in order of Pareto layer."""
     left, order = list(range(len(points))), []
     while left:
@@ -58,23 +64,30 @@ def seed_study(
     count: int,
     *,
     seed: int = 0,
+    pool: int | None = None,
     echo: Callable[[str], None] | None = None,
+    progress: bool = False,
 ) -> int:
     """Enqueue on ``study`` the ``count`` configs the probe ranks best; returns how many.
 
-    Does nothing on a study that already holds trials (a resumed or joined search) or with
-    ``count`` 0.
+    ``pool`` is how many distinct random configs are scored to choose them from (default
+    ``4 x count``; at least ``count``). Does nothing on a study that already holds trials (a
+    resumed or joined search) or with ``count`` 0.
     """
     if count <= 0 or study.trials:
         return 0
+    from tqdm.auto import tqdm
+
+    wanted = max(pool or CANDIDATES_PER_SEED * count, count)
     ctx, start = objective.ctx, time.perf_counter()
     scratch = optuna.create_study(
         directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=seed)
     )
     seen: set[str] = set()
     scored: list[tuple[tuple[float, ...], dict, StitchConfig, ProbeScore]] = []
-    for _ in range(CANDIDATES_PER_SEED * count * 3):  # repeats are skipped; give up eventually
-        if len(scored) >= CANDIDATES_PER_SEED * count:
+    bar = tqdm(total=wanted, desc="seeding", unit="config", disable=not progress)
+    for _ in range(wanted * 3):  # repeats are skipped; give up eventually
+        if len(scored) >= wanted:
             break
         trial = scratch.ask()
         config = objective.space(trial, ctx, **objective.space_options)
@@ -92,7 +105,9 @@ def seed_study(
             continue  # over a budget: it could never join the front
         point = (-probe.accuracy, *(float(costs[n]) for n in objective.names if n in costs))
         scored.append((point, trial.params, config, probe))
-    chosen = [scored[i] for i in _layers([row[0] for row in scored])[:count]]
+        bar.update()
+    bar.close()
+    chosen = [scored[i] for i in pareto_order([row[0] for row in scored])[:count]]
     for _, params, config, probe in chosen:
         study.enqueue_trial(params, skip_if_exists=True)
         keep_probe_score(ctx, config, probe)  # its trial reuses it instead of scoring again

@@ -22,6 +22,7 @@ from ._kinds import KINDS, STITCHED, network_kind, piece_roles
 from ._measure import (
     Measurement,
     config_cka,
+    count_correct,
     fit_net_head,
     fragment_macs,
     head_accuracy,
@@ -52,6 +53,7 @@ __all__ = [
     "StitchedNet",
     "build",
     "config_cka",
+    "count_correct",
     "fit_head",
     "fit_net_head",
     "fragment_macs",

@@ -1,0 +1,79 @@
+"""Refining the front: the best least-squares networks retrained with a trained adapter."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from stitch_nas import attrs
+from stitch_nas.activations import StitchContext
+from stitch_nas.config import AdapterSpec, StitchConfig
+from stitch_nas.errors import ConfigError, UnknownNameError
+from stitch_nas.search import (
+    StitchObjective,
+    completed_count,
+    refine_adapter,
+    refine_study,
+    run_search,
+)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def ctx(mini_zoo, digits):
+    return StitchContext(mini_zoo, digits)
+
+
+def _configs(study, state=optuna.trial.TrialState.COMPLETE):
+    return [
+        StitchConfig.from_dict(t.user_attrs[attrs.CONFIG])
+        for t in study.trials
+        if t.state == state and attrs.CONFIG in t.user_attrs
+    ]
+
+
+def test_the_best_least_squares_networks_are_measured_again_with_trained_joints(ctx):
+    objective = StitchObjective(ctx, fidelity=0)
+    study = optuna.create_study(
+        directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    run_search(objective, study, 8)
+    before = _configs(study)
+    adapter = refine_adapter({"kind": "linear", "loss": "distill", "steps": 10})
+    assert refine_study(study, objective, 2, adapter) == 2
+    run_search(objective, study, completed_count(study) + 2)
+    refined = [c for c in _configs(study) if c.adapters and c.adapters[0].kind == "linear"]
+    assert len(refined) == 2
+    lstsq = {c.stable_hash() for c in before}
+    for config in refined:  # the same fragments as a least-squares network of the study
+        twin = StitchConfig(config.fragments, tuple(AdapterSpec("lstsq") for _ in config.adapters))
+        assert twin.stable_hash() in lstsq
+        assert dict(config.adapters[0].options)["loss"] == "distill"
+    # refining again enqueues nothing the study holds
+    again = refine_study(study, objective, 2, adapter)
+    waiting = _configs(study, optuna.trial.TrialState.WAITING)
+    assert len(waiting) == again
+    assert not {c.stable_hash() for c in waiting} & {c.stable_hash() for c in refined}
+
+
+def test_refining_nothing_enqueues_nothing(ctx):
+    objective = StitchObjective(ctx, fidelity=0)
+    study = optuna.create_study(directions=objective.directions)
+    adapter = refine_adapter({"kind": "conv3x3"})
+    assert refine_study(study, objective, 3, adapter) == 0  # no trial yet
+    assert refine_study(study, objective, 0, adapter) == 0 and study.trials == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "error", "message"),
+    [
+        ({"kind": "lstsq"}, ConfigError, "does not train"),
+        ({"kind": "nope"}, UnknownNameError, "nope"),
+        ({"kind": "linear", "stepz": 3}, ConfigError, "stepz"),
+        ("linear", ConfigError, "give a mapping with a kind"),
+    ],
+)
+def test_a_bad_refine_adapter_is_one_line(spec, error, message):
+    with pytest.raises(error, match=message):
+        refine_adapter(spec)
