@@ -34,11 +34,11 @@ def _run(capsys, *argv):
         ("search: {seed_trials: 8, seed_pool: 4}\n", "search.seed_pool=4: give at least"),
         ("search: {refine_trials: -2}\n", "search.refine_trials=-2: give 0 (off) or more"),
         (
-            "search: {refine_trials: 2, refine_adapter: {kind: lstsq}}\n",
-            "search.refine_adapter.kind='lstsq' does not train",
+            "search: {refine_trials: 2, refine_adapters: [{kind: lstsq}]}\n",
+            "search.refine_adapters[0].kind='lstsq' does not train",
         ),
         (
-            "search: {refine_trials: 2, refine_adapter: {kind: linear, stepz: 3}}\n",
+            "search: {refine_trials: 2, refine_adapters: [{kind: linear, stepz: 3}]}\n",
             "stepz",
         ),
     ],

@@ -13,6 +13,7 @@ from stitch_nas.search import (
     StitchObjective,
     completed_count,
     refine_adapter,
+    refine_adapters,
     refine_study,
     run_search,
 )
@@ -40,7 +41,7 @@ def test_the_best_least_squares_networks_are_measured_again_with_trained_joints(
     )
     run_search(objective, study, 8)
     before = _configs(study)
-    adapter = refine_adapter({"kind": "linear", "loss": "distill", "steps": 10})
+    adapter = [refine_adapter({"kind": "linear", "loss": "distill", "steps": 10})]
     assert refine_study(study, objective, 2, adapter) == 2
     run_search(objective, study, completed_count(study) + 2)
     refined = [c for c in _configs(study) if c.adapters and c.adapters[0].kind == "linear"]
@@ -60,7 +61,7 @@ def test_the_best_least_squares_networks_are_measured_again_with_trained_joints(
 def test_refining_nothing_enqueues_nothing(ctx):
     objective = StitchObjective(ctx, fidelity=0)
     study = optuna.create_study(directions=objective.directions)
-    adapter = refine_adapter({"kind": "conv3x3"})
+    adapter = refine_adapters([{"kind": "conv3x3"}])
     assert refine_study(study, objective, 3, adapter) == 0  # no trial yet
     assert refine_study(study, objective, 0, adapter) == 0 and study.trials == []
 
@@ -77,3 +78,18 @@ def test_refining_nothing_enqueues_nothing(ctx):
 def test_a_bad_refine_adapter_is_one_line(spec, error, message):
     with pytest.raises(error, match=message):
         refine_adapter(spec)
+
+
+def test_each_refined_network_runs_once_per_adapter(ctx):
+    objective = StitchObjective(ctx, fidelity=0)
+    study = optuna.create_study(
+        directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=1)
+    )
+    run_search(objective, study, 6)
+    adapters = refine_adapters([{"kind": "linear", "steps": 5}, {"kind": "conv3x3", "steps": 5}])
+    assert refine_study(study, objective, 1, adapters) == 2
+    waiting = _configs(study, optuna.trial.TrialState.WAITING)
+    assert sorted(c.adapters[0].kind for c in waiting) == ["conv3x3", "linear"]
+    assert len({c.fragments for c in waiting}) == 1  # one network, two adapters
+    with pytest.raises(ConfigError, match="non-empty list"):
+        refine_adapters([])

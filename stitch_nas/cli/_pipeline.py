@@ -24,7 +24,7 @@ from stitch_nas.search import (
     completed_count,
     create_study,
     load_folder_study,
-    refine_adapter,
+    refine_adapters,
     refine_study,
     run_search,
     seed_study,
@@ -144,8 +144,8 @@ def run_settings(
         progress=progress,
     )
     run_search(objective, study, search.trials, progress=progress, executor=executor)
-    adapter = refine_adapter(search.refine_adapter, "search.refine_adapter")
-    refined = refine_study(study, objective, search.refine_trials, adapter, echo=echo)
+    adapters = refine_adapters(search.refine_adapters, "search.refine_adapters")
+    refined = refine_study(study, objective, search.refine_trials, adapters, echo=echo)
     if refined:  # the enqueued refinements run first, one trial each
         total = completed_count(study) + refined
         run_search(objective, study, total, progress=progress, executor=executor)

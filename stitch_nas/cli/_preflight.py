@@ -237,9 +237,9 @@ def check_plugins(search: Any) -> None:
         HEADS.get(head)
     _check_adapters(value)
     if search.refine_trials:
-        from stitch_nas.search import refine_adapter
+        from stitch_nas.search import refine_adapters
 
-        refine_adapter(search.refine_adapter, "search.refine_adapter")
+        refine_adapters(search.refine_adapters, "search.refine_adapters")
 
 
 def _check_adapters(value: Any) -> None:

@@ -59,11 +59,12 @@ class SearchSettings:
     seed_trials: int = 8  #: configs the probe ranks best, tried first
     seed_pool: int | None = None  #: random configs probe-scored to choose them from (None: 4x)
     cka_threshold: float = 0.0  #: prune stitched configs below this CKA (0: off)
-    #: after the search, the best least-squares networks retrained with refine_adapter (0: off)
+    #: after the search, this many of the best least-squares networks retrained (0: off)
     refine_trials: int = 0
-    #: a linear stitch (any layout) trained by SN-Net's distillation from the destination model
-    refine_adapter: dict = field(
-        default_factory=lambda: {"kind": "linear", "loss": "distill", "steps": 100}
+    #: each refined network is retrained once per entry; by default a linear stitch (joins any
+    #: layout) trained by SN-Net's distillation from the destination model
+    refine_adapters: list = field(
+        default_factory=lambda: [{"kind": "linear", "loss": "distill", "steps": 100}]
     )
     fidelity: float = 0.15  #: share of val a config is scored on first (0: off)
     budgets: dict = field(default_factory=dict)

@@ -22,7 +22,7 @@ from ._ray_shared import (
     models_on_cpu,
     share_context,
 )
-from ._refine import refine_adapter, refine_study
+from ._refine import refine_adapter, refine_adapters, refine_study
 from ._runner import (
     StitchObjective,
     TrialOutcome,
@@ -79,6 +79,7 @@ __all__ = [
     "make_objective",
     "make_sampler",
     "refine_adapter",
+    "refine_adapters",
     "refine_study",
     "seed_study",
     "set_metric_names",

@@ -4,8 +4,9 @@ Least squares first: a least-squares trial costs about one forward pass of what 
 search itself learns cheaply where stitching works. Training an adapter costs a training run
 per trial, so it is spent only where the search found something: once the search is done, the
 ``count`` best networks with a least-squares joint (Pareto layers of the study's objectives on
-validation, best layer first, within the budgets) are each run once more as a new trial, every
-``lstsq`` joint replaced by a trained adapter (``adapter``; the CLI's default is a ``linear``
+validation, best layer first, within the budgets) are each run once more per adapter in
+``adapters`` as a new trial, every ``lstsq`` joint replaced by that trained adapter (the CLI's
+default is one ``linear``
 stitch, which joins any layout, initialised by least squares and trained 100 steps by SN-Net's
 distillation from the destination model). A refined trial is measured like any other: its
 least-squares version first passes the multi-fidelity gate before anything trains
@@ -24,7 +25,7 @@ space, with the local loop and with Ray workers alike.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -37,7 +38,17 @@ from stitch_nas.errors import ConfigError
 from ._runner import StitchObjective
 from ._seeding import pareto_order
 
-__all__ = ["refine_adapter", "refine_study"]
+__all__ = ["refine_adapter", "refine_adapters", "refine_study"]
+
+
+def refine_adapters(specs: Any, where: str = "refine_adapters") -> list[AdapterSpec]:
+    """A list of ``{"kind": ..., **options}`` mappings as checked AdapterSpecs (see
+    :func:`refine_adapter`)."""
+    if not isinstance(specs, (list, tuple)) or not specs:
+        raise ConfigError(
+            f"{where}={specs!r}: give a non-empty list of adapters, e.g. [{{kind: linear}}]"
+        )
+    return [refine_adapter(spec, f"{where}[{i}]") for i, spec in enumerate(specs)]
 
 
 def refine_adapter(spec: Mapping[str, Any], where: str = "refine_adapter") -> AdapterSpec:
@@ -68,13 +79,14 @@ def refine_study(
     study: optuna.Study,
     objective: StitchObjective,
     count: int,
-    adapter: AdapterSpec,
+    adapters: Sequence[AdapterSpec],
     *,
     echo: Callable[[str], None] | None = None,
 ) -> int:
-    """Enqueue on ``study`` the ``count`` best least-squares networks with ``adapter`` trained
-    at their joints; returns how many were enqueued (configs the study holds are skipped)."""
-    if count <= 0:
+    """Enqueue on ``study`` the ``count`` best least-squares networks, once per adapter of
+    ``adapters`` trained at their joints; returns how many trials were enqueued (configs the
+    study holds already are skipped)."""
+    if count <= 0 or not adapters:
         return 0
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     held = {
@@ -91,19 +103,21 @@ def refine_study(
         and all(c <= 0 for c in t.constraints.values())  # within the budgets
     ]
     points = [tuple(s * v for s, v in zip(signs, t.values, strict=True)) for t in rows]
-    chosen: list[str] = []
+    networks = enqueued = 0
     for i in pareto_order(points):
-        if len(chosen) >= count:
+        if networks >= count:
             break
-        config = _refined(StitchConfig.from_dict(rows[i].user_attrs[attrs.CONFIG]), adapter)
-        if config is None or config.stable_hash() in held:
+        config = StitchConfig.from_dict(rows[i].user_attrs[attrs.CONFIG])
+        refined = [_refined(config, adapter) for adapter in adapters]
+        new = [c for c in refined if c is not None and c.stable_hash() not in held]
+        if not new:
             continue
-        held.add(config.stable_hash())
-        study.enqueue_trial({}, user_attrs={attrs.CONFIG: config.to_dict()})
-        chosen.append(config.describe())
-    if echo is not None and chosen:
-        echo(
-            f"refining {len(chosen)} of the best least-squares networks with {adapter.kind} "
-            f"adapters ({dict(adapter.options)})"
-        )
-    return len(chosen)
+        networks += 1
+        for config in new:
+            held.add(config.stable_hash())
+            study.enqueue_trial({}, user_attrs={attrs.CONFIG: config.to_dict()})
+            enqueued += 1
+    if echo is not None and enqueued:
+        kinds = ", ".join(f"{a.kind} {dict(a.options)}" for a in adapters)
+        echo(f"refining {networks} of the best least-squares networks: {enqueued} trials ({kinds})")
+    return enqueued
