@@ -68,6 +68,7 @@ __all__ = [
     "SliceStop",
     "check_fidelity",
     "current_front",
+    "reference_points",
     "screen_before_training",
     "slice_size",
 ]
@@ -185,6 +186,24 @@ def dominates(a: Sequence[float], b: Sequence[float], objectives: Sequence[str])
     return all(x >= y for x, y in pairs) and any(x > y for x, y in pairs)
 
 
+def reference_points(
+    study: optuna.Study, objectives: Sequence[str], budgets: Mapping[str, float]
+) -> Front:
+    """Objective vectors of the zoo models recorded on ``study`` that are within the budgets."""
+    points: Front = []
+    known = {f.name for f in fields(Measurement)}
+    for ref in study.user_attrs.get(attrs.REFERENCES) or []:
+        try:
+            m = Measurement(**{k: v for k, v in ref.items() if k in known})
+            values = [float(OBJECTIVES.get(n).value(m)) for n in objectives]
+        except (TypeError, ValueError):  # a reference measured by another version: skip it
+            continue
+        within = all(getattr(m, k) <= limit for k, limit in budgets.items())
+        if within and all(math.isfinite(v) for v in values):
+            points.append(values)
+    return points
+
+
 def current_front(
     study: optuna.Study, objectives: Sequence[str], budgets: Mapping[str, float]
 ) -> Front:
@@ -197,16 +216,7 @@ def current_front(
         return []
     feasible = (t for t in done if all(c <= 0 for c in t.constraints.values()))
     points = [list(t.values) for t in feasible if t.values is not None]
-    known = {f.name for f in fields(Measurement)}
-    for ref in study.user_attrs.get(attrs.REFERENCES) or []:
-        try:
-            m = Measurement(**{k: v for k, v in ref.items() if k in known})
-            values = [float(OBJECTIVES.get(n).value(m)) for n in objectives]
-        except (TypeError, ValueError):  # a reference measured by another version: skip it
-            continue
-        within = all(getattr(m, k) <= limit for k, limit in budgets.items())
-        if within and all(math.isfinite(v) for v in values):
-            points.append(values)
+    points += reference_points(study, objectives, budgets)
     if not points:
         return []
     signs = [1.0 if OBJECTIVES.get(n).direction == "maximize" else -1.0 for n in objectives]

@@ -4,9 +4,10 @@ Least squares first: a least-squares trial costs about one forward pass of what 
 search itself learns cheaply where stitching works. Training an adapter costs a training run
 per trial, so it is spent only where the search found something: once the search is done, the
 ``count`` best networks with a least-squares joint (Pareto layers of the study's objectives on
-validation, best layer first, within the budgets) are each run once more per adapter in
-``adapters`` as a new trial, every ``lstsq`` joint replaced by that trained adapter (the CLI's
-default is one ``linear``
+validation, best layer first, within the budgets; the zoo's own models take part in the
+layers, so a network a zoo model dominates comes after those on the front of both) are each
+run once more per adapter in ``adapters`` as a new trial, every ``lstsq`` joint replaced by
+that trained adapter (the CLI's default is one ``linear``
 stitch, which joins any layout, initialised by least squares and trained 100 steps by SN-Net's
 distillation from the destination model). A refined trial is measured like any other: its
 least-squares version first passes the multi-fidelity gate before anything trains
@@ -35,6 +36,7 @@ from stitch_nas.adapters import get_adapter, resolve_options
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
 
+from ._fidelity import reference_points
 from ._runner import StitchObjective
 from ._seeding import pareto_order
 
@@ -102,11 +104,17 @@ def refine_study(
         and attrs.CONFIG in t.user_attrs
         and all(c <= 0 for c in t.constraints.values())  # within the budgets
     ]
-    points = [tuple(s * v for s, v in zip(signs, t.values, strict=True)) for t in rows]
+    # the zoo's own models take part in the layers, so a network one of them dominates waits
+    # behind those that stand on the front of zoo and study together
+    zoo = reference_points(study, objective.names, objective.budgets)
+    values = [list(t.values) for t in rows] + zoo
+    points = [tuple(s * v for s, v in zip(signs, p, strict=True)) for p in values]
     networks = enqueued = 0
     for i in pareto_order(points):
         if networks >= count:
             break
+        if i >= len(rows):  # a zoo model
+            continue
         config = StitchConfig.from_dict(rows[i].user_attrs[attrs.CONFIG])
         refined = [_refined(config, adapter) for adapter in adapters]
         new = [c for c in refined if c is not None and c.stable_hash() not in held]
