@@ -24,6 +24,7 @@ __all__ = [
     "PRUNE_REASON",
     "REFERENCES",
     "REFERENCE_OF",
+    "REFINES",
     "SETTINGS",
     "SLICE_IMAGES",
     "SPACE",
@@ -43,6 +44,8 @@ MODELS = "models"
 DUPLICATE_OF = "duplicate_of"
 #: a zoo model on its own, measured once as a reference: its name (the trial is PRUNED)
 REFERENCE_OF = "reference_of"
+#: a refinement (search._refine): the number of the least-squares trial it retrains
+REFINES = "refines"
 #: the config's CKA chain score on the probe split
 CKA = "cka"
 #: why a PRUNED trial was pruned

@@ -59,3 +59,15 @@ def test_cached_activations_survive_in_place_ops_after_the_cut():
     cached = ctx.activation("resnet", "bn1", "probe")
     assert (cached < 0).any()  # not clipped by the ReLU that follows
     assert torch.allclose(cached, direct, atol=1e-6)
+
+
+def test_train_activations_do_not_depend_on_what_else_is_cached():
+    """Adapter training amplifies rounding: a train-split activation is always computed from
+    the input, never from a stored (float16) earlier cut, so a network rebuilt later trains
+    on the same numbers as the one the search measured."""
+    names = [c.name for c in tiny_context().cuts("resnet")]
+    early, late = names[1], names[-2]
+    alone = tiny_context().activation("resnet", late, "train")
+    after_early = tiny_context()
+    after_early.activation("resnet", early, "train")  # now cached: a nearer start than input
+    assert torch.equal(after_early.activation("resnet", late, "train"), alone)

@@ -93,3 +93,25 @@ def test_each_refined_network_runs_once_per_adapter(ctx):
     assert len({c.fragments for c in waiting}) == 1  # one network, two adapters
     with pytest.raises(ConfigError, match="non-empty list"):
         refine_adapters([])
+
+
+def test_a_refinement_trains_before_it_meets_the_gate(ctx, monkeypatch):
+    import stitch_nas.adapters._joint as joint
+
+    trained = []
+    real_train = joint.train
+    monkeypatch.setattr(joint, "train", lambda *a, **k: trained.append(1) or real_train(*a, **k))
+    objective = StitchObjective(ctx, fidelity=0.15, min_slice=0)
+    study = optuna.create_study(
+        directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    run_search(objective, study, 4)
+    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))  # dominates every network
+    adapters = refine_adapters([{"kind": "linear", "loss": "distill", "steps": 4}])
+    assert refine_study(study, objective, 1, adapters) == 1
+    study.optimize(objective, n_trials=1)
+    refined = study.trials[-1]
+    assert refined.user_attrs[attrs.REFINES] < refined.number
+    assert trained  # trained, though its least-squares version could not reach the front
+    reason = refined.user_attrs.get(attrs.PRUNE_REASON, "")
+    assert reason.startswith("fidelity:"), reason  # then gated on the trained network's slice

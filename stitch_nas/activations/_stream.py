@@ -120,7 +120,14 @@ def _same_layout(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _source(
     ctx: StitchContext, model: str, cut: str | None, split: str
 ) -> tuple[str | None, Iterator[torch.Tensor]]:
-    """The nearest earlier cut whose activation is cached, and its batches (else the input)."""
+    """The nearest earlier cut whose activation is cached, and its batches (else the input).
+
+    The train split always starts from the input: it feeds adapter training, which amplifies
+    the rounding of a stored (float16) earlier cut into a different network, so a network
+    rebuilt later, with other cuts cached, would train differently from the one measured.
+    """
+    if split == "train":
+        return None, ctx.input_batches(model, split)
     names = [c.name for c in ctx.cuts(model)]
     end = len(names) if cut is None else names.index(cut)
     for index in range(end - 1, -1, -1):

@@ -68,6 +68,7 @@ __all__ = [
     "SliceStop",
     "check_fidelity",
     "current_front",
+    "gates_training",
     "reference_points",
     "screen_before_training",
     "slice_size",
@@ -148,6 +149,12 @@ class FidelityGate:
             "params": costs.params,
         }
         raise SliceStop(reason, record)
+
+
+def gates_training(trial: optuna.Trial) -> bool:
+    """Whether the trial's trained adapters wait for the gate before training: not for a
+    refinement (``search._refine``), which was chosen to be trained by its measured accuracy."""
+    return attrs.REFINES not in trial.user_attrs
 
 
 def screen_before_training(gate: FidelityGate, ctx: StitchContext, net: StitchedNet) -> None:

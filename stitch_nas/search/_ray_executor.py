@@ -38,6 +38,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, StitchNASError
 from stitch_nas.stitching import fragment_macs
 
+from ._fidelity import gates_training
 from ._ray_shared import SharedContext, import_ray, share_context
 from ._runner import StitchObjective, TrialOutcome, evaluate_config
 from ._storage import BufferedTrial, heartbeat_of
@@ -82,15 +83,22 @@ class TrialWorker:
         return os.getpid()
 
     def evaluate(
-        self, number: int, config: dict[str, Any], front: list[list[float]] | None = None
+        self,
+        number: int,
+        config: dict[str, Any],
+        front: list[list[float]] | None = None,
+        gate_training: bool = True,
     ) -> dict[str, Any]:
         """Evaluate one config (as JSON) for trial ``number``; the outcome as a dict.
 
-        ``front``: the study's front when the config was sent, for multi-fidelity evaluation.
-        The dict also holds ``"node"``, the Ray node id of this worker.
+        ``front``: the study's front when the config was sent, for multi-fidelity evaluation;
+        ``gate_training``: as :func:`evaluate_config`. The dict also holds ``"node"``, the Ray
+        node id of this worker.
         """
         stitch = StitchConfig.from_dict(config)
-        outcome = evaluate_config(self.ctx, stitch, **self.evaluation, front=front)
+        outcome = evaluate_config(
+            self.ctx, stitch, **self.evaluation, front=front, gate_training=gate_training
+        )
         return {**asdict(outcome), "node": self.node}
 
     def cache_stats(self) -> dict[str, int]:
@@ -239,7 +247,8 @@ class RayExecutor:
                         counts["duplicates"] += 1
                         continue
                     worker = idle.pop()
-                    ref = pool.submit(worker, trial.number, config, objective.front(study))
+                    front, gated = objective.front(study), gates_training(view)
+                    ref = pool.submit(worker, trial.number, config, front, gated)
                     in_flight[ref] = _Pending(trial, config, worker)
                 if not in_flight:
                     break
@@ -343,9 +352,14 @@ class _Pool:
             raise StitchNASError(f"Ray workers could not start: {_first_line(exc)}") from exc
 
     def submit(
-        self, index: int, number: int, config: StitchConfig, front: list[list[float]] | None
+        self,
+        index: int,
+        number: int,
+        config: StitchConfig,
+        front: list[list[float]] | None,
+        gate_training: bool = True,
     ) -> Any:
-        return self.actors[index].evaluate.remote(number, config.to_dict(), front)
+        return self.actors[index].evaluate.remote(number, config.to_dict(), front, gate_training)
 
     def result(self, ref: Any, pending: _Pending) -> TrialOutcome:
         """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""

@@ -41,6 +41,7 @@ from ._fidelity import (
     SliceStop,
     check_fidelity,
     current_front,
+    gates_training,
     screen_before_training,
     slice_size,
 )
@@ -164,7 +165,8 @@ class StitchObjective:
         repeat = self.duplicate(trial, config)
         if repeat is not None:
             return optuna.trial.TrialState.PRUNED, None, repeat
-        outcome = self.evaluate(config, self.front(trial.study))
+        front = self.front(trial.study)
+        outcome = self.evaluate(config, front, gate_training=gates_training(trial))
         state, values = self.finish(trial, config, outcome)
         return state, values, outcome.reason
 
@@ -183,9 +185,12 @@ class StitchObjective:
         """The study's current front for multi-fidelity evaluation (None: the gate is off)."""
         return current_front(study, self.names, self.budgets) if self.gated else None
 
-    def evaluate(self, config: StitchConfig, front: Front | None = None) -> TrialOutcome:
+    def evaluate(
+        self, config: StitchConfig, front: Front | None = None, *, gate_training: bool = True
+    ) -> TrialOutcome:
         """Score, prune or measure ``config`` in this process (what a Ray worker does remotely)."""
-        return evaluate_config(self.ctx, config, **self.evaluation_options(), front=front)
+        options = {**self.evaluation_options(), "gate_training": gate_training}
+        return evaluate_config(self.ctx, config, **options, front=front)
 
     def duplicate(self, trial: optuna.Trial, config: StitchConfig) -> str | None:
         """Why ``config`` is not evaluated (the trial's prune reason), or None: a new config.
@@ -311,6 +316,7 @@ def evaluate_config(
     latency: bool = False,
     fidelity: Mapping[str, Any] | None = None,
     front: Sequence[Sequence[float]] | None = None,
+    gate_training: bool = True,
 ) -> TrialOutcome:
     """Prune (CKA, then least-squares probe accuracy), fit and measure ``config``; any exception
     becomes a "fail" outcome.
@@ -319,7 +325,9 @@ def evaluate_config(
     the runners stop a study whose trials all fail. ``probe_threshold`` is a multiple of chance
     (``1 / classes``) that the least-squares version's probe accuracy must reach
     (:mod:`stitch_nas.stitching._proxy`). ``fidelity`` (``fidelity``, ``objectives``,
-    ``budgets``) and a non-empty ``front`` turn on multi-fidelity evaluation (``._fidelity``).
+    ``budgets``) and a non-empty ``front`` turn on multi-fidelity evaluation (``._fidelity``);
+    with it, a config with trained adapters is first gated on its least-squares version unless
+    ``gate_training`` is False.
     """
     cka: float | None = None
     probe = None
@@ -329,8 +337,8 @@ def evaluate_config(
         if config.is_stitched and cka < cka_threshold:
             return TrialOutcome("pruned", cka=cka, reason=f"cka {cka:.3f} < {cka_threshold}")
         started = time.perf_counter()
-        trains = least_squares_version(config) != config
-        if config.is_stitched and (probe_threshold > 0 or (gate is not None and trains)):
+        trains = gate_training and gate is not None and least_squares_version(config) != config
+        if config.is_stitched and (probe_threshold > 0 or trains):
             probe = probe_accuracy(ctx, config)
             floor = probe_threshold / ctx.num_classes
             if probe.accuracy < floor:
