@@ -141,7 +141,8 @@ def _tiny_preset(tmp_path: Path, models: list[str] | None) -> Path:
     splits["train"] |= {"start": 32, "count": 64}
     splits["val"]["count"] = 64
     splits["test"] |= {"start": 64, "count": 64}
-    config["search"] |= {"trials": 2, "export": False}
+    config["search"] |= {"trials": 2, "export": False, "seed_trials": 2, "seed_pool": 8}
+    config["search"] |= {"refine_trials": 1}  # each refine adapter once, on one network
     path = tmp_path / "realzoo.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
