@@ -94,7 +94,9 @@ def _measured(
     if trial.values is not None:
         return list(trial.values)
     ua = trial.user_attrs
-    if attrs.PARTIAL_ACCURACY not in ua or attrs.DUPLICATE_OF in ua or "macs" not in ua:
+    if attrs.PARTIAL_ACCURACY not in ua or attrs.DUPLICATE_OF in ua:
+        return None
+    if "macs" not in ua or "params" not in ua:  # a slice record of another version
         return None
     m = Measurement(
         accuracy=ua[attrs.PARTIAL_ACCURACY], macs=ua["macs"], params=ua["params"], cka=math.nan
