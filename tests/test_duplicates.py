@@ -14,7 +14,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.export import select_trials
 from stitch_nas.report import pareto_trials
 from stitch_nas.search import StitchObjective, completed_count, create_study, run_search
-from stitch_nas.search import _runner as runner
+from stitch_nas.search import _evaluate as runner
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

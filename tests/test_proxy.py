@@ -46,7 +46,7 @@ def test_trained_adapters_are_scored_by_their_least_squares_initialisation(ctx):
 
 
 def test_a_stitch_below_the_threshold_is_pruned_before_measuring(ctx, monkeypatch):
-    import stitch_nas.search._runner as runner
+    import stitch_nas.search._evaluate as runner
 
     def no_measure(*args, **kwargs):
         raise AssertionError("a pruned config must not be measured on validation")

@@ -10,7 +10,7 @@ import pytest
 import stitch_nas
 from stitch_nas import errors
 from stitch_nas.search import StitchObjective, completed_count, create_study, run_search
-from stitch_nas.search import _runner as runner
+from stitch_nas.search import _evaluate as runner
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

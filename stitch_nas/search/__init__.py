@@ -2,6 +2,7 @@
 that run trials (local, Ray actors, Ray Tune).
 """
 
+from ._evaluate import TrialOutcome, evaluate_config
 from ._loop import (
     EXECUTORS,
     Executor,
@@ -10,11 +11,7 @@ from ._loop import (
     measure_references,
     run_search,
 )
-from ._ray_executor import (
-    RAY_NODE,
-    RayExecutor,
-    TrialWorker,
-)
+from ._ray_executor import RAY_NODE, RayExecutor
 from ._ray_shared import (
     SharedActivationCache,
     SharedContext,
@@ -22,11 +19,10 @@ from ._ray_shared import (
     models_on_cpu,
     share_context,
 )
+from ._ray_workers import TrialWorker
 from ._refine import refine_adapter, refine_adapters, refine_study
 from ._runner import (
     StitchObjective,
-    TrialOutcome,
-    evaluate_config,
     make_objective,
 )
 from ._seeding import seed_study

@@ -69,6 +69,7 @@ __all__ = [
     "check_fidelity",
     "current_front",
     "gates_training",
+    "objective_values",
     "reference_points",
     "screen_before_training",
     "slice_size",
@@ -202,13 +203,22 @@ def reference_points(
     for ref in study.user_attrs.get(attrs.REFERENCES) or []:
         try:
             m = Measurement(**{k: v for k, v in ref.items() if k in known})
-            values = [float(OBJECTIVES.get(n).value(m)) for n in objectives]
+            values = objective_values(m, objectives, budgets)
         except (TypeError, ValueError):  # a reference measured by another version: skip it
             continue
-        within = all(getattr(m, k) <= limit for k, limit in budgets.items())
-        if within and all(math.isfinite(v) for v in values):
+        if values is not None:
             points.append(values)
     return points
+
+
+def objective_values(
+    m: Measurement, objectives: Sequence[str], budgets: Mapping[str, float]
+) -> list[float] | None:
+    """``m``'s objective vector, or None when it is over a budget or lacks an objective."""
+    if any(getattr(m, k) > limit for k, limit in budgets.items()):
+        return None
+    values = [float(OBJECTIVES.get(n).value(m)) for n in objectives]
+    return values if all(math.isfinite(v) for v in values) else None
 
 
 def current_front(

@@ -24,23 +24,21 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import optuna
 import torch
 
 from stitch_nas import attrs
-from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, StitchNASError
-from stitch_nas.stitching import fragment_macs
 
 from ._fidelity import gates_training
-from ._ray_shared import SharedContext, import_ray, share_context
-from ._runner import StitchObjective, TrialOutcome, evaluate_config
+from ._ray_shared import import_ray, share_context
+from ._ray_workers import TrialWorker, _Pending, _Pool
+from ._runner import StitchObjective, TrialOutcome
 from ._storage import BufferedTrial, heartbeat_of
 from ._studies import completed_count
 
@@ -50,68 +48,7 @@ logger = logging.getLogger(__name__)
 
 #: trial user attribute: the Ray node id the trial ran on
 RAY_NODE = "ray_node"
-START_TIMEOUT_S = 300.0  # workers that cannot be placed (too few CPUs/GPUs) fail the run
 _TrialState = optuna.trial.TrialState
-
-
-class TrialWorker:
-    """A Ray actor body: one StitchContext rebuilt from the shared one, evaluating configs.
-
-    Args:
-        shared: The driver's shared context.
-        evaluation: Keyword arguments of :func:`~stitch_nas.search.evaluate_config`.
-        num_threads: Torch CPU threads of this worker.
-    """
-
-    def __init__(
-        self,
-        shared: SharedContext,
-        evaluation: dict[str, Any],
-        num_threads: int,
-    ) -> None:
-        ray = import_ray()
-        torch.set_num_threads(max(1, num_threads))
-        device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
-        self.ctx = shared.materialize(device)
-        for name in self.ctx.zoo.names():  # trace each model and fill its MAC table up front
-            fragment_macs(self.ctx, name, None, None)
-        self.evaluation = dict(evaluation)
-        self.node = ray.get_runtime_context().get_node_id()
-
-    def ready(self) -> int:
-        """The worker's process id, once it is built (used to wait for start-up)."""
-        return os.getpid()
-
-    def evaluate(
-        self,
-        number: int,
-        config: dict[str, Any],
-        front: list[list[float]] | None = None,
-        gate_training: bool = True,
-    ) -> dict[str, Any]:
-        """Evaluate one config (as JSON) for trial ``number``; the outcome as a dict.
-
-        ``front``: the study's front when the config was sent, for multi-fidelity evaluation;
-        ``gate_training``: as :func:`evaluate_config`. The dict also holds ``"node"``, the Ray
-        node id of this worker.
-        """
-        stitch = StitchConfig.from_dict(config)
-        outcome = evaluate_config(
-            self.ctx, stitch, **self.evaluation, front=front, gate_training=gate_training
-        )
-        return {**asdict(outcome), "node": self.node}
-
-    def cache_stats(self) -> dict[str, int]:
-        """Counters of this worker's activation cache (shared fetches and hits included)."""
-        return self.ctx.cache.stats()
-
-
-@dataclass
-class _Pending:
-    trial: optuna.Trial
-    config: StitchConfig
-    worker: int
-    node: str | None = None
 
 
 @dataclass
@@ -315,96 +252,3 @@ _COUNT_KEY = {
     _TrialState.PRUNED: "pruned",
     _TrialState.FAIL: "failed",
 }
-
-
-class _Pool:
-    """The worker actors; a dead one is replaced by a fresh one in the same slot."""
-
-    def __init__(
-        self,
-        ray: Any,
-        shared: SharedContext,
-        evaluation: dict[str, Any],
-        resources: dict[str, float],
-        worker_class: type[TrialWorker] = TrialWorker,
-    ) -> None:
-        self.ray, self.shared, self.evaluation = ray, shared, evaluation
-        self.resources = resources
-        self.actor_class = ray.remote(worker_class)
-        self.actors: list[Any] = []
-        self.restarts = 0
-
-    def _new(self) -> Any:
-        threads = max(1, int(self.resources["num_cpus"]))
-        options = {**self.resources, "max_restarts": 0}
-        return self.actor_class.options(**options).remote(self.shared, self.evaluation, threads)
-
-    def start(self, n: int) -> None:
-        self.actors = [self._new() for _ in range(n)]
-        try:
-            self.ray.get([actor.ready.remote() for actor in self.actors], timeout=START_TIMEOUT_S)
-        except self.ray.exceptions.GetTimeoutError as exc:
-            raise StitchNASError(
-                f"{n} Ray workers did not start within {START_TIMEOUT_S:.0f} s; the cluster may "
-                f"lack {n} x {self.resources} free; lower --workers or add resources"
-            ) from exc
-        except self.ray.exceptions.RayError as exc:
-            raise StitchNASError(f"Ray workers could not start: {_first_line(exc)}") from exc
-
-    def submit(
-        self,
-        index: int,
-        number: int,
-        config: StitchConfig,
-        front: list[list[float]] | None,
-        gate_training: bool = True,
-    ) -> Any:
-        return self.actors[index].evaluate.remote(number, config.to_dict(), front, gate_training)
-
-    def result(self, ref: Any, pending: _Pending) -> TrialOutcome:
-        """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""
-        exceptions = self.ray.exceptions
-        try:
-            result = dict(self.ray.get(ref))
-            pending.node = result.pop("node", None)
-            return TrialOutcome(**result)
-        except exceptions.RayTaskError as exc:  # the trial raised; the worker lives on
-            return TrialOutcome("fail", reason=f"worker raised: {_first_line(exc.cause or exc)}")
-        except exceptions.RayError as exc:  # the worker died (killed, out of memory...)
-            logger.warning(
-                "worker %d died in trial %d: %s",
-                pending.worker,
-                pending.trial.number,
-                _first_line(exc),
-            )
-            self.replace(pending.worker)
-            return TrialOutcome("fail", reason=f"worker died: {type(exc).__name__}")
-
-    def replace(self, index: int) -> None:
-        try:
-            self.ray.kill(self.actors[index], no_restart=True)
-        except Exception as exc:  # noqa: BLE001 - it is dead already, most likely
-            logger.debug("killing worker %d: %s", index, exc)
-        self.actors[index] = self._new()
-        self.restarts += 1
-
-    def cache_stats(self) -> list[dict[str, int]] | None:
-        """Each worker's activation-cache counters; None if a worker cannot answer."""
-        try:
-            return list(self.ray.get([actor.cache_stats.remote() for actor in self.actors]))
-        except self.ray.exceptions.RayError as exc:
-            logger.debug("cache stats: %s", exc)
-            return None
-
-    def stop(self) -> None:
-        for actor in self.actors:
-            try:
-                self.ray.kill(actor, no_restart=True)
-            except Exception as exc:  # noqa: BLE001 - best effort on the way out
-                logger.debug("stopping a worker: %s", exc)
-        self.actors = []
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")

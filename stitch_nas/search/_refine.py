@@ -41,10 +41,9 @@ from stitch_nas import attrs
 from stitch_nas.adapters import get_adapter, resolve_options
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.stitching import Measurement
 
-from ._fidelity import reference_points
+from ._fidelity import objective_values, reference_points
 from ._runner import StitchObjective
 from ._seeding import pareto_order
 
@@ -101,10 +100,7 @@ def _measured(
     m = Measurement(
         accuracy=ua[attrs.PARTIAL_ACCURACY], macs=ua["macs"], params=ua["params"], cka=math.nan
     )
-    if any(getattr(m, k) > limit for k, limit in budgets.items()):
-        return None
-    values = [float(OBJECTIVES.get(n).value(m)) for n in names]
-    return values if all(math.isfinite(v) for v in values) else None
+    return objective_values(m, names, budgets)
 
 
 def refine_study(

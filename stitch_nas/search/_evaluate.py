@@ -1,0 +1,119 @@
+"""Evaluating one config: prune it on CKA and the probe, gate it, fit it and measure it.
+
+What a trial runs, in this process (:class:`~stitch_nas.search.StitchObjective`) or on a Ray
+worker (:class:`~stitch_nas.search.TrialWorker`); the outcome is in JSON types so it can cross
+process boundaries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stitch_nas.activations import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import LayoutError, StitchNASError
+from stitch_nas.stitching import (
+    ProbeScore,
+    config_cka,
+    least_squares_version,
+    measure,
+    probe_accuracy,
+)
+
+from ._fidelity import FidelityGate, SliceStop, screen_before_training
+
+__all__ = ["TrialOutcome", "evaluate_config"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What evaluating one config gave, in JSON types so it can cross process boundaries.
+
+    Attributes:
+        status: "complete", "pruned" (CKA below threshold, layout mismatch) or "fail".
+        measurement: ``Measurement.to_dict()`` when complete.
+        cka: the config's CKA score when it was computed.
+        reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
+        partial: what the first slice measured when multi-fidelity evaluation pruned it.
+        probe: the least-squares version's probe accuracy, when it was measured.
+    """
+
+    status: str
+    measurement: dict[str, Any] | None = None
+    cka: float | None = None
+    reason: str | None = None
+    partial: dict[str, Any] | None = None
+    probe: float | None = None
+
+
+def evaluate_config(
+    ctx: StitchContext,
+    config: StitchConfig,
+    *,
+    cka_threshold: float = 0.0,
+    probe_threshold: float = 0.0,
+    fuse: bool = False,
+    latency: bool = False,
+    fidelity: Mapping[str, Any] | None = None,
+    front: Sequence[Sequence[float]] | None = None,
+    gate_training: bool = True,
+) -> TrialOutcome:
+    """Prune (CKA, then least-squares probe accuracy), fit and measure ``config``; any exception
+    becomes a "fail" outcome.
+
+    A trial that raises is recorded as FAIL with its reason rather than stopping the study;
+    the runners stop a study whose trials all fail. ``probe_threshold`` is a multiple of chance
+    (``1 / classes``) that the least-squares version's probe accuracy must reach
+    (:mod:`stitch_nas.stitching._proxy`). ``fidelity`` (``fidelity``, ``objectives``,
+    ``budgets``) and a non-empty ``front`` turn on multi-fidelity evaluation (``._fidelity``);
+    with it, a config with trained adapters is first gated on its least-squares version unless
+    ``gate_training`` is False.
+    """
+    cka: float | None = None
+    probe = None
+    gate = FidelityGate(front=front, **fidelity) if fidelity and front else None
+    try:
+        cka = config_cka(ctx, config)
+        if config.is_stitched and cka < cka_threshold:
+            return TrialOutcome("pruned", cka=cka, reason=f"cka {cka:.3f} < {cka_threshold}")
+        started = time.perf_counter()
+        trains = gate_training and gate is not None and least_squares_version(config) != config
+        if config.is_stitched and (probe_threshold > 0 or trains):
+            probe = probe_accuracy(ctx, config)
+            floor = probe_threshold / ctx.num_classes
+            if probe.accuracy < floor:
+                reason = f"probe accuracy {probe.accuracy:.3f} < {floor:.3f}"
+                return TrialOutcome("pruned", cka=cka, reason=reason, probe=probe.accuracy)
+            if gate is not None and trains:  # train only what could reach the front
+                screen_before_training(gate, ctx, probe.net)
+        _, result = measure(
+            ctx,
+            config,
+            fuse=fuse,
+            latency=latency,
+            cka=cka,
+            screen=gate,
+            net=probe.net if probe and probe.own else None,
+            fit_seconds=time.perf_counter() - started if probe and probe.own else 0.0,
+        )
+    except SliceStop as stop:
+        return TrialOutcome(
+            "pruned", cka=cka, reason=stop.reason, partial=stop.record, probe=_probe(probe)
+        )
+    except LayoutError as exc:  # a structural mismatch, not a broken trial
+        return TrialOutcome("pruned", cka=cka, reason=f"layout: {exc}")
+    except Exception as exc:  # noqa: BLE001 - failure isolation: the study goes on
+        known = isinstance(exc, (StitchNASError, RuntimeError, ValueError))
+        logger.warning("config %s failed: %s", config.describe(), exc, exc_info=not known)
+        return TrialOutcome("fail", cka=cka, reason=f"{type(exc).__name__}: {exc}")
+    return TrialOutcome("complete", measurement=result.to_dict(), cka=cka, probe=_probe(probe))
+
+
+def _probe(score: ProbeScore | None) -> float | None:
+    return None if score is None else score.accuracy
