@@ -52,9 +52,11 @@ def slow_cli(argv: list[str], delay_s: float) -> int:
     os.environ[DELAY_ENV] = str(delay_s)  # read by Ray workers, which inherit the environment
     evaluate = StitchObjective.evaluate
 
-    def slow_evaluate(self: StitchObjective, config: Any, front: Any = None) -> Any:
+    def slow_evaluate(
+        self: StitchObjective, config: Any, front: Any = None, gate_training: bool = True
+    ) -> Any:
         _delay()
-        return evaluate(self, config, front)
+        return evaluate(self, config, front, gate_training=gate_training)
 
     executor_from_settings = search.executor_from_settings
 
