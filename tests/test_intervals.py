@@ -16,8 +16,10 @@ from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 from stitch_nas.report import (
     dominated_references,
+    holdout_trials,
     hypervolume,
     split_hypervolumes,
+    stitched_front,
     wilson_interval,
     write_report,
     zoo_claims,
@@ -57,7 +59,7 @@ def test_an_accuracy_that_is_no_image_count_is_refused() -> None:
         wilson_interval(0.5, 0)
 
 
-def _stitched(accuracy: float, macs: float) -> Any:
+def _stitched(accuracy: float, macs: float, kind: str = "stitched") -> Any:
     config = {
         "fragments": [
             {"model": "a", "start": None, "end": "x"},
@@ -70,7 +72,7 @@ def _stitched(accuracy: float, macs: float) -> Any:
         attrs.CONFIG: config,
         attrs.DESCRIBE: "a[input:x] -lstsq-> b[y:output]",
         attrs.MODELS: ["a", "b"],
-        attrs.KIND: "stitched",
+        attrs.KIND: kind,
         "accuracy": accuracy,
         "macs": macs,
         "params": 10,
@@ -155,6 +157,30 @@ def test_hypervolumes_on_both_splits_by_hand() -> None:
     assert hv["val"]["union"] == pytest.approx(val_front)  # the zoo model is dominated on val
     assert hv["test"]["front"] == pytest.approx(test_front)
     assert hv["test"]["zoo"] == pytest.approx(300 / 369 * 0.4e6 / worst)
+
+
+def test_the_stitched_networks_own_front_is_measured_and_judged(tmp_path: Path) -> None:
+    # #0, a model with a new stem, dominates the stitched #1 and #2 on validation; #2 is
+    # dominated by #1 too. The claims count stitched networks apart, so #1 is measured on test.
+    study = _study({"z": (240, 300, 4e6)}, [])
+    study.add_trial(_stitched(290 / N_VAL, 1e6, kind="new stem"))
+    study.add_trial(_stitched(280 / N_VAL, 2e6))
+    study.add_trial(_stitched(270 / N_VAL, 3e6))
+    assert [t.number for t in stitched_front(study)] == [1]
+    assert [t.number for t in holdout_trials(study)] == [0, 1]
+    study.set_user_attr(attrs.TEST_RESULTS, {"0": 360 / N_TEST, "1": 350 / N_TEST})
+    hv = split_hypervolumes(study)
+    worst = 4.4e6  # 1.1 x the zoo model's MACs
+    # #1 (350/369 at 2M MACs) dominates z on test: the union is its own box
+    assert hv["test"]["stitched_union"] == pytest.approx(350 / 369 * 2.4e6 / worst)
+    assert hv["val"]["union"] == pytest.approx(290 / 300 * 3.4e6 / worst)
+    claim = zoo_claims(study)[0]
+    assert claim["dominated_by"] == [1] and claim["dominated_by_other"] == [0]
+    summary = write_report(study, tmp_path)
+    assert [r["number"] for r in summary.stitched] == [1]
+    assert "z (test 0.8130): dominated by stitched #1 (0.9485" in summary.table()
+    data = json.loads(summary.json_path.read_text())
+    assert [r["number"] for r in data["stitched_front"]] == [1]
 
 
 def test_report_files_show_the_test_split(tmp_path: Path) -> None:

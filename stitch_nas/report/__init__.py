@@ -8,9 +8,11 @@ from ._holdout import (
     accuracy_on,
     holdout_accuracies,
     holdout_missing,
+    holdout_trials,
     measure_holdout,
 )
 from ._intervals import accuracy_figures, wilson_interval
+from ._kinds import stitched_front
 from ._pareto import (
     dominated_references,
     front_hypervolume,
@@ -33,11 +35,13 @@ __all__ = [
     "front_hypervolume",
     "holdout_accuracies",
     "holdout_missing",
+    "holdout_trials",
     "hypervolume",
     "hypervolume_box",
     "measure_holdout",
     "pareto_trials",
     "split_hypervolumes",
+    "stitched_front",
     "wilson_interval",
     "write_report",
     "zoo_claims",

@@ -19,10 +19,15 @@ accuracy as a point: it asks the network's accuracy to be distinguishable from t
 model's measured value, whereas McNemar's paired test on the same images (which needs
 per-image correctness) would weigh the noise of both.
 
-**Hypervolumes** of the zoo's models alone, of the front alone and of front + zoo are computed in
-the normalised box of :func:`~stitch_nas.report.hypervolume_box` (reference point: accuracy 0
-and 1.1 x the largest cost seen), once with validation accuracy (what the search optimised) and
-once with test accuracy in place of it (the same networks, the same reference point).
+The networks judged are those the test pass measured (:func:`~stitch_nas.report.holdout_trials`):
+the study's front and the front of its stitched networks alone, both chosen on validation.
+
+**Hypervolumes** of the zoo's models alone, of the front alone, of front + zoo and of the
+stitched networks' own front + zoo (what stitching adds, apart from new heads and stems) are
+computed in the normalised box of :func:`~stitch_nas.report.hypervolume_box` (reference point:
+accuracy 0 and 1.1 x the largest cost seen), once with validation accuracy (what the search
+optimised) and once with test accuracy in place of it (the same networks, the same reference
+point).
 """
 
 from __future__ import annotations
@@ -36,9 +41,9 @@ from optuna.trial import FrozenTrial
 from stitch_nas import attrs
 from stitch_nas.stitching import STITCHED
 
-from ._holdout import holdout_accuracies, split_sizes
+from ._holdout import holdout_accuracies, holdout_trials, split_sizes
 from ._intervals import wilson_interval
-from ._kinds import recorded_kinds, trial_kind
+from ._kinds import recorded_kinds, stitched_front, trial_kind
 from ._pareto import (
     finite_number,
     hypervolume_box,
@@ -61,15 +66,23 @@ DOMINATION_RULE = (
 )
 
 
-def _three(
-    front: list[list[float]], zoo: list[list[float]], study: optuna.Study
+def _four(
+    front: list[list[float]],
+    stitched: list[list[float]],
+    zoo: list[list[float]],
+    study: optuna.Study,
 ) -> dict[str, float]:
     worst, ideal = hypervolume_box(study)
 
     def hv(points: list[list[float]]) -> float:
         return normalised_hypervolume(points, study.directions, worst, ideal)
 
-    return {"zoo": hv(zoo), "front": hv(front), "union": hv(front + zoo)}
+    return {
+        "zoo": hv(zoo),
+        "front": hv(front),
+        "union": hv(front + zoo),
+        "stitched_union": hv(stitched + zoo),
+    }
 
 
 def _with_test(values: list[float], index: int, test: float) -> list[float]:
@@ -77,31 +90,36 @@ def _with_test(values: list[float], index: int, test: float) -> list[float]:
 
 
 def split_hypervolumes(study: optuna.Study) -> dict[str, Any]:
-    """Normalised hypervolumes of the zoo alone, the front alone and front + zoo, per split.
+    """Normalised hypervolumes of the zoo alone, the front alone, front + zoo and the stitched
+    networks' own front + zoo, per split.
 
     Returns:
         ``reference_point`` and ``ideal_point`` (raw units), ``val`` and ``test``: each
-        ``{"zoo", "front", "union"}``; ``test`` is None when accuracy is not an objective or a
-        front network or zoo model has no test accuracy.
+        ``{"zoo", "front", "union", "stitched_union"}``; ``test`` is None when accuracy is not
+        an objective or a measured network or zoo model has no test accuracy.
     """
     objectives = objective_names(study)
-    front = pareto_trials(study)
+    front, stitched = pareto_trials(study), stitched_front(study)
     refs = [(r, v) for r in zoo_references(study) if (v := reference_values(r, objectives))]
     worst, ideal = hypervolume_box(study)
     out: dict[str, Any] = {"reference_point": worst, "ideal_point": ideal}
-    out["val"] = _three([list(t.values) for t in front], [v for _, v in refs], study)
+    zoo = [v for _, v in refs]
+    out["val"] = _four(
+        [list(t.values) for t in front], [list(t.values) for t in stitched], zoo, study
+    )
     out["test"] = None
     tests = holdout_accuracies(study)
-    have = all(t.number in tests for t in front) and all(
+    have = all(t.number in tests for t in front + stitched) and all(
         finite_number(r.get(attrs.TEST_ACCURACY)) is not None for r, _ in refs
     )
     if "accuracy" in objectives and have:
         i = objectives.index("accuracy")
-        out["test"] = _three(
-            [_with_test(list(t.values), i, tests[t.number]) for t in front],
-            [_with_test(v, i, float(r[attrs.TEST_ACCURACY])) for r, v in refs],
-            study,
-        )
+
+        def on_test(trials: list[FrozenTrial]) -> list[list[float]]:
+            return [_with_test(list(t.values), i, tests[t.number]) for t in trials]
+
+        zoo_test = [_with_test(v, i, float(r[attrs.TEST_ACCURACY])) for r, v in refs]
+        out["test"] = _four(on_test(front), on_test(stitched), zoo_test, study)
     return out
 
 
@@ -132,10 +150,11 @@ def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
     objectives, directions = objective_names(study), list(study.directions)
     tests, n_test = holdout_accuracies(study), split_sizes(study).get("test")
     recorded = recorded_kinds(study)
-    kinds = {t.number: trial_kind(t, recorded) for t in pareto_trials(study)}
+    measured = holdout_trials(study)
+    kinds = {t.number: trial_kind(t, recorded) for t in measured}
     # a zoo model alone on the front (refitted head aside) is no claim of the search
     judged: list[FrozenTrial] = [
-        t for t in pareto_trials(study) if n_fragments(t) > 1 or kinds[t.number] == "truncated"
+        t for t in measured if n_fragments(t) > 1 or kinds[t.number] == "truncated"
     ]
     out = []
     for ref in zoo_references(study):

@@ -3,7 +3,8 @@
 The search chooses its front on the validation split: with many configs scored on a few hundred
 images, the best validation scores are biased upward. The test split is used by nothing the
 search decides, so measuring the chosen networks on it afterwards gives figures a reader can
-trust. :func:`measure_holdout` rebuilds each front network (and each zoo model) exactly as the
+trust. :func:`measure_holdout` rebuilds each front network (the study's front and the front of
+its stitched networks alone, :func:`holdout_trials`), and each zoo model, exactly as the
 search measured it, checks that it reproduces the recorded validation accuracy, and records its
 test accuracy on the study:
 
@@ -41,7 +42,7 @@ from stitch_nas.stitching import (
     reproduces,
 )
 
-from ._kinds import recorded_kinds
+from ._kinds import recorded_kinds, stitched_front
 from ._pareto import (
     finite_number,
     pareto_trials,
@@ -55,6 +56,7 @@ __all__ = [
     "accuracy_on",
     "holdout_accuracies",
     "holdout_missing",
+    "holdout_trials",
     "measure_holdout",
     "split_sizes",
 ]
@@ -113,10 +115,18 @@ def split_sizes(study: optuna.Study) -> dict[str, Any]:
     return dict(sizes) if isinstance(sizes, dict) else {}
 
 
+def holdout_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The networks the test pass measures: the study's front, then those of the front of the
+    stitched networks alone (:func:`~stitch_nas.report.stitched_front`) not on it."""
+    front = pareto_trials(study)
+    numbers = {t.number for t in front}
+    return front + [t for t in stitched_front(study) if t.number not in numbers]
+
+
 def holdout_missing(study: optuna.Study) -> tuple[list[FrozenTrial], list[str]]:
-    """Front trials and zoo models that have no test accuracy yet."""
+    """Networks of :func:`holdout_trials` and zoo models that have no test accuracy yet."""
     done = holdout_accuracies(study)
-    trials = [t for t in pareto_trials(study) if t.number not in done]
+    trials = [t for t in holdout_trials(study) if t.number not in done]
     refs = [str(r["name"]) for r in zoo_references(study) if attrs.TEST_ACCURACY not in r]
     return trials, refs
 
@@ -148,7 +158,8 @@ def _record_kinds(study: optuna.Study, ctx: StitchContext) -> None:
 
 
 def measure_holdout(study: optuna.Study, ctx: StitchContext, *, fuse: bool = False) -> HoldoutPass:
-    """Measure the front's networks and the zoo's models on the test split; record on ``study``.
+    """Measure the fronts' networks (:func:`holdout_trials`) and the zoo's models on the test
+    split; record on ``study``.
 
     Args:
         study: The search's study, with its zoo references.

@@ -6,21 +6,28 @@ A trial records its kind when it is measured (``attrs.KIND``, see
 kinds on the study (``attrs.KINDS``). A one-fragment config needs no zoo to know its kind;
 any other network of an old study that the test pass did not see has no known kind (None,
 shown as "kind unknown"), and is not counted as stitched.
+
+:func:`stitched_front` is the front of the stitched networks alone. The claims count stitched
+networks apart, and on a real zoo a network of another kind (a zoo model with a new stem) often
+dominates every stitched one on validation, which would leave the claims nothing chosen to judge:
+so the test pass measures this front as well as the study's own.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import optuna
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
+from stitch_nas.stitching import STITCHED
 
-from ._pareto import trial_config
+from ._pareto import cheapest_first, first_of_each_network, is_feasible, trial_config
 
-__all__ = ["recorded_kinds", "trial_kind", "kind_text"]
+__all__ = ["recorded_kinds", "stitched_front", "trial_kind", "kind_text"]
 
 
 def recorded_kinds(study: optuna.Study) -> dict[int, str]:
@@ -48,3 +55,24 @@ def trial_kind(trial: FrozenTrial, recorded: dict[int, str]) -> str | None:
 def kind_text(kind: str | None) -> str:
     """A kind as tables and claims print it."""
     return "kind unknown" if kind is None else kind
+
+
+def stitched_front(study: optuna.Study) -> list[FrozenTrial]:
+    """The non-dominated feasible completed trials of kind "stitched", compared only with each
+    other (each network once, cheapest first as :func:`~stitch_nas.report.pareto_trials`)."""
+    recorded = recorded_kinds(study)
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if is_feasible(t) and trial_kind(t, recorded) == STITCHED
+    ]
+    if not trials:
+        return []
+    signs = [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
+    losses = np.asarray([t.values for t in trials], dtype=float) * np.asarray(signs)
+    front = [
+        t
+        for t, row in zip(trials, losses, strict=True)
+        if not np.any(np.all(losses <= row, axis=1) & np.any(losses < row, axis=1))
+    ]
+    return cheapest_first(first_of_each_network(front), study.directions)

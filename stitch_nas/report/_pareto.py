@@ -26,6 +26,7 @@ from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 
 __all__ = [
+    "cheapest_first",
     "dominated_references",
     "finite_number",
     "first_of_each_network",
@@ -153,11 +154,18 @@ def pareto_trials(study: optuna.Study) -> list[FrozenTrial]:
     Returns:
         Front trials, cheapest first (best first on the first objective if none is minimised).
     """
-    mins = [i for i, d in enumerate(study.directions) if d == _MIN]
-    best = first_of_each_network(study.best_trials)
+    return cheapest_first(first_of_each_network(study.best_trials), study.directions)
+
+
+def cheapest_first(
+    trials: Sequence[FrozenTrial], directions: Sequence[StudyDirection]
+) -> list[FrozenTrial]:
+    """Trials sorted by the first minimised objective (best first on the first objective if
+    none is minimised), then by number."""
+    mins = [i for i, d in enumerate(directions) if d == _MIN]
     if mins:
-        return sorted(best, key=lambda t: (t.values[mins[0]], t.number))
-    return sorted(best, key=lambda t: (-t.values[0], t.number))
+        return sorted(trials, key=lambda t: (t.values[mins[0]], t.number))
+    return sorted(trials, key=lambda t: (-t.values[0], t.number))
 
 
 def network_key(trial: FrozenTrial) -> int:

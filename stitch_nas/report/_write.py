@@ -31,7 +31,7 @@ from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
 from ._holdout import holdout_accuracies, split_sizes
 from ._html import report_html
 from ._intervals import accuracy_figures
-from ._kinds import kind_text, recorded_kinds, trial_kind
+from ._kinds import kind_text, recorded_kinds, stitched_front, trial_kind
 from ._pareto import (
     finite_number,
     is_feasible,
@@ -127,6 +127,8 @@ class ReportSummary:
 
     objectives: list[str]
     front: list[dict[str, Any]]
+    #: the front of the stitched networks alone, less those on ``front``
+    stitched: list[dict[str, Any]]
     hypervolumes: dict[str, Any]  #: :func:`~stitch_nas.report.split_hypervolumes`
     claims: list[dict[str, Any]]  #: :func:`~stitch_nas.report.zoo_claims`
     counts: dict[str, int]
@@ -163,19 +165,23 @@ class ReportSummary:
                 f"({_corner(self.objectives, hv['ideal_point'])}):",
                 width=100,
             ),
-            f"  {'split':<10} {'zoo alone':>10} {'front alone':>12} {'front + zoo':>12}",
+            f"  {'split':<10} {'zoo alone':>10} {'front alone':>12} {'front + zoo':>12} "
+            f"{'stitched + zoo':>15}",
         ]
         for split, word in (("val", "validation"), ("test", "test")):
             if hv.get(split) is None:
                 lines.append(f"  {word:<10} (not measured: run `stitch-nas report DIR`)")
                 continue
-            z, f, u = (hv[split][k] for k in ("zoo", "front", "union"))
-            lines.append(f"  {word:<10} {z:>10.4f} {f:>12.4f} {u:>12.4f}")
+            z, f, u, s = (hv[split][k] for k in ("zoo", "front", "union", "stitched_union"))
+            lines.append(f"  {word:<10} {z:>10.4f} {f:>12.4f} {u:>12.4f} {s:>15.4f}")
+        lines.append(
+            "  (stitched + zoo: the front of the stitched networks alone, with the zoo's models)"
+        )
         return lines
 
     def claim_lines(self) -> list[str]:
         """One line per zoo model: dominated, matched within noise, or neither (on test)."""
-        fronts = {r["number"]: r for r in self.front}
+        fronts = {r["number"]: r for r in self.front + self.stitched}
         lines = []
         for c in self.claims:
             name, zoo_test = c["reference"], c[attrs.TEST_ACCURACY]
@@ -230,6 +236,11 @@ class ReportSummary:
         for r in self.front:
             kind = kind_text(r["kind"])
             lines.append(f"{'#' + str(r['number']):>6} {_cells(r)}  {kind}: {r['describe']}")
+        if self.stitched:
+            lines += ["", "Stitched networks alone, chosen on validation (those not on the front):"]
+            lines += [
+                f"{'#' + str(r['number']):>6} {_cells(r)}  {r['describe']}" for r in self.stitched
+            ]
         width = max([9] + [len(str(ref["name"])) for ref in self.references])
         if self.references:
             lines += ["", f"{'zoo model':<{width}} {_cells(None)}"]
@@ -309,6 +320,12 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     objectives, sizes, tests = objective_names(study), split_sizes(study), holdout_accuracies(study)
     kinds = recorded_kinds(study)
     front = [_front_row(t, objectives, tests, sizes, kinds) for t in pareto_trials(study)]
+    on_front = {r["number"] for r in front}
+    stitched = [
+        _front_row(t, objectives, tests, sizes, kinds)
+        for t in stitched_front(study)
+        if t.number not in on_front
+    ]
     refs = [_reference_row(r, sizes) for r in zoo_references(study)]
     counts = {s.name: 0 for s in TrialState}
     for t in study.get_trials(deepcopy=False):
@@ -317,6 +334,7 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     summary = ReportSummary(
         objectives,
         front,
+        stitched,
         hypervolumes=split_hypervolumes(study),
         claims=zoo_claims(study),
         counts=counts,
@@ -336,6 +354,7 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
         "domination_rule": DOMINATION_RULE,
         "claims": summary.claims,
         "front": front,
+        "stitched_front": stitched,
         "references": refs,
         "counts": counts,
     }
