@@ -115,3 +115,13 @@ def test_a_refinement_trains_before_it_meets_the_gate(ctx, monkeypatch):
     assert trained  # trained, though its least-squares version could not reach the front
     reason = refined.user_attrs.get(attrs.PRUNE_REASON, "")
     assert reason.startswith("fidelity:"), reason  # then gated on the trained network's slice
+
+
+def test_stitched_networks_and_the_rest_take_turns():
+    from stitch_nas.search._refine import _turns
+
+    # (error, MACs), both minimised: #0 and #1 (a new stem) dominate every stitched network,
+    # the zoo model (0.1, 5) dominates #4; stitched networks still get every other turn, first
+    points = [(0.1, 1.0), (0.2, 0.5), (0.3, 2.0), (0.4, 1.5), (0.5, 6.0)]
+    stitched = [False, False, True, True, True]
+    assert _turns(points, stitched, zoo=[(0.1, 5.0)]) == [2, 0, 3, 1, 4]

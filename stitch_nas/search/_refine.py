@@ -5,8 +5,10 @@ search itself learns cheaply where stitching works. Training an adapter costs a 
 per trial, so it is spent only where the search found something: once the search is done, the
 ``count`` best networks with a least-squares joint (Pareto layers of the study's objectives on
 validation, best layer first, within the budgets; a trial the multi-fidelity gate stopped
-counts with its slice accuracy; the zoo's own models take part in the
-layers, so a network a zoo model dominates comes after those on the front of both) are each
+counts with its slice accuracy; the zoo's own models take part in the layers, so a network a
+zoo model dominates comes after those on the front of both; stitched networks and the rest,
+new stems and heads, are ranked apart and take turns, because on a real zoo a model with a
+new stem can dominate every stitched network and would take every turn) are each
 run once more per adapter in ``adapters`` as a new trial, every ``lstsq`` joint replaced by
 that trained adapter (the CLI's default is one ``linear``
 stitch, which joins any layout, initialised by least squares and trained 100 steps by SN-Net's
@@ -31,6 +33,7 @@ space, with the local loop and with Ray workers alike.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,7 +44,7 @@ from stitch_nas import attrs
 from stitch_nas.adapters import get_adapter, resolve_options
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.stitching import Measurement
+from stitch_nas.stitching import STITCHED, Measurement, network_kind
 
 from ._fidelity import objective_values, reference_points
 from ._runner import StitchObjective
@@ -103,6 +106,22 @@ def _measured(
     return objective_values(m, names, budgets)
 
 
+def _turns(
+    points: list[tuple[float, ...]], stitched: list[bool], zoo: list[tuple[float, ...]]
+) -> list[int]:
+    """Indices of ``points`` (to minimise), stitched networks and the rest taking turns, each
+    group in order of Pareto layers among itself and the zoo's models."""
+    groups = []
+    for want in (True, False):
+        members = [i for i, s in enumerate(stitched) if s == want]
+        order = pareto_order([points[i] for i in members] + zoo)
+        groups.append([members[j] for j in order if j < len(members)])
+    turns = []
+    for pair in itertools.zip_longest(*groups):
+        turns += [i for i in pair if i is not None]
+    return turns
+
+
 def refine_study(
     study: optuna.Study,
     objective: StitchObjective,
@@ -132,16 +151,19 @@ def refine_study(
         if measured is not None:
             rows.append(t)
             values.append(measured)
-    # the zoo's own models take part in the layers, so a network one of them dominates waits
-    # behind those that stand on the front of zoo and study together
-    values += reference_points(study, objective.names, objective.budgets)
+    zoo = [
+        tuple(s * v for s, v in zip(signs, p, strict=True))
+        for p in reference_points(study, objective.names, objective.budgets)
+    ]
     points = [tuple(s * v for s, v in zip(signs, p, strict=True)) for p in values]
+    stitched = [
+        network_kind(objective.ctx, StitchConfig.from_dict(t.user_attrs[attrs.CONFIG])) == STITCHED
+        for t in rows
+    ]
     networks = enqueued = 0
-    for i in pareto_order(points):
+    for i in _turns(points, stitched, zoo):
         if networks >= count:
             break
-        if i >= len(rows):  # a zoo model
-            continue
         config = StitchConfig.from_dict(rows[i].user_attrs[attrs.CONFIG])
         refined = [_refined(config, adapter) for adapter in adapters]
         new = [c for c in refined if c is not None and c.stable_hash() not in held]
