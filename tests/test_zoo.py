@@ -9,6 +9,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import timm
@@ -27,6 +28,7 @@ from stitch_nas.zoo._sources import (
     from_timm,
     from_torchvision,
     load_state_dict_file,
+    sha256_file,
 )
 
 SPEC = InputSpec(size=(32, 32), mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
@@ -153,6 +155,44 @@ def test_from_timm_pretrained_uses_local_cache_only(
     assert torch.equal(loaded["conv1.0.weight"], source.state_dict()["conv1.0.weight"])
     assert loaded["fc.weight"].shape == (10, 96)  # fresh head for the new classes
     assert entry.input_spec.size == (160, 160)
+
+
+def test_from_timm_pretrained_downloads_like_timm_unless_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "torch_hub"))
+    create = timm.create_model
+    torch.manual_seed(2)
+    published = create("test_resnet", pretrained=False).state_dict()
+    calls = []
+
+    def no_network(name: str, pretrained: bool = False, **kwargs: Any) -> Any:
+        if pretrained and "pretrained_cfg_overlay" not in kwargs:  # timm would download
+            calls.append(name)
+            raise LocalEntryNotFoundError("cannot reach the Hub")
+        return create(name, pretrained=pretrained, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", no_network)
+    with pytest.raises(CacheError, match=r"could not download.*test_resnet.r160_in1k.*weights="):
+        from_timm("test_resnet.r160_in1k", pretrained=True)
+    assert calls == ["test_resnet.r160_in1k"]  # timm was asked to download it
+
+    def download(name: str, pretrained: bool = False, **kwargs: Any) -> Any:
+        if pretrained and "pretrained_cfg_overlay" not in kwargs:  # what timm's download does
+            _fake_hub_cache(tmp_path / "hub", f"timm/{name}", published)
+            return create(name, pretrained=False, **kwargs)  # nothing reaches the network
+        return create(name, pretrained=pretrained, **kwargs)
+
+    monkeypatch.setattr(timm, "create_model", download)
+    entry = from_timm("test_resnet.r160_in1k", pretrained=True)
+    assert torch.equal(entry.model.state_dict()["conv1.0.weight"], published["conv1.0.weight"])
+    cached = tmp_path / "hub/models--timm--test_resnet.r160_in1k/snapshots/abc123"
+    assert entry.weights_sha256 == sha256_file(cached / "model.safetensors")
 
 
 def test_from_torchvision(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """Sources of zoo entries: timm, torchvision, any ``nn.Module`` and YAML settings items.
 
-:func:`from_timm` (weights from a local file, the local Hugging Face cache, or random),
+:func:`from_timm` (weights from a local file, timm's pretrained weights, or random),
 :func:`from_torchvision` (local file) and :func:`from_module` each return a
 :class:`~stitch_nas.zoo.ZooEntry` (YAML items are built by :mod:`stitch_nas.zoo._yaml`).
-Nothing here downloads; checkpoints are read with safetensors or
+Only ``from_timm(..., pretrained=True)`` may download, as timm does (never with
+``HF_HUB_OFFLINE`` set); checkpoints are read with safetensors or
 ``torch.load(..., weights_only=True)``.
 """
 
@@ -78,9 +79,37 @@ def _hub_cached_file(name: str) -> Path:
         if candidate.is_file():
             return candidate
     raise CacheError(
-        f"pretrained weights of timm model {name!r} are not in the local cache and nothing is "
-        "downloaded; pass weights='path/to/file.safetensors' instead"
+        f"pretrained weights of timm model {name!r} are not in the local cache "
+        f"({', '.join(str(c) for c in candidates) or 'timm names no file for it'}); pass "
+        "weights='path/to/file.safetensors' instead"
     )
+
+
+def _cached_or_downloaded(name: str, kwargs: dict[str, Any]) -> Path:
+    """The weights file of a timm model: from the local cache, else downloaded by timm itself
+    into it unless ``HF_HUB_OFFLINE`` is set (timm's own behaviour)."""
+    import timm
+    from huggingface_hub import constants
+
+    try:
+        return _hub_cached_file(name)
+    except CacheError:
+        if constants.HF_HUB_OFFLINE:
+            raise CacheError(
+                f"pretrained weights of timm model {name!r} are not in the local cache and "
+                "HF_HUB_OFFLINE is set; unset it to let timm download them, or pass "
+                "weights='path/to/file.safetensors' (YAML: weights: path)"
+            ) from None
+    logger.warning("downloading the pretrained weights of timm model %s", name)
+    try:  # downloads into the Hugging Face (or torch hub) cache, as timm.create_model does
+        timm.create_model(name, pretrained=True, **kwargs)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CacheError(
+            f"could not download the pretrained weights of timm model {name!r} ({exc}); "
+            "download them where the network is reachable (they land in the Hugging Face "
+            "cache) or pass weights='path/to/file.safetensors' (YAML: weights: path)"
+        ) from exc
+    return _hub_cached_file(name)
 
 
 def _classifier_outputs(state: Mapping[str, torch.Tensor], key: str | None) -> int | None:
@@ -109,7 +138,7 @@ def _create_timm(
         load_into(model, state, f"file {str(weights)!r}")
         return model, sha256_file(Path(weights).expanduser())
     if pretrained:
-        cached = _hub_cached_file(name)
+        cached = _cached_or_downloaded(name, kwargs)
         # timm reads .safetensors with safetensors and anything else with weights_only=True
         overlay = {"file": str(cached)}
         try:
@@ -145,7 +174,8 @@ def from_timm(
         num_classes: Number of outputs (timm's default when None).
         label_names: Class names; ImageNet names for 1000 classes, else ``"0"``, ``"1"``...
         pretrained: Load timm's pretrained weights from the local Hugging Face (or torch hub)
-            cache only; a different ``num_classes`` gets a fresh classifier.
+            cache; weights not cached are downloaded by timm into it, unless
+            ``HF_HUB_OFFLINE`` is set. A different ``num_classes`` gets a fresh classifier.
         entry_name: Name in the zoo; defaults to ``name``.
         input_spec: Override the spec read from the model's ``pretrained_cfg``; when None and
             ``img_size`` is in ``kwargs``, that size is used.
@@ -153,7 +183,8 @@ def from_timm(
 
     Raises:
         UnknownModelError: If timm does not know ``name``.
-        CacheError: If ``pretrained=True`` but the weights are not cached locally.
+        CacheError: If ``pretrained=True`` but the weights are neither cached nor downloadable
+            (offline, or the download failed).
         DataError: If the weights file is missing, corrupt or does not fit.
     """
     import timm
