@@ -12,11 +12,12 @@ import torch
 from search_spaces.snnet import train_snnet
 from stitch_nas import errors, load
 from stitch_nas.activations import StitchContext
+from stitch_nas.adapters import resolve_teacher
 from stitch_nas.config import StitchConfig
 from stitch_nas.data import load_digits_splits
 from stitch_nas.export import ExportItem, export_elastic
 from stitch_nas.search import evaluate_config, make_objective
-from stitch_nas.snnet import JOINT_OPTIONS, JointSNNet
+from stitch_nas.snnet import JOINT_OPTIONS, JointSNNet, joint_spec
 from stitch_nas.stitching import measure
 from stitch_nas.zoo import ZooEntry
 from tests._tiny import LABELS, SPEC, tiny_context, tiny_zoo
@@ -108,6 +109,25 @@ def test_adapter_only_training_keeps_zoo_anchors(ctx):
     rows = sn.evaluate()
     assert len(rows) == len(sn.anchors) + len(sn.stitches)
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["macs"] > 0 for r in rows)
+
+
+def test_distillation_learns_the_teachers_logits(ctx):
+    from stitch_nas.snnet._joint import _targets
+
+    sn = train_snnet(ctx, train="adapter", loss="distill", teacher="best", **FAST)
+    assert sn.spec != joint_spec(train="adapter", **FAST)  # not the task-trained SN-Net
+    members = sn.members()
+    best = resolve_teacher(ctx, "best", ctx.zoo.names()[0])
+    logits = ctx.activation(best, None, "train")
+    distill = {"loss": "distill", "teacher": "best"}
+    assert all(torch.equal(t, logits) for t in _targets(ctx, members, distill))
+    own = _targets(ctx, members, {"loss": "distill", "teacher": "destination"})
+    for net, target in zip(members, own, strict=True):  # each member's last model's logits
+        assert torch.equal(target, ctx.activation(net.config.fragments[-1].model, None, "train"))
+    labels = _targets(ctx, members, {"loss": "task"})
+    assert all(torch.equal(t, ctx.labels("train")) for t in labels)
+    with pytest.raises(errors.ConfigError, match="teacher='nope' is not a zoo model"):
+        train_snnet(ctx, loss="distill", teacher="nope", **FAST)
 
 
 def test_bad_options_name_the_value(ctx):

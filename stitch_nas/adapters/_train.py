@@ -35,6 +35,7 @@ from ._registry import Option, choice, integer, number
 __all__ = [
     "TRAIN_OPTIONS",
     "LOSSES",
+    "training_loss",
     "TRAINS",
     "TrainData",
     "TrainReport",
@@ -109,7 +110,11 @@ class TrainReport:
         return asdict(self)
 
 
-def _loss(loss: str, out: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
+def training_loss(
+    loss: str, out: torch.Tensor, target: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """One of :data:`LOSSES` (but "none") of a batch: ``target`` is features (match,
+    feature), class labels (task) or the teacher's logits (distill)."""
     if loss in ("match", "feature"):
         return F.mse_loss(out, target)
     if loss == "task":
@@ -143,7 +148,7 @@ def _held_out(
             _batches(data.val_inputs, size), _batches(data.val_targets, size), strict=True
         ):
             out = model(xb.to(device))
-            total += float(_loss(loss, out, yb.to(device), temperature)) * xb.shape[0]
+            total += float(training_loss(loss, out, yb.to(device), temperature)) * xb.shape[0]
     model.train(was)
     return total / max(data.val_inputs.shape[0], 1)
 
@@ -248,7 +253,7 @@ def train(
             index = order[cursor : cursor + size]
             cursor += size
             out = model(data.inputs[index].to(device))
-            loss = _loss(loss_name, out, data.targets[index].to(device), temperature)
+            loss = training_loss(loss_name, out, data.targets[index].to(device), temperature)
             fix = f"lower lr (now {opts['lr']}) or use init='lstsq'"
             losses.append(take_step(loss, optimiser, schedule, what=what, step=step, fix=fix))
             if (step + 1) % every == 0 or step + 1 == steps:

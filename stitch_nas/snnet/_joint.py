@@ -6,7 +6,11 @@ The configuration set E holds the anchors and every stitch SN-Net's plan makes b
 stitching layer is a 1x1 convolution (the ``linear`` adapter, ``norm="none"`` by default, as in
 SN-Net) initialised by least squares on the probe split (SN-Net uses 100 training images).
 Then each step draws one member of E uniformly, runs a mini-batch of the train split through
-it and takes an AdamW step on the cross-entropy (SN-Net trains with DeiT's recipe: AdamW,
+it and takes an AdamW step on the cross-entropy, or with ``loss="distill"`` on the KL
+divergence from a teacher's logits (SN-Net distils from a RegNetY-160 for DeiT; here a zoo
+model: ``teacher="best"``, the best on the probe split, by default, a zoo name, or
+``"destination"``, each member's last model; softened by ``temperature``, 1 by default, as
+the adapters' ``distill`` loss) (SN-Net trains with DeiT's recipe: AdamW,
 lr 1e-4, weight decay 0.05, cosine schedule). ``train="all"`` (SN-Net's default, Sec. 4.2)
 updates the anchors too; ``train="adapter"`` only the stitching layers, and then anchors are
 not drawn, having nothing to train. Anchors are private copies shared by every stitch that
@@ -23,8 +27,7 @@ training options). :func:`joint_network` trains it once per context and returns 
 network. Training is seeded, so another process (a Ray worker, ``stitch-nas export``) trains
 the same weights; the export re-measures each network, which would catch any difference.
 
-Not built: SN-Net's knowledge distillation from a RegNetY-160 teacher (a zoo has no teacher
-by default) and its per-family learning rates beyond ``anchor_lr_scale`` (SN-Net: 0.1 for
+Not built: SN-Net's per-family learning rates beyond ``anchor_lr_scale`` (SN-Net: 0.1 for
 hierarchical models, 1.0 for DeiT).
 """
 
@@ -38,12 +41,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from stitch_nas import adapters
 from stitch_nas.activations import StitchContext
-from stitch_nas.adapters._train import cosine_schedule, take_step
+from stitch_nas.adapters import resolve_teacher
+from stitch_nas.adapters._train import cosine_schedule, take_step, training_loss
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint, PieceChain, count_params_of
@@ -239,6 +242,22 @@ def _train_input(ctx: StitchContext, net: StitchedNet) -> tuple[int, torch.Tenso
     return 0, ctx.inputs(first.model, "train")
 
 
+def _targets(
+    ctx: StitchContext, members: list[StitchedNet], opts: dict[str, Any]
+) -> list[torch.Tensor]:
+    """Each member's training targets on the train split: the labels (``loss="task"``) or its
+    teacher's logits (``"distill"``: the zoo model ``teacher`` names, ``"best"`` by probe
+    accuracy, or ``"destination"``, the member's last model), each teacher run once."""
+    if opts["loss"] == "task":
+        return [ctx.labels("train")] * len(members)
+    teachers = [
+        resolve_teacher(ctx, str(opts["teacher"]), net.config.fragments[-1].model)
+        for net in members
+    ]
+    logits = {t: ctx.activation(t, None, "train") for t in dict.fromkeys(teachers)}
+    return [logits[t] for t in teachers]
+
+
 def _optimiser(sn: JointSNNet, opts: dict[str, Any]) -> torch.optim.Optimizer:
     lr = float(opts["lr"])
     groups = [{"params": [p for m in sn.layers.values() for p in m.parameters()], "lr": lr}]
@@ -259,9 +278,10 @@ def _train(sn: JointSNNet, opts: dict[str, Any], progress: bool) -> JointReport:
     trained = [p for group in optimiser.param_groups for p in group["params"]]
     everything = nn.ModuleList([*(c.model for c in sn.chains.values()), *sn.layers.values()])
     generator = torch.Generator().manual_seed(int(opts["seed"]))
-    labels = ctx.labels("train")
-    n, size = labels.shape[0], min(int(opts["batch_size"]), labels.shape[0])
+    n = ctx.labels("train").shape[0]
+    size = min(int(opts["batch_size"]), n)
     sources = [_train_input(ctx, net) for net in members]  # looked up once, not every step
+    targets = _targets(ctx, members, opts)
     draws, losses = [0] * len(members), []
     start = time.perf_counter()
     with adapters.only_training(everything, trained), torch.enable_grad():
@@ -270,7 +290,8 @@ def _train(sn: JointSNNet, opts: dict[str, Any], progress: bool) -> JointReport:
             index = torch.randperm(n, generator=generator)[:size]
             part, x = sources[q]
             out = members[q].forward_from(part, x[index.to(x.device)])
-            loss = F.cross_entropy(out, labels[index].to(out.device))
+            target = targets[q][index.to(targets[q].device)].to(out.device)
+            loss = training_loss(opts["loss"], out, target, float(opts["temperature"]))
             what = f"SN-Net member {members[q].config.describe()}"
             fix = f"lower lr (now {opts['lr']})"
             losses.append(take_step(loss, optimiser, schedule, what=what, step=step, fix=fix))
@@ -312,8 +333,9 @@ def train_snnet(ctx: StitchContext, *, progress: bool = False, **options: Any) -
     Args:
         options: anchors (list or comma-joined; default the zoo ordered by MACs), kernel,
             stride, nearest, direction (as :func:`stitch_nas.snnet.snnet_stitches`); the
-            stitching layer's resize, norm, cls, pos; train ("all" or "adapter"), steps, lr,
-            anchor_lr_scale, weight_decay, batch_size, seed.
+            stitching layer's resize, norm, cls, pos; train ("all" or "adapter"), loss ("task"
+            or "distill"), teacher, temperature, steps, lr, anchor_lr_scale, weight_decay,
+            batch_size, seed.
     """
     return _trained(ctx, joint_spec(**options), progress)
 
@@ -323,7 +345,10 @@ def _trained(ctx: StitchContext, spec: AdapterSpec, progress: bool) -> JointSNNe
     key = ("snnet_joint", spec.options)
     if key not in ctx.memo:
         opts = resolve_joint_options(dict(spec.options))
-        sn = JointSNNet(ctx, spec, joint_stitches(ctx, spec))
+        stitches = joint_stitches(ctx, spec)
+        if opts["loss"] == "distill" and stitches:  # a bad teacher fails before any fitting
+            resolve_teacher(ctx, str(opts["teacher"]), stitches[0].config.fragments[-1].model)
+        sn = JointSNNet(ctx, spec, stitches)
         logger.info(
             "training SN-Net: %d stitches, %d stitching layers, %d steps",
             len(sn.stitches),

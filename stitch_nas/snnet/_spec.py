@@ -45,6 +45,12 @@ JOINT_OPTIONS: dict[str, Option] = {
     "cls": choice("fold", *adapters.CLS_MODES),
     "pos": choice("learned", "learned", "none"),
     "train": choice("all", "all", "adapter"),
+    # SN-Net distils from a stronger teacher (RegNetY-160 for DeiT); here a zoo model's logits
+    "loss": choice("task", "task", "distill"),
+    "teacher": Option(
+        "best", lambda v: isinstance(v, str) and bool(v), "'best', 'destination' or a zoo name"
+    ),
+    "temperature": number(1.0, 1e-6),
     "steps": integer(300, 1),
     "lr": number(1e-4, 0.0),
     "anchor_lr_scale": number(1.0, 0.0),
