@@ -141,6 +141,28 @@ def test_the_front_holds_references_within_budget():
     assert current_front(study, NAMES, {"macs": 500}) == [[0.9, 100.0]]
 
 
+def test_a_stitched_config_is_gated_against_the_stitched_networks_and_the_zoo(ctx):
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.set_user_attr(
+        attrs.REFERENCES, [{"name": "a", "accuracy": 0.9, "macs": 900, "params": 5, "cka": 1.0}]
+    )
+
+    def add(accuracy: float, macs: float, kind: str) -> None:
+        user = {attrs.KIND: kind}
+        study.add_trial(optuna.trial.create_trial(values=[accuracy, macs], user_attrs=user))
+
+    add(0.95, 100.0, "new stem")  # dominates every stitched network below
+    assert current_front(study, NAMES, {}, "stitched") == []  # no stitched network yet
+    add(0.8, 300.0, "stitched")
+    add(0.7, 400.0, "stitched")  # dominated by the stitched one before it
+    assert current_front(study, NAMES, {}) == [[0.95, 100.0]]
+    assert current_front(study, NAMES, {}, "stitched") == [[0.8, 300.0], [0.9, 900.0]]
+    objective = StitchObjective(ctx, fidelity=0.15, min_slice=0)
+    single, _, stitched = _configs(ctx)
+    assert objective.front(study, stitched) == [[0.8, 300.0], [0.9, 900.0]]
+    assert objective.front(study, single) == objective.front(study) == [[0.95, 100.0]]
+
+
 def test_ray_workers_apply_the_same_rule(ctx, tmp_path):
     ray = pytest.importorskip("ray")
     from stitch_nas.search import RayExecutor, create_study, run_search

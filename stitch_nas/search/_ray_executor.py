@@ -184,7 +184,7 @@ class RayExecutor:
                         counts["duplicates"] += 1
                         continue
                     worker = idle.pop()
-                    front, gated = objective.front(study), gates_training(view)
+                    front, gated = objective.front(study, config), gates_training(view)
                     ref = pool.submit(worker, trial.number, config, front, gated)
                     in_flight[ref] = _Pending(trial, config, worker)
                 if not in_flight:

@@ -22,9 +22,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
-from stitch_nas.stitching import (
-    Measurement,
-)
+from stitch_nas.stitching import STITCHED, Measurement, network_kind
 
 from ._evaluate import TrialOutcome, evaluate_config
 from ._fidelity import (
@@ -156,7 +154,7 @@ class StitchObjective:
         repeat = self.duplicate(trial, config)
         if repeat is not None:
             return optuna.trial.TrialState.PRUNED, None, repeat
-        front = self.front(trial.study)
+        front = self.front(trial.study, config)
         outcome = self.evaluate(config, front, gate_training=gates_training(trial))
         state, values = self.finish(trial, config, outcome)
         return state, values, outcome.reason
@@ -172,9 +170,13 @@ class StitchObjective:
             "fidelity": fidelity if self.gated else None,
         }
 
-    def front(self, study: optuna.Study) -> Front | None:
-        """The study's current front for multi-fidelity evaluation (None: the gate is off)."""
-        return current_front(study, self.names, self.budgets) if self.gated else None
+    def front(self, study: optuna.Study, config: StitchConfig | None = None) -> Front | None:
+        """The study's current front that ``config`` is gated against (None: the gate is off):
+        for a stitched config, the front of the study's stitched networks and the zoo."""
+        if not self.gated:
+            return None
+        stitched = config is not None and network_kind(self.ctx, config) == STITCHED
+        return current_front(study, self.names, self.budgets, STITCHED if stitched else None)
 
     def evaluate(
         self, config: StitchConfig, front: Front | None = None, *, gate_training: bool = True
