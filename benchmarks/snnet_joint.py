@@ -86,8 +86,8 @@ def joint(
 def separate(ctx: StitchContext, steps: int, anchors: str = "") -> dict:
     """Each stitch trained alone with the same total number of optimiser steps as ``joint``."""
     stitches = joint_stitches(ctx, joint_spec(anchors=anchors))
-    anchors = sorted({m for s in stitches for m in (s.front, s.back)})
-    each = max(1, steps // (len(stitches) + len(anchors)))
+    family = sorted({m for s in stitches for m in (s.front, s.back)})
+    each = max(1, steps // (len(stitches) + len(family)))
     spec = AdapterSpec(
         "linear",
         {
@@ -102,7 +102,7 @@ def separate(ctx: StitchContext, steps: int, anchors: str = "") -> dict:
     )
     start = time.perf_counter()
     rows, params = [], 0
-    for name in anchors:
+    for name in family:
         _, m = measure(ctx, StitchConfig.single(name))
         rows.append({"anchor": True, "accuracy": m.accuracy})
         params += m.params
