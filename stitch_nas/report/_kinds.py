@@ -25,7 +25,7 @@ from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 from stitch_nas.stitching import STITCHED
 
-from ._pareto import cheapest_first, first_of_each_network, is_feasible, trial_config
+from ._pareto import as_losses, cheapest_first, first_of_each_network, is_feasible, trial_config
 
 __all__ = ["recorded_kinds", "stitched_front", "trial_kind", "kind_text"]
 
@@ -68,8 +68,7 @@ def stitched_front(study: optuna.Study) -> list[FrozenTrial]:
     ]
     if not trials:
         return []
-    signs = [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
-    losses = np.asarray([t.values for t in trials], dtype=float) * np.asarray(signs)
+    losses = as_losses(np.asarray([t.values for t in trials], dtype=float), study.directions)
     front = [
         t
         for t, row in zip(trials, losses, strict=True)

@@ -26,6 +26,7 @@ from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 
 __all__ = [
+    "as_losses",
     "cheapest_first",
     "dominated_references",
     "finite_number",
@@ -128,13 +129,13 @@ def _as_direction(direction: StudyDirection | str) -> StudyDirection:
     raise ConfigError(f"unknown direction {direction!r}; use 'maximize' or 'minimize'")
 
 
-def _losses(points: np.ndarray, directions: Sequence[StudyDirection | str]) -> np.ndarray:
+def as_losses(points: np.ndarray, directions: Sequence[StudyDirection | str]) -> np.ndarray:
     """Points as losses: maximised objectives negated so that smaller is better everywhere."""
     return points * np.asarray([-1.0 if _as_direction(d) == _MAX else 1.0 for d in directions])
 
 
 def _dominates(a: Sequence[float], b: Sequence[float], directions: Sequence[Any]) -> bool:
-    la, lb = _losses(np.asarray([a, b], dtype=float), directions)
+    la, lb = as_losses(np.asarray([a, b], dtype=float), directions)
     return bool(np.all(la <= lb) and np.any(la < lb))
 
 
@@ -214,7 +215,7 @@ def hypervolume(
         )
     if not (np.all(np.isfinite(pts)) and np.all(np.isfinite(ref))):
         raise ConfigError("hypervolume points and reference point must be finite")
-    losses, ref_loss = _losses(pts, directions), _losses(ref[None, :], directions)[0]
+    losses, ref_loss = as_losses(pts, directions), as_losses(ref[None, :], directions)[0]
     return _hv_min(losses[np.all(losses < ref_loss, axis=1)], ref_loss)
 
 
