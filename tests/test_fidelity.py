@@ -113,8 +113,11 @@ def test_a_slice_below_the_minimum_turns_the_gate_off(ctx):
 def test_a_pruned_trial_carries_the_slice(ctx):
     objective = StitchObjective(ctx, fidelity=0.15, min_slice=0)
     study = optuna.create_study(directions=objective.directions)
-    # a front point better than any network on both objectives
-    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))
+    # a front point better than any network on both objectives; stitched, so a stitched
+    # config (gated against the stitched networks) meets it as well as any other config
+    study.add_trial(
+        optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={attrs.KIND: "stitched"})
+    )
     study.enqueue_trial({})
     study.optimize(objective, n_trials=1)
     trial = study.trials[-1]
@@ -169,7 +172,9 @@ def test_ray_workers_apply_the_same_rule(ctx, tmp_path):
 
     objective = StitchObjective(ctx, fidelity=0.15, min_slice=0)
     study = create_study(objective, tmp_path / "ray", sampler="random", seed=0)
-    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))  # dominates every network
+    study.add_trial(  # dominates every network, stitched ones too (they are gated apart)
+        optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={attrs.KIND: "stitched"})
+    )
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         run_search(objective, study, 3, executor=RayExecutor(workers=1))

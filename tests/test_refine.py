@@ -106,7 +106,9 @@ def test_a_refinement_trains_before_it_meets_the_gate(ctx, monkeypatch):
         directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=0)
     )
     run_search(objective, study, 4)
-    study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))  # dominates every network
+    study.add_trial(  # dominates every network, stitched ones too (they are gated apart)
+        optuna.trial.create_trial(values=[1.0, 1.0], user_attrs={attrs.KIND: "stitched"})
+    )
     adapters = refine_adapters([{"kind": "linear", "loss": "distill", "steps": 4}])
     assert refine_study(study, objective, 1, adapters) == 1
     study.optimize(objective, n_trials=1)
