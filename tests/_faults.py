@@ -25,23 +25,46 @@ class SlowWorker(TrialWorker):
     """A worker whose every trial first sleeps ``$STITCH_NAS_TEST_DELAY_S`` seconds."""
 
     def evaluate(
-        self, number: int, config: dict[str, Any], front: Any = None, gate_training: bool = True
+        self,
+        number: int,
+        config: dict[str, Any],
+        front: Any = None,
+        gate_training: bool = True,
+        snnets: Any = None,
     ) -> dict[str, Any]:
         _delay()
-        return super().evaluate(number, config, front, gate_training)
+        return super().evaluate(number, config, front, gate_training, snnets)
 
 
 class FaultyWorker(TrialWorker):
     """Dies (as the OOM killer would kill it) on trial 1 and raises on trial 2."""
 
     def evaluate(
-        self, number: int, config: dict[str, Any], front: Any = None, gate_training: bool = True
+        self,
+        number: int,
+        config: dict[str, Any],
+        front: Any = None,
+        gate_training: bool = True,
+        snnets: Any = None,
     ) -> dict[str, Any]:
         if number == 1:
             os._exit(17)
         if number == 2:
             raise RuntimeError(f"injected: trial {number} raises")
-        return super().evaluate(number, config, front, gate_training)
+        return super().evaluate(number, config, front, gate_training, snnets)
+
+
+class NoTrainingWorker(TrialWorker):
+    """A worker in which training an SN-Net raises: what it measures was trained elsewhere."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        import stitch_nas.snnet._joint as joint
+
+        def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise AssertionError("a worker trained the SN-Net")
+
+        joint._train = refuse  # type: ignore[assignment]
 
 
 def slow_cli(argv: list[str], delay_s: float) -> int:

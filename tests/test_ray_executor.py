@@ -36,7 +36,7 @@ from stitch_nas.search import (
     evaluate_config,
     run_search,
 )
-from tests._faults import FaultyWorker
+from tests._faults import FaultyWorker, NoTrainingWorker
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -113,6 +113,39 @@ def test_a_crashing_worker_and_a_raising_trial_do_not_stop_the_study(ray_session
     assert all(t.user_attrs[RAY_NODE] == node for t in study.trials if t.state == Complete)
     assert executor.last_run["worker_restarts"] == 1
     assert executor.last_run["failed"] == 2
+
+
+def test_a_joint_snnet_trains_once_on_the_driver_and_reaches_the_workers(ray_session, tmp_path):
+    ctx = tiny_context()
+    joint = {"steps": 12, "lr": 1e-3}
+    objective = StitchObjective(ctx, space="snnet", space_options={"joint": joint})
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=0)
+    executor = RayExecutor(workers=2, worker_class=NoTrainingWorker)
+    run_search(objective, study, 4, executor=executor)
+
+    assert completed_count(study) == 4 and executor.last_run["failed"] == 0, _states(study)
+    trained = [v for k, v in ctx.memo.items() if k[0] == "snnet_joint"]
+    assert len(trained) == 1 and trained[0].report is not None  # trained here, once
+    # the workers measured the driver's weights: a fresh context trains the same SN-Net
+    done = [t for t in study.trials if t.state == Complete and "duplicate_of" not in t.user_attrs]
+    assert done
+    for trial in done:
+        config = StitchConfig.from_dict(trial.user_attrs["config"])
+        here = evaluate_config(ctx, config).measurement
+        assert here is not None and math.isclose(here["accuracy"], trial.values[0], abs_tol=1e-6)
+
+
+def test_an_snnet_that_cannot_train_fails_its_trials_with_the_reason(ray_session, tmp_path):
+    ctx = tiny_context()
+    objective = StitchObjective(
+        ctx, space="snnet", space_options={"joint": {"steps": 5, "lr": 1e30}}
+    )
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=0)
+    executor = RayExecutor(workers=1, max_failures_in_a_row=2)
+    with pytest.raises(errors.StitchNASError, match="the last 2 trials all failed"):
+        run_search(objective, study, 3, executor=executor)
+    assert _states(study) == ["FAIL", "FAIL"]
+    assert all("SN-Net" in t.user_attrs["fail_reason"] for t in study.trials)
 
 
 def test_a_nan_result_is_recorded_as_failed_with_its_reason(ctx):

@@ -10,6 +10,10 @@ handles the trials still in flight. A config evaluated before or in flight (here
 driver on the study) is told PRUNED at once as a repeat and does not count
 (:meth:`StitchObjective.duplicate`).
 
+A stitch of a jointly trained SN-Net is trained once here, on the driver, when the first such
+config is sampled, and its weights reach the workers through the object store
+(:class:`~stitch_nas.search._ray_shared.SNNetShipper`); a failed training fails that trial.
+
 Failures are isolated: a trial that raises or returns NaN is recorded FAIL with its reason; a
 worker that dies (killed, out of memory) fails only its trial and is replaced. A run stops with
 an error when ``max_failures_in_a_row`` trials fail in a row, rather than spin.
@@ -36,7 +40,7 @@ from stitch_nas import attrs
 from stitch_nas.errors import ConfigError, StitchNASError
 
 from ._fidelity import gates_training
-from ._ray_shared import import_ray, share_context
+from ._ray_shared import SNNetShipper, import_ray, share_context
 from ._ray_workers import TrialWorker, _Pending, _Pool
 from ._runner import StitchObjective, TrialOutcome
 from ._storage import BufferedTrial, heartbeat_of
@@ -165,10 +169,18 @@ class RayExecutor:
         heartbeat = heartbeat_of(study)
         wait_s = None if heartbeat is None else heartbeat.interval / 2
         done, failed_in_a_row, told = completed_count(study), 0, 0
+        shipper = SNNetShipper(objective.ctx, ray.put)
+        unsent: list[tuple[_Pending, TrialOutcome]] = []  # failed before reaching a worker
         bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
         try:
             while True:
-                while idle and done + len(in_flight) < n_trials and not objective.exhausted():
+                # a trial failed before reaching a worker is settled before asking for more
+                while (
+                    idle
+                    and not unsent
+                    and done + len(in_flight) < n_trials
+                    and not objective.exhausted()
+                ):
                     trial = _ask(study)
                     buffered = BufferedTrial(trial)
                     view = cast(optuna.Trial, buffered)  # a Trial to the objective
@@ -183,19 +195,32 @@ class RayExecutor:
                         study.tell(trial, state=_TrialState.PRUNED)
                         counts["duplicates"] += 1
                         continue
+                    try:  # a joint SN-Net trains here, once, not on every worker
+                        snnets = shipper.refs(config)
+                    except Exception as exc:  # noqa: BLE001 - the trial fails, as it would locally
+                        unsent.append((_Pending(trial, config, -1), _failed(exc)))
+                        continue
+                    except BaseException:  # interrupted while training: not left RUNNING
+                        study.tell(trial, state=_TrialState.FAIL)
+                        raise
                     worker = idle.pop()
                     front, gated = objective.front(study, config), gates_training(view)
-                    ref = pool.submit(worker, trial.number, config, front, gated)
+                    ref = pool.submit(worker, trial.number, config, front, gated, snnets)
                     in_flight[ref] = _Pending(trial, config, worker)
-                if not in_flight:
+                if not in_flight and not unsent:
                     break
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=wait_s)
+                ready = []
+                if in_flight:
+                    ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=wait_s)
                 if heartbeat is not None and heartbeat.due():
                     heartbeat.beat(p.trial.number for p in in_flight.values())
+                settled = [*unsent, *((in_flight[r], pool.result(r, in_flight[r])) for r in ready)]
+                unsent = []
                 for ref in ready:
-                    pending = in_flight.pop(ref)
-                    outcome = pool.result(ref, pending)
-                    idle.append(pending.worker)
+                    in_flight.pop(ref)
+                for pending, outcome in settled:
+                    if pending.worker >= 0:
+                        idle.append(pending.worker)
                     state = self._tell(objective, study, pending, outcome)
                     counts[_COUNT_KEY[state]] += 1
                     if pending.node is not None:
@@ -210,12 +235,12 @@ class RayExecutor:
                             f"the last {failed_in_a_row} trials all failed (latest: "
                             f"{outcome.reason}); see fail_reason in trials.csv for the cause"
                         )
-                told += len(ready)
-                if ready and (told % 10 == 0 or done + len(in_flight) >= n_trials):
+                told += len(settled)
+                if settled and (told % 10 == 0 or done + len(in_flight) >= n_trials):
                     done = completed_count(study)  # other drivers may share the study
         finally:
             bar.close()
-            for pending in in_flight.values():  # interrupted: don't leave them RUNNING
+            for pending in [*in_flight.values(), *(p for p, _ in unsent)]:  # not left RUNNING
                 pending.trial.set_user_attr(attrs.FAIL_REASON, "driver stopped mid-trial")
                 study.tell(pending.trial, state=_TrialState.FAIL)
         if objective.exhausted():
@@ -239,6 +264,11 @@ class RayExecutor:
                 logger.warning("trial %d failed: %s", pending.trial.number, outcome.reason)
             study.tell(pending.trial, state=state)
         return state
+
+
+def _failed(exc: Exception) -> TrialOutcome:
+    text = str(exc).strip().splitlines()
+    return TrialOutcome("fail", reason=f"{type(exc).__name__}: {text[0] if text else ''}")
 
 
 def _ask(study: optuna.Study) -> optuna.Trial:

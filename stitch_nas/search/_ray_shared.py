@@ -22,12 +22,16 @@ import numpy as np
 import torch
 
 from stitch_nas.activations import ActivationCache, ActivationKey, StitchContext
+from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import MissingDependencyError
+from stitch_nas.snnet import has_snnet, install_snnet, joint_specs, snnet_state, trained_snnet
 
 __all__ = [
+    "SNNetShipper",
     "SharedActivationCache",
     "SharedContext",
     "import_ray",
+    "install_shipped",
     "models_on_cpu",
     "share_context",
 ]
@@ -199,3 +203,39 @@ def share_context(
         cache_memory_gb=ctx.cache.budget_bytes / 2**30,
         spill_dir=str(ctx.cache.spill_dir) if ctx.cache.spill_dir is not None else None,
     )
+
+
+class SNNetShipper:
+    """Trains each SN-Net the search samples once, on the driver, and stores it for workers.
+
+    A stitch of a jointly trained SN-Net (``snnet`` space with ``joint``) needs the trained
+    SN-Net; without this every worker would train the same seeded SN-Net itself. The first
+    config that names an SN-Net trains it here (in the driver's context, so the driver's own
+    re-measurements use it too) and puts its weights in the object store once.
+
+    Args:
+        ctx: The driver's context.
+        put: How the weights are stored (``ray.put``).
+    """
+
+    def __init__(self, ctx: StitchContext, put: Callable[[Any], Any]) -> None:
+        self.ctx, self.put = ctx, put
+        self.stored: dict[tuple[Any, ...], Any] = {}
+
+    def refs(self, config: StitchConfig) -> list[tuple[AdapterSpec, Any]]:
+        """``(spec, ObjectRef of its weights)`` per SN-Net ``config`` is a stitch of."""
+        shipped = []
+        for spec in joint_specs(config):
+            if spec.options not in self.stored:
+                sn = trained_snnet(self.ctx, spec)
+                self.stored[spec.options] = self.put(snnet_state(sn))
+                logger.info("SN-Net trained on the driver, shipped to workers")
+            shipped.append((spec, self.stored[spec.options]))
+        return shipped
+
+
+def install_shipped(ctx: StitchContext, shipped: list[tuple[AdapterSpec, Any]]) -> None:
+    """In a worker: load each shipped SN-Net into ``ctx``, fetched once and never trained here."""
+    for spec, ref in shipped:
+        if not has_snnet(ctx, spec):
+            install_snnet(ctx, spec, import_ray().get(ref))

@@ -21,7 +21,7 @@ from stitch_nas.errors import StitchNASError
 from stitch_nas.stitching import fragment_macs
 
 from ._evaluate import TrialOutcome, evaluate_config
-from ._ray_shared import SharedContext, import_ray
+from ._ray_shared import SharedContext, import_ray, install_shipped
 
 __all__ = ["START_TIMEOUT_S", "TrialWorker"]
 
@@ -64,13 +64,16 @@ class TrialWorker:
         config: dict[str, Any],
         front: list[list[float]] | None = None,
         gate_training: bool = True,
+        snnets: list[tuple[Any, Any]] | None = None,
     ) -> dict[str, Any]:
         """Evaluate one config (as JSON) for trial ``number``; the outcome as a dict.
 
         ``front``: the study's front when the config was sent, for multi-fidelity evaluation;
-        ``gate_training``: as :func:`evaluate_config`. The dict also holds ``"node"``, the Ray
-        node id of this worker.
+        ``gate_training``: as :func:`evaluate_config`; ``snnets``: the trained SN-Nets the config
+        is a stitch of, as the driver shipped them (:class:`SNNetShipper`). The dict also holds
+        ``"node"``, the Ray node id of this worker.
         """
+        install_shipped(self.ctx, snnets or [])
         stitch = StitchConfig.from_dict(config)
         outcome = evaluate_config(
             self.ctx, stitch, **self.evaluation, front=front, gate_training=gate_training
@@ -131,8 +134,10 @@ class _Pool:
         config: StitchConfig,
         front: list[list[float]] | None,
         gate_training: bool = True,
+        snnets: list[tuple[Any, Any]] | None = None,
     ) -> Any:
-        return self.actors[index].evaluate.remote(number, config.to_dict(), front, gate_training)
+        actor = self.actors[index]
+        return actor.evaluate.remote(number, config.to_dict(), front, gate_training, snnets)
 
     def result(self, ref: Any, pending: _Pending) -> TrialOutcome:
         """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""

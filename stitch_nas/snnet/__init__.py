@@ -17,6 +17,7 @@ from ._plan import (
     snnet_stitches,
     unpaired_stitching,
 )
+from ._ship import has_snnet, install_snnet, joint_specs, snnet_state, trained_snnet
 from ._spec import (
     JOINT_KIND,
     JOINT_OPTIONS,
@@ -37,11 +38,16 @@ __all__ = [
     "STRIDE_DEFAULT",
     "joint_layer",
     "joint_network",
+    "has_snnet",
+    "install_snnet",
     "joint_spec",
+    "joint_specs",
     "joint_stitches",
     "paired_stitching",
     "resolve_joint_options",
+    "snnet_state",
     "snnet_stitches",
     "train_snnet",
+    "trained_snnet",
     "unpaired_stitching",
 ]

@@ -340,9 +340,14 @@ def train_snnet(ctx: StitchContext, *, progress: bool = False, **options: Any) -
     return _trained(ctx, joint_spec(**options), progress)
 
 
-def _trained(ctx: StitchContext, spec: AdapterSpec, progress: bool) -> JointSNNet:
+def memo_key(spec: AdapterSpec) -> tuple[tuple[Any, ...], AdapterSpec]:
+    """Where a context memoises the SN-Net ``spec`` names, and the spec with its defaults."""
     spec = joint_spec(**dict(spec.options))  # defaults filled in: one SN-Net, one key
-    key = ("snnet_joint", spec.options)
+    return ("snnet_joint", spec.options), spec
+
+
+def _trained(ctx: StitchContext, spec: AdapterSpec, progress: bool) -> JointSNNet:
+    key, spec = memo_key(spec)
     if key not in ctx.memo:
         opts = resolve_joint_options(dict(spec.options))
         stitches = joint_stitches(ctx, spec)
