@@ -4,9 +4,11 @@
 
 Runs each command as a new process (what a user waits for, interpreter start included) and
 records the median and the spread of ``--repeats`` runs: ``stitch-nas --help``, ``--version``,
-and ``search`` on a YAML file with an unknown key, a bad value, and a missing zoo checkpoint
-(all refused before torch is imported). Writes benchmarks/results/cli_latency.json. Targets:
-``--help`` under 1 s and a bad YAML file refused under 1.5 s on an idle 2-core machine.
+and ``search`` on a YAML file with an unknown key, a bad value, a missing zoo checkpoint, and a
+misspelt search space, space option, adapter or head (all refused before torch is imported; the
+plug-in names are checked against the built-ins' torch-free catalogue). Writes
+benchmarks/results/cli_latency.json. Targets: ``--help`` under 1 s and a bad YAML file refused
+under 1.5 s on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ BAD_YAML = {
         "zoo:\n  mini_zoo: false\n  models:\n    - name: mine\n      source: timm\n"
         "      architecture: resnet18\n      checkpoint: /nonexistent/weights.safetensors\n"
     ),
+    "unknown_space": "search:\n  space: nowhere\n",
+    "unknown_space_option": "search:\n  space_options: {max_fragmentz: 3}\n",
+    "unknown_adapter": "search:\n  space_options: {adapters: [lstsq, wobble]}\n",
+    "unknown_head": "search:\n  space: stitchnet\n  space_options: {head: oracle}\n",
 }
 
 

@@ -265,6 +265,44 @@ def test_the_console_command_prints_no_traceback(tmp_path, argv, bad):
     assert not out.exists()
 
 
+# the CLI in a new process; after it returns, whether it ever imported torch
+_TORCH_FREE = (
+    "import sys; from stitch_nas.cli import main; code = main(sys.argv[1:]); "
+    "print('torch imported' if 'torch' in sys.modules else 'torch-free'); sys.exit(code)"
+)
+
+
+@pytest.mark.parametrize(
+    "yaml, bad",
+    [
+        ("search: {space: nowhere}", "nowhere"),
+        ("search: {space_options: {adapters: [lstsq, wobble]}}", "wobble"),
+        ("search: {space_options: {max_fragmentz: 3}}", "max_fragmentz"),
+        ("search: {space: gap, space_options: {adapter_options: {stepz: 5}}}", "stepz"),
+        ("search: {space: stitchnet, space_options: {head: oracle}}", "oracle"),
+        ("search: {space_options: {adapters: [linear], resizes: [cubic]}}", "cubic"),
+        ("search: {refine_trials: 2, refine_adapters: [{kind: lstsq}]}", "lstsq"),
+        ("search: {refine_trials: 2, refine_adapters: [{kind: linear, stepz: 1}]}", "stepz"),
+    ],
+)
+def test_a_bad_plugin_name_answers_before_torch_is_imported(tmp_path, yaml, bad):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml + "\n")
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _TORCH_FREE, "search", str(config), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    TIMES[f"new process, torch-free: {bad}"] = time.perf_counter() - start
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and bad in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == "torch-free"
+    assert not out.exists()
+
+
 def test_the_corrected_command_runs_into_the_same_out(tmp_path, capsys, mini_zoo, mini_zoo_dir):
     out = tmp_path / "out"
     good = ["demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir)]
@@ -287,3 +325,29 @@ def test_the_torch_free_copies_agree_with_the_library():
     assert _preflight.EXPORT_FORMATS == tuple(FORMATS)
     assert _preflight.EXECUTORS == EXECUTORS
     assert _preflight.BUDGET_KEYS == BUDGET_KEYS
+
+
+def test_the_plugin_catalogue_is_what_the_builtin_plugins_register():
+    import inspect
+
+    from stitch_nas import adapters
+    from stitch_nas.cli import _catalogue
+    from stitch_nas.plugins import HEADS, SPACES
+
+    spaces = {
+        name: {
+            k: p.default
+            for k, p in inspect.signature(SPACES.get(name)).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        for name in SPACES.list()
+    }
+    kinds = {name: adapters.get_adapter(name) for name in adapters.list_adapters()}
+    # a failure prints what stitch_nas/cli/_catalogue.py should now say
+    assert _catalogue.SPACES == spaces
+    assert _catalogue.ADAPTERS == {n: tuple(sorted(k.options)) for n, k in kinds.items()}
+    assert set(_catalogue.TRAINED) == {n for n, k in kinds.items() if k.trainable}
+    assert _catalogue.HEADS == tuple(HEADS.list())
+    assert _catalogue.RESIZE_MODES == adapters.RESIZE_MODES
+    assert _catalogue.LOSSES == adapters.LOSSES and _catalogue.TRAINS == adapters.TRAINS
+    assert _catalogue.third_party_plugins() == []  # what the catalogue's answers rely on

@@ -1,11 +1,13 @@
 """Checks of a whole run before any slow work, so a bad value answers at once in one line.
 
 Two stages. :func:`check_run` reads nothing heavy (no torch, no Optuna): the search section's
-names, numbers and budgets, and the output folder (a folder, writable, holding a study only
-when the run continues one). :func:`check_plugins` imports the plug-ins (and so torch) and
-checks the search space, its options, the adapters and heads they name; it runs before the
-data are read or the zoo is built. What needs the zoo (a budget no network can meet) is
-checked by the pipeline right after the zoo loads, still before the study is created.
+names, numbers and budgets, the built-in plug-ins' names and option names
+(:mod:`._catalogue`), and the output folder (a folder, writable, holding a study only when the
+run continues one). :func:`check_plugins` imports the plug-ins (and so torch) and checks the
+search space, its options and their values, the adapters and heads they name, third-party
+ones included; it runs before the data are read or the zoo is built. What needs the zoo (a
+budget no network can meet) is checked by the pipeline right after the zoo loads, still before
+the study is created.
 Neither stage writes anything, so a refused run leaves ``--out`` as it found it.
 """
 
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas.errors import ConfigError
+
+from ._catalogue import check_builtin_names, check_lists, names
 
 __all__ = [
     "check_budgets",
@@ -98,6 +102,7 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         if not isinstance(name, str):
             raise ConfigError(f"search.objectives holds {name!r}; give objective names")
         OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
+    check_builtin_names(search)
     check_out(out_dir, resume=resume, join=join, storage=search.storage)
 
 
@@ -248,18 +253,9 @@ def _check_adapters(value: Any) -> None:
     from stitch_nas import adapters
     from stitch_nas.registry import check_options
 
-    kinds = _names("adapters", value("adapters")) or _names("adapter", value("adapter"))
+    kinds = names("adapters", value("adapters")) or names("adapter", value("adapter"))
     found = [adapters.get_adapter(kind) for kind in kinds]  # unknown: one line
-    for key, valid in (
-        ("resizes", adapters.RESIZE_MODES),
-        ("losses", adapters.LOSSES),
-        ("trains", adapters.TRAINS),
-    ):
-        bad = sorted(set(_names(key, value(key))) - set(valid))
-        if bad:
-            raise ConfigError(
-                f"search.space_options.{key}: unknown {bad}; use some of {', '.join(valid)}"
-            )
+    check_lists(value)
     extra = value("adapter_options") or {}
     if not isinstance(extra, Mapping):
         raise ConfigError(f"search.space_options.adapter_options must be a mapping, got {extra!r}")
@@ -268,17 +264,6 @@ def _check_adapters(value: Any) -> None:
         check_options(
             kind.options, extra, f"adapter {kind.name!r} (search.space_options.adapter_options)"
         )
-
-
-def _names(key: str, value: Any) -> list[str]:
-    """A name or list of names (None: none), else a one-line error."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise ConfigError(f"search.space_options.{key}={value!r}: give a name or a list of names")
 
 
 def check_first_sample(objective: Any) -> None:
