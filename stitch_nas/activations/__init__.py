@@ -14,14 +14,20 @@ from ._context import (
     StitchContext,
     zoo_models,
 )
+from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
 
 __all__ = [
     "DEFAULT_MEMORY_FRACTION",
     "STORAGE_DTYPES",
     "ActivationCache",
     "ActivationKey",
+    "ActivationRows",
+    "ChainRows",
+    "InputRows",
+    "Rows",
     "StitchContext",
     "default_memory_gb",
+    "take",
     "weights_fingerprint",
     "zoo_models",
 ]

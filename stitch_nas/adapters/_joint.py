@@ -3,7 +3,9 @@
 The adapter is created from its spec, initialised on the probe split, then trained (when its
 ``loss`` is not "none") on the ``split`` option's samples: the train split by default, since 128
 probe images are too few to train a nonlinear adapter without overfitting, and the train split is
-disjoint from the validation and test splits accuracy is measured on. The probe split is the
+disjoint from the validation and test splits accuracy is measured on. Training reads that split
+a mini-batch at a time (:mod:`stitch_nas.activations._rows`): from the activation cache, or
+recomputed, never held whole outside the cache's budget. The probe split is the
 held-out set for early stopping. ``match`` reads the destination's cached activations;
 ``task`` needs the destination model to predict the data set's own labels. ``distill`` reads
 its teacher's cached logits: the destination's own (label-free: any zoo model's classifier
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import ActivationRows, InputRows, Rows, StitchContext
 from stitch_nas.config import AdapterSpec, Fragment
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint, segment
@@ -50,7 +52,8 @@ class Joint:
     dst_cut: CutPoint
     end: str | None  #: end cut of the destination fragment
     probe_x: torch.Tensor  #: the chain's output at the joint on the probe split
-    chain_input: Callable[[str], torch.Tensor]  #: the same on any split, computed on demand
+    #: the same on any split, whole or as rows fetched per mini-batch (``activations.Rows``)
+    chain_input: Callable[[str], torch.Tensor | Rows]
     first: Fragment  #: the network's first fragment (the prefix that ``train='all'`` trains)
 
 
@@ -269,15 +272,17 @@ def _device(name: str, ctx: StitchContext) -> torch.device:
 
 def _data(ctx: StitchContext, joint: Joint, opts: dict) -> TrainData:
     split = str(opts["split"])
+    inputs: torch.Tensor | Rows  # the split's rows, read a mini-batch at a time
+    targets: torch.Tensor | Rows
     if opts["train"] == "all":
-        inputs = ctx.inputs(joint.first.model, split)
+        inputs = InputRows(ctx, joint.first.model, split)
         val_inputs = ctx.inputs(joint.first.model, "probe")
     else:
         inputs, val_inputs = joint.chain_input(split), joint.probe_x
     loss, dst = opts["loss"], joint.dst_model
     if loss in ("match", "feature"):
         at = feature_cut(ctx, dst).name if loss == "feature" else joint.dst_cut.name
-        targets, val_targets = ctx.activation(dst, at, split), ctx.activation(dst, at, "probe")
+        targets, val_targets = ActivationRows(ctx, dst, at, split), ctx.activation(dst, at, "probe")
     elif loss == "distill":  # cached logits: each teacher runs once per split
         source = resolve_teacher(ctx, str(opts["teacher"]), dst)
         targets = ctx.activation(source, None, split)

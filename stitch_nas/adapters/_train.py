@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stitch_nas.activations import Rows, take
 from stitch_nas.errors import NonFiniteError
 
 from ._registry import Option, choice, integer, number
@@ -88,8 +89,8 @@ class TrainData:
     class labels (``task``) or the teacher's logits (``distill``).
     """
 
-    inputs: torch.Tensor
-    targets: torch.Tensor
+    inputs: torch.Tensor | Rows  #: a whole tensor, or rows fetched per mini-batch
+    targets: torch.Tensor | Rows
     val_inputs: torch.Tensor
     val_targets: torch.Tensor
 
@@ -235,7 +236,7 @@ def train(
     model.eval()
     modules[0].train()
     generator = torch.Generator().manual_seed(int(opts["seed"]))
-    size, n = int(opts["batch_size"]), data.inputs.shape[0]
+    size, n = int(opts["batch_size"]), len(data.inputs)
     every, patience = int(opts["eval_every"]), int(opts["patience"])
     best = initial = _held_out(model, data, loss_name, temperature, size, device)
     best_state, stale, stopped = _snapshot(modules), 0, "steps"
@@ -252,8 +253,8 @@ def train(
                 order, cursor = torch.randperm(n, generator=generator), 0
             index = order[cursor : cursor + size]
             cursor += size
-            out = model(data.inputs[index].to(device))
-            loss = training_loss(loss_name, out, data.targets[index].to(device), temperature)
+            out = model(take(data.inputs, index).to(device))
+            loss = training_loss(loss_name, out, take(data.targets, index).to(device), temperature)
             fix = f"lower lr (now {opts['lr']}) or use init='lstsq'"
             losses.append(take_step(loss, optimiser, schedule, what=what, step=step, fix=fix))
             if (step + 1) % every == 0 or step + 1 == steps:

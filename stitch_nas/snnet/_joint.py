@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from stitch_nas import adapters
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import ActivationRows, InputRows, Rows, StitchContext, take
 from stitch_nas.adapters import resolve_teacher
 from stitch_nas.adapters._train import cosine_schedule, take_step, training_loss
 from stitch_nas.config import AdapterSpec, StitchConfig
@@ -233,13 +233,14 @@ class JointSNNet:
         return rows
 
 
-def _train_input(ctx: StitchContext, net: StitchedNet) -> tuple[int, torch.Tensor]:
+def _train_input(ctx: StitchContext, net: StitchedNet) -> tuple[int, Rows]:
     """Where ``net`` starts on the train split: after the zoo's own first fragment, from its
-    cached activation, or else at the top, from the preprocessed images."""
+    cached activation, or else at the top, from the preprocessed images; read a mini-batch at
+    a time, never whole (:mod:`stitch_nas.activations._rows`)."""
     first = net.config.fragments[0]
     if net.cached_prefix and net.config.is_stitched:
-        return 1, ctx.activation(first.model, first.end, "train")
-    return 0, ctx.inputs(first.model, "train")
+        return 1, ActivationRows(ctx, first.model, first.end, "train")
+    return 0, InputRows(ctx, first.model, "train")
 
 
 def _targets(
@@ -289,8 +290,8 @@ def _train(sn: JointSNNet, opts: dict[str, Any], progress: bool) -> JointReport:
             q = int(torch.randint(len(members), (1,), generator=generator))
             index = torch.randperm(n, generator=generator)[:size]
             part, x = sources[q]
-            out = members[q].forward_from(part, x[index.to(x.device)])
-            target = targets[q][index.to(targets[q].device)].to(out.device)
+            out = members[q].forward_from(part, x.take(index))
+            target = take(targets[q], index).to(out.device)
             loss = training_loss(opts["loss"], out, target, float(opts["temperature"]))
             what = f"SN-Net member {members[q].config.describe()}"
             fix = f"lower lr (now {opts['lr']})"

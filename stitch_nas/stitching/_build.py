@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from stitch_nas import adapters
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import ActivationRows, ChainRows, InputRows, Rows, StitchContext
 from stitch_nas.adapters._lstsq import LinearStitch, fit_lstsq, fusable_consumer, fuse_into_segment
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
@@ -116,6 +116,23 @@ def _chain_input(
     return run
 
 
+def _chain_rows(
+    ctx: StitchContext, first: Fragment, parts: list[nn.Module], cached: bool
+) -> Callable[[str], Rows]:
+    """``split -> rows of the network built so far on that split``, fetched per mini-batch, so
+    adapter training never holds a whole split (see :mod:`stitch_nas.activations._rows`)."""
+
+    def rows(split: str) -> Rows:
+        if cached:  # the first model's activation, from the cache or recomputed
+            source: Rows = ActivationRows(ctx, first.model, first.end, split)
+            rest = parts[1:]
+        else:
+            source, rest = InputRows(ctx, first.model, split), parts
+        return ChainRows(source, nn.Sequential(*rest)) if rest else source
+
+    return rows
+
+
 def _first_piece(seg: nn.Module) -> tuple[torch.fx.GraphModule, list[nn.Module]]:
     """The graph that reads a fragment's input, and the pieces after it."""
     if isinstance(seg, nn.Sequential):
@@ -175,7 +192,7 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
                 dst,
                 frag.end,
                 x,
-                _chain_input(ctx, first, parts, cached),
+                _chain_rows(ctx, first, parts, cached),
                 first,
             )
             fit = adapters.fit_joint(ctx, adapter, link)
