@@ -13,8 +13,14 @@ import optuna
 import pytest
 
 from stitch_nas.config import StitchConfig
-from stitch_nas.search import StitchObjective, evaluate_config
-from stitch_nas.search._tune import CONFIG_KEY, StitchOptunaSearch, StitchTuneSpace, outcome_metrics
+from stitch_nas.search import StitchObjective, TrialOutcome, evaluate_config
+from stitch_nas.search._tune import (
+    CONFIG_KEY,
+    REPEAT_KEY,
+    StitchOptunaSearch,
+    StitchTuneSpace,
+    outcome_metrics,
+)
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -59,6 +65,21 @@ def test_searcher_records_pruned_and_failed_trials(ctx):
     searcher.on_trial_complete("crashed", None, error=True)
     crashed = searcher.study.trials[-1]
     assert crashed.state == State.FAIL and "raised" in crashed.user_attrs["fail_reason"]
+
+
+def test_a_repeated_config_is_pruned_without_evaluating_it(ctx):
+    objective = StitchObjective(ctx)
+    searcher = StitchOptunaSearch(objective, sampler=optuna.samplers.RandomSampler(seed=2))
+    first = _run_one(searcher, objective, "first")
+    searcher.study.enqueue_trial(first.params)  # the sampler proposes the same config again
+    config = searcher.suggest("again")
+    assert config[REPEAT_KEY].startswith(f"duplicate of trial {first.number}")
+    # what the trainable reports for a repeat, evaluating nothing
+    outcome = TrialOutcome("pruned", reason=config[REPEAT_KEY])
+    searcher.on_trial_complete("again", outcome_metrics(outcome, objective.names))
+    again = searcher.study.trials[-1]
+    assert again.state == State.PRUNED and again.user_attrs["duplicate_of"] == first.number
+    assert again.user_attrs["config"] == first.user_attrs["config"]
 
 
 def test_space_works_with_plain_optuna_search(ctx):

@@ -13,7 +13,9 @@ Three pieces, each usable on its own::
 - :class:`StitchTuneSpace` is a define-by-run function for
   ``OptunaSearch(space=StitchTuneSpace(objective), metric=objective.names,
   mode=tune_modes(objective))``. It samples a StitchConfig in the driver and hands it to the
-  trainable as JSON under ``config["stitch_config"]``.
+  trainable as JSON under ``config["stitch_config"]``. A config the study evaluated before
+  (or has in flight) is marked a repeat (``config["stitch_repeat"]``, the reason), and the
+  trainable reports it pruned at once without evaluating it, as the other executors do.
 - :func:`make_trainable` returns the function trainable, with the zoo, the data and the cached
   activations (the same :class:`~stitch_nas.search.SharedContext` the Ray executor ships)
   passed once through ``tune.with_parameters`` (the object store), not per trial. It
@@ -61,6 +63,7 @@ except ImportError as _exc:  # Ray, or its Tune extra, is missing
 
 __all__ = [
     "CONFIG_KEY",
+    "REPEAT_KEY",
     "StitchOptunaSearch",
     "StitchTuneSpace",
     "make_trainable",
@@ -71,6 +74,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "stitch_config"  #: where the sampled StitchConfig (JSON) sits in the Tune config
+REPEAT_KEY = "stitch_repeat"  #: why the sampled config is not evaluated (a repeat), if it is
 
 
 def tune_modes(objective: StitchObjective) -> list[str]:
@@ -93,7 +97,11 @@ class StitchTuneSpace:
 
     def __call__(self, trial: optuna.Trial) -> dict[str, str]:
         config = self.objective.sample(trial)
-        return {CONFIG_KEY: json.dumps(config.to_dict(), sort_keys=True)}
+        out = {CONFIG_KEY: json.dumps(config.to_dict(), sort_keys=True)}
+        repeat = self.objective.duplicate(trial, config)  # records duplicate_of and figures
+        if repeat is not None:
+            out[REPEAT_KEY] = repeat
+        return out
 
 
 def make_trainable(objective: StitchObjective) -> Any:
@@ -135,7 +143,11 @@ def stitch_trainable(
 
     Reported: each objective by name (NaN when pruned or failed), ``cka``, ``stitch_status``
     ("complete", "pruned", "fail"), ``stitch_reason`` and ``stitch_measurement`` (JSON).
+    A repeat (``config["stitch_repeat"]``) is reported pruned at once, evaluating nothing.
     """
+    if REPEAT_KEY in config:
+        tune.report(outcome_metrics(TrialOutcome("pruned", reason=config[REPEAT_KEY]), names))
+        return
     ctx = _CONTEXTS.get(token)
     if ctx is None:
         ray = import_ray()
@@ -206,6 +218,11 @@ class StitchOptunaSearch(OptunaSearch):
             reason = "the Tune trial raised or its worker died" if error else "no result"
             ot_trial.set_user_attr(attrs.FAIL_REASON, reason)
             self.study.tell(ot_trial, state=optuna.trial.TrialState.FAIL)
+            self._completed_trials.add(trial_id)
+            return None
+        if attrs.DUPLICATE_OF in ot_trial.user_attrs or attrs.REFERENCE_OF in ot_trial.user_attrs:
+            # a repeat: the space recorded why and the earlier figures; nothing was measured
+            self.study.tell(ot_trial, state=optuna.trial.TrialState.PRUNED)
             self._completed_trials.add(trial_id)
             return None
         config = StitchConfig.from_dict(ot_trial.user_attrs[attrs.CONFIG])
