@@ -31,18 +31,19 @@ _ALL_ADAPTERS = (
 )
 _TRAINED_ADAPTERS = ("linear", "linear_relu", "conv3x3", "bottleneck", "transformer_block")
 
+#: the adapter options of the spaces that stitch by least squares unless told otherwise
+_LSTSQ_FIRST = {
+    "adapter": "lstsq",
+    "adapters": None,
+    "resizes": _RESIZES,
+    "losses": ("match",),
+    "trains": ("adapter",),
+    "adapter_options": None,
+}
+
 #: every built-in search space: its keyword options and their defaults
 SPACES: dict[str, dict[str, Any]] = {
-    "chain": {
-        "models": None,
-        "max_fragments": 3,
-        "adapter": "lstsq",
-        "adapters": None,
-        "resizes": _RESIZES,
-        "losses": ("match",),
-        "trains": ("adapter",),
-        "adapter_options": None,
-    },
+    "chain": {"models": None, "max_fragments": 3, **_LSTSQ_FIRST},
     "gap": {
         "models": None,
         "model_rule": "any",
@@ -56,12 +57,7 @@ SPACES: dict[str, dict[str, Any]] = {
     "pairwise": {
         "models": None,
         "directions": ("fast_to_slow", "slow_to_fast"),
-        "adapter": "lstsq",
-        "adapters": None,
-        "resizes": _RESIZES,
-        "losses": ("match",),
-        "trains": ("adapter",),
-        "adapter_options": None,
+        **_LSTSQ_FIRST,
         "cut_params": "named",
     },
     "restnet": {
