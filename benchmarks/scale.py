@@ -4,8 +4,8 @@
                                [--models 11] [--trials 10] [--threads 2]
 
 Each size runs in a fresh subprocess (so its peak RSS is its own) with the library's default
-settings (cache budget 15 % of the machine's memory, float16 storage, no spill folder, batch
-256) and random-init weights: cost is the point, not accuracy. Per size it records peak RSS, the
+settings (cache budget 15 % of the machine's memory, float16 storage, no spill folder, the
+automatic batch size: 256, fewer for large inputs) and random-init weights: cost is the point, not accuracy. Per size it records peak RSS, the
 cache's bytes in memory (now and at peak) and on disk, the time to the first trial, the median
 trial, the median trial divided by one plain forward pass of the same stitched network over the
 same images (probe + validation; "cold": trials whose first-fragment activation on the
@@ -274,7 +274,7 @@ def main() -> None:
     results[args.setting] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": args.threads,
-        "defaults": "cache budget 15 % of RAM, float16 storage, no spill folder, batch 256",
+        "defaults": "cache budget 15 % of RAM, float16 storage, no spill folder, batch auto",
         "sizes": rows,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

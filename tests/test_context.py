@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import runpy
 
 import pytest
 import torch
 
 from stitch_nas.activations import ActivationCache
+from stitch_nas.errors import ConfigError
 from stitch_nas.similarity import _cka as similarity
-from tests._tiny import tiny_context
+from tests._tiny import SPEC, tiny_context, tiny_zoo
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +74,19 @@ def test_train_activations_do_not_depend_on_what_else_is_cached():
     after_early = tiny_context()
     after_early.activation("resnet", early, "train")  # now cached: a nearer start than input
     assert torch.equal(after_early.activation("resnet", late, "train"), alone)
+
+
+def test_the_default_batch_bounds_one_batch_of_the_largest_activation():
+    from stitch_nas.activations import MAX_BATCH, WORK_BATCH_BYTES, StitchContext
+
+    small = tiny_context()
+    assert small.batch_size == MAX_BATCH  # 32x32 images: the cap
+    zoo = tiny_zoo(("resnet",))
+    zoo["resnet"].input_spec = dataclasses.replace(SPEC, size=(224, 224))
+    big = StitchContext(zoo, small.data)
+    largest = max(3 * 224 * 224, *(math.prod(c.shape) for c in big.cuts("resnet")))
+    assert big.batch_size < MAX_BATCH  # 49x the pixels: fewer images a batch
+    assert 4 * largest * big.batch_size <= WORK_BATCH_BYTES < 4 * largest * (big.batch_size + 1)
+    assert StitchContext(zoo, small.data, batch_size=7).batch_size == 7
+    with pytest.raises(ConfigError, match="batch_size must be an integer >= 1"):
+        StitchContext(zoo, small.data, batch_size=0)

@@ -11,14 +11,19 @@ from ._cache import (
     weights_fingerprint,
 )
 from ._context import (
+    MAX_BATCH,
+    WORK_BATCH_BYTES,
     StitchContext,
+    auto_batch_size,
     zoo_models,
 )
 from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
 
 __all__ = [
     "DEFAULT_MEMORY_FRACTION",
+    "MAX_BATCH",
     "STORAGE_DTYPES",
+    "WORK_BATCH_BYTES",
     "ActivationCache",
     "ActivationKey",
     "ActivationRows",
@@ -26,6 +31,7 @@ __all__ = [
     "InputRows",
     "Rows",
     "StitchContext",
+    "auto_batch_size",
     "default_memory_gb",
     "take",
     "weights_fingerprint",

@@ -25,9 +25,31 @@ from stitch_nas.zoo import Zoo, ZooEntry
 from . import _stream
 from ._cache import ActivationCache, ActivationKey, weights_fingerprint
 
-__all__ = ["StitchContext", "zoo_models"]
+__all__ = ["MAX_BATCH", "WORK_BATCH_BYTES", "StitchContext", "auto_batch_size", "zoo_models"]
 
 logger = logging.getLogger(__name__)
+
+MAX_BATCH = 256  #: the default batch size where images are small
+#: the float32 bytes one batch of the zoo's largest activation may take by default; a forward
+#: pass holds a few such tensors at once, beside the cache's budget
+WORK_BATCH_BYTES = 128 * 2**20
+
+
+def auto_batch_size(ctx: StitchContext) -> int:
+    """``MAX_BATCH``, or fewer (at least 1) so that one batch of the largest activation of any
+    zoo model, at a cut or at its input, stays within ``WORK_BATCH_BYTES`` in float32."""
+    largest = 1
+    for name in ctx.zoo.names():
+        sizes = [math.prod(ctx.input_shape(name)), *(math.prod(c.shape) for c in ctx.cuts(name))]
+        largest = max(largest, *sizes)
+    batch = max(1, min(MAX_BATCH, WORK_BATCH_BYTES // (4 * largest)))
+    if batch < MAX_BATCH:
+        logger.info(
+            "batch size %d: one batch of the zoo's largest activation fits in %d MiB",
+            batch,
+            WORK_BATCH_BYTES // 2**20,
+        )
+    return batch
 
 
 class StitchContext:
@@ -37,7 +59,10 @@ class StitchContext:
         zoo: the models to take fragments from.
         data: train / probe / val / test splits; images in [0, 1].
         device: where fragments run ("cpu", "cuda", ...).
-        batch_size: batch size of every forward pass over a split.
+        batch_size: batch size of every forward pass over a split; None (the default): 256,
+            or fewer where one batch of the zoo's largest activation would pass
+            ``WORK_BATCH_BYTES`` (:func:`auto_batch_size`: 40 images for ResNet-50 at 224x224),
+            so the work beside the cache stays bounded at any input size.
         ridge: relative ridge term of least-squares stitches.
         cka_rows: "flatten" (per-position features, Kornblith) or "pooled" rows for CKA.
         cache: where activations live; default: ``ActivationCache()``, 15 % of the machine's
@@ -65,7 +90,7 @@ class StitchContext:
         data: DataSplits,
         *,
         device: str | torch.device = "cpu",
-        batch_size: int = 256,
+        batch_size: int | None = None,
         ridge: float = 1e-4,
         cka_rows: str = "flatten",
         cache: ActivationCache | None = None,
@@ -80,7 +105,9 @@ class StitchContext:
         self.pieces = pieces
         self.zoo, self.data = zoo, data
         self.device = torch.device(device)
-        self.batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise ConfigError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
+        self._batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
         self._chains: dict[str, PieceChain] = {}
         self._inputs: dict[tuple[str, str, bool], torch.Tensor] = {}
         self.cache = cache if cache is not None else ActivationCache()
@@ -95,6 +122,13 @@ class StitchContext:
             if channels_last and self.device.type == "cpu" and is_convolutional(model):
                 model.to(memory_format=torch.channels_last)
                 self._channels_last.add(name)
+
+    @property
+    def batch_size(self) -> int:
+        """Images per forward pass (chosen on first use when not given, see ``__init__``)."""
+        if self._batch_size is None:
+            self._batch_size = auto_batch_size(self)
+        return self._batch_size
 
     @property
     def channels_last_models(self) -> frozenset[str]:
