@@ -5,12 +5,13 @@
 
 Each size runs in a fresh subprocess (so its peak RSS is its own) with the library's default
 settings (cache budget 15 % of the machine's memory, float16 storage, no spill folder, the
-automatic batch size: 256, fewer for large inputs) and random-init weights: cost is the point, not accuracy. Per size it records peak RSS, the
-cache's bytes in memory (now and at peak) and on disk, the time to the first trial, the median
-trial, the median trial divided by one plain forward pass of the same stitched network over the
-same images (probe + validation; "cold": trials whose first-fragment activation on the
-validation split was not cached yet, "warm": the same configs measured again), and trials per
-hour. Writes benchmarks/results/scale.json (one entry per setting, merged with what is there).
+automatic batch size: 256, fewer for large inputs) and random-init weights: cost is the point, not
+accuracy. Per size it records peak RSS, the cache's bytes in memory (now and at peak) and on disk,
+the time to the first trial, the median trial, the median trial divided by one plain forward pass
+of the same stitched network over the same images (probe + validation; "cold": trials whose
+first-fragment activation on the validation split was not cached yet, "warm": the same configs
+measured again), and trials per hour. Writes benchmarks/results/scale.json (one entry per setting,
+merged with what is there).
 """
 
 from __future__ import annotations

@@ -17,7 +17,20 @@ from typing import Any
 
 from stitch_nas.errors import ConfigError, UnknownNameError
 
-__all__ = ["ADAPTERS", "HEADS", "SPACES", "TRAINED", "check_builtin_names", "check_lists", "names"]
+__all__ = [
+    "ADAPTERS",
+    "BUILTIN_ENTRY_POINTS",
+    "HEADS",
+    "LOSSES",
+    "RESIZE_MODES",
+    "SPACES",
+    "TRAINED",
+    "TRAINS",
+    "check_builtin_names",
+    "check_lists",
+    "names",
+    "third_party_plugins",
+]
 
 _RESIZES = ("bilinear", "none", "integrated")
 _ALL_ADAPTERS = (
