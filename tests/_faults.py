@@ -24,34 +24,20 @@ def _delay() -> None:
 class SlowWorker(TrialWorker):
     """A worker whose every trial first sleeps ``$STITCH_NAS_TEST_DELAY_S`` seconds."""
 
-    def evaluate(
-        self,
-        number: int,
-        config: dict[str, Any],
-        front: Any = None,
-        gate_training: bool = True,
-        snnets: Any = None,
-    ) -> dict[str, Any]:
+    def evaluate(self, number: int, config: dict[str, Any], *rest: Any) -> dict[str, Any]:
         _delay()
-        return super().evaluate(number, config, front, gate_training, snnets)
+        return super().evaluate(number, config, *rest)
 
 
 class FaultyWorker(TrialWorker):
     """Dies (as the OOM killer would kill it) on trial 1 and raises on trial 2."""
 
-    def evaluate(
-        self,
-        number: int,
-        config: dict[str, Any],
-        front: Any = None,
-        gate_training: bool = True,
-        snnets: Any = None,
-    ) -> dict[str, Any]:
+    def evaluate(self, number: int, config: dict[str, Any], *rest: Any) -> dict[str, Any]:
         if number == 1:
             os._exit(17)
         if number == 2:
             raise RuntimeError(f"injected: trial {number} raises")
-        return super().evaluate(number, config, front, gate_training, snnets)
+        return super().evaluate(number, config, *rest)
 
 
 class NoTrainingWorker(TrialWorker):

@@ -2,6 +2,7 @@
 :class:`StitchContext` that computes, memoises and shares them across trials.
 """
 
+from ._batch import MAX_BATCH, WORK_BATCH_BYTES, auto_batch_size
 from ._cache import (
     DEFAULT_MEMORY_FRACTION,
     STORAGE_DTYPES,
@@ -11,10 +12,7 @@ from ._cache import (
     weights_fingerprint,
 )
 from ._context import (
-    MAX_BATCH,
-    WORK_BATCH_BYTES,
     StitchContext,
-    auto_batch_size,
     zoo_models,
 )
 from ._rows import ActivationRows, ChainRows, InputRows, Rows, take

@@ -23,33 +23,12 @@ from stitch_nas.fragments import CutPoint, PieceChain, segment
 from stitch_nas.zoo import Zoo, ZooEntry
 
 from . import _stream
+from ._batch import auto_batch_size
 from ._cache import ActivationCache, ActivationKey, weights_fingerprint
 
-__all__ = ["MAX_BATCH", "WORK_BATCH_BYTES", "StitchContext", "auto_batch_size", "zoo_models"]
+__all__ = ["StitchContext", "zoo_models"]
 
 logger = logging.getLogger(__name__)
-
-MAX_BATCH = 256  #: the default batch size where images are small
-#: the float32 bytes one batch of the zoo's largest activation may take by default; a forward
-#: pass holds a few such tensors at once, beside the cache's budget
-WORK_BATCH_BYTES = 128 * 2**20
-
-
-def auto_batch_size(ctx: StitchContext) -> int:
-    """``MAX_BATCH``, or fewer (at least 1) so that one batch of the largest activation of any
-    zoo model, at a cut or at its input, stays within ``WORK_BATCH_BYTES`` in float32."""
-    largest = 1
-    for name in ctx.zoo.names():
-        sizes = [math.prod(ctx.input_shape(name)), *(math.prod(c.shape) for c in ctx.cuts(name))]
-        largest = max(largest, *sizes)
-    batch = max(1, min(MAX_BATCH, WORK_BATCH_BYTES // (4 * largest)))
-    if batch < MAX_BATCH:
-        logger.info(
-            "batch size %d: one batch of the zoo's largest activation fits in %d MiB",
-            batch,
-            WORK_BATCH_BYTES // 2**20,
-        )
-    return batch
 
 
 class StitchContext:
@@ -61,7 +40,7 @@ class StitchContext:
         device: where fragments run ("cpu", "cuda", ...).
         batch_size: batch size of every forward pass over a split; None (the default): 256,
             or fewer where one batch of the zoo's largest activation would pass
-            ``WORK_BATCH_BYTES`` (:func:`auto_batch_size`: 40 images for ResNet-50 at 224x224),
+            ``WORK_BATCH_BYTES`` (:func:`auto_batch_size`: 41 images for ResNet-50 at 224x224),
             so the work beside the cache stays bounded at any input size.
         ridge: relative ridge term of least-squares stitches.
         cka_rows: "flatten" (per-position features, Kornblith) or "pooled" rows for CKA.

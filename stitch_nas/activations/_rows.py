@@ -46,14 +46,16 @@ class ActivationRows:
     """``model``'s activation at ``cut`` (None: its output) on ``split``, row by row.
 
     Building it streams the activation once, which stores it where the cache's budget or spill
-    folder allows; rows evicted since (or never stored) are recomputed from the images.
+    folder allows (a cache with neither keeps nothing, so the pass is skipped); rows evicted
+    since (or never stored) are recomputed from the images.
     """
 
     def __init__(self, ctx: StitchContext, model: str, cut: str | None, split: str) -> None:
         self.ctx, self.model, self.cut, self.split = ctx, model, cut, split
         self.key = ctx.activation_key(model, cut, split)
         self.n = len(ctx.split(split))
-        if _stream.stored(ctx, self.key) is None:
+        keeps = ctx.cache.budget_bytes > 0 or ctx.cache.spill_dir is not None
+        if keeps and _stream.stored(ctx, self.key) is None:
             for _ in ctx.activation_batches(model, cut, split):
                 pass
         self._prefix: nn.Module | None = None
