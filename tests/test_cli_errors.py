@@ -149,6 +149,11 @@ CASES = [
         _search("data: {kind: image_folder, root: /no/such/images}\n"),
         "/no/such/images",
     ),
+    Case(
+        "negative data.workers",
+        _search("data: {kind: image_folder, root: /no/such/images, workers: -1}\n"),
+        "data.workers=-1",
+    ),
     Case("--out is a file", _demo(), "out", lambda out: out.write_text("a file\n")),
     Case(
         "--out under a file",

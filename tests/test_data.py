@@ -114,8 +114,9 @@ def test_image_folder(tmp_path: Path) -> None:
     sizes = [len(split) for split in data.splits().values()]
     assert sizes == [60 - 32 - 9 - 9, 32, 9, 9]
     for split in data.splits().values():
-        assert split.x.shape[1:] == (3, 16, 16)
-        assert split.x.min() >= 0.0 and split.x.max() <= 1.0
+        images = split.read()
+        assert images.shape[1:] == (3, 16, 16) and split.image_size == (16, 16)
+        assert images.min() >= 0.0 and images.max() <= 1.0
     again = load_image_folder(tmp_path / "shapes", size=16, probe_size=32)
     assert again.fingerprint() == data.fingerprint()
 

@@ -186,10 +186,12 @@ class StitchContext:
         """The split's images preprocessed for ``model``, one batch at a time, on the device."""
         spec = self.entry(model).input_spec
         memo = self._inputs.get((repr(spec), split, model in self._channels_last))
-        images = self.split(split).x if memo is None else memo
-        for batch in self.batches(images):
-            # a copy of the memoised probe: a model may open with an in-place op
-            yield batch.clone() if memo is not None else self._preprocess(model, batch)
+        if memo is not None:
+            for batch in self.batches(memo):
+                yield batch.clone()  # a model may open with an in-place op
+            return
+        for batch in self.split(split).batches(self.batch_size):
+            yield self._preprocess(model, batch)
 
     def batches(self, x: torch.Tensor) -> Iterator[torch.Tensor]:
         for i in range(0, x.shape[0], self.batch_size):
@@ -264,8 +266,8 @@ class StitchContext:
 
     def input_rows(self, model: str, split: str, index: torch.Tensor) -> Iterator[torch.Tensor]:
         """:meth:`input_batches` for the images ``index`` (sorted) of ``split`` only."""
-        for i in range(0, len(index), self.batch_size):
-            yield self._preprocess(model, self.split(split).x[index[i : i + self.batch_size]])
+        for batch in self.split(split).batches(self.batch_size, index):
+            yield self._preprocess(model, batch)
 
     def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:
         """Output of ``model`` at ``cut`` (None: its final output) on ``split``, whole.

@@ -69,6 +69,11 @@ def _folder(settings: Any, where: str) -> Path:
 
 
 def _check_image_folder(settings: Any, where: str) -> None:
+    if settings.workers < 0:
+        raise ConfigError(
+            f"data.workers={settings.workers} is invalid; use an int >= 0 (0: decode in the "
+            "search's own process)"
+        )
     root = _folder(settings, where)
     present = {p.name for p in root.iterdir() if p.is_dir()}
     if settings.split_folders:
@@ -94,13 +99,19 @@ def _digits(settings: Any) -> Any:
     )
 
 
-@register_data_kind("image_folder", ("root", "split_folders", *_COMMON), _check_image_folder)
+@register_data_kind(
+    "image_folder", ("root", "split_folders", "workers", *_COMMON), _check_image_folder
+)
 def _image_folder(settings: Any) -> Any:
     from stitch_nas.data import load_image_folder, load_split_folders
 
     load = load_split_folders if settings.split_folders else load_image_folder
     return load(
-        settings.root, size=settings.size, probe_size=settings.probe_size, seed=settings.seed
+        settings.root,
+        size=settings.size,
+        probe_size=settings.probe_size,
+        seed=settings.seed,
+        workers=settings.workers,
     )
 
 

@@ -37,6 +37,7 @@ class DataSettings:
     probe_size: int = 128
     seed: int = 0  #: seed of the split permutation (npz: of each file's one shuffle)
     split_folders: bool = False  #: image_folder: keep root/train, root/val, root/test as splits
+    workers: int = 2  #: image_folder: processes decoding images while a split is read (0: none)
     splits: dict = field(default_factory=dict)  #: npz: {train|probe|val|test: {file, start, count}}
     x_key: str = "x"  #: npz: name of the image array
     y_key: str = "y"  #: npz: name of the label array

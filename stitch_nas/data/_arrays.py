@@ -117,7 +117,7 @@ def load_npz_splits(
         logger.info(
             "npz split %s: %d images from %s rows %d..%d", split, len(rows), file, start, stop - 1
         )
-    sides = {tuple(p.x.shape[-2:]) for p in parts.values()}
+    sides = {p.image_size for p in parts.values()}
     if len(sides) != 1:
         raise DataError(
             f"npz splits have images of sizes {sorted(sides)}; set data.size to resize them"

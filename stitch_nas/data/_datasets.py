@@ -2,6 +2,8 @@
 
 Both return a :class:`~stitch_nas.data.DataSplits` cut with the seeded, class-interleaved
 split helpers of :mod:`stitch_nas.data`, with float32 images in ``[0, 1]``, not normalised.
+An image folder's splits stay files, read batch by batch when a split is used
+(:mod:`stitch_nas.data._files`); a torchvision data set's arrays are converted into memory.
 Nothing here downloads anything: folders and torchvision data sets must already be on disk.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stitch_nas.data._files import FileImages
 from stitch_nas.data._splits import (
     _CHUNK,
     DataSplits,
@@ -25,7 +28,6 @@ from stitch_nas.data._splits import (
     _class_interleaved_order,
     _cut,
     _split_sizes,
-    _splits_from,
     _subset,
     resize_images,
 )
@@ -44,12 +46,14 @@ def load_image_folder(
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
     seed: int = 0,
+    workers: int = 2,
 ) -> DataSplits:
     """Load a torchvision ``ImageFolder`` (``root/<class>/<image>``) as splits.
 
-    Every image is converted to RGB, resized to ``size`` x ``size`` and scaled to ``[0, 1]``.
-    Splits are cut as in :func:`load_digits_splits`: val and test take the given fractions,
-    probe takes ``probe_size`` images and train takes the rest.
+    Every image is converted to RGB, resized to ``size`` x ``size`` and scaled to ``[0, 1]``
+    when a batch of its split is read; no split is held in memory. Splits are cut as in
+    :func:`load_digits_splits`: val and test take the given fractions, probe takes
+    ``probe_size`` images and train takes the rest.
 
     Args:
         root: Folder holding one sub-folder per class.
@@ -58,15 +62,16 @@ def load_image_folder(
         val_fraction: Fraction of all images used for validation.
         test_fraction: Fraction of all images used for testing.
         seed: Seed of the split permutation.
+        workers: Processes that decode images while a split is read (0: none).
 
     Returns:
         The splits, named after the folder, with the class folder names as label names.
 
     Raises:
-        DataError: If the folder is missing, holds no images, or too few for the splits.
+        DataError: If the folder is missing, holds no images, too few for the splits, or a
+            file that is not an image (named).
         ConfigError: If a fraction is out of range.
     """
-    from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
     _check_probe_size(probe_size)
@@ -76,31 +81,32 @@ def load_image_folder(
         raise DataError(
             f"image folder {str(root)!r} does not exist; pass a folder of class folders"
         )
-    transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
     try:
-        dataset = ImageFolder(str(root), transform=transform)
+        dataset = ImageFolder(str(root))  # lists the files; opens none
     except (FileNotFoundError, RuntimeError) as exc:
         raise DataError(
             f"no images found under {str(root)!r} ({exc}); add root/<class>/<image> files"
         ) from exc
     sizes = _split_sizes(len(dataset), probe_size, val_fraction, test_fraction)
-    x, y = _read_all(dataset)
-    logger.info("loaded %d images in %d classes from %s", len(y), len(dataset.classes), root)
-    return _splits_from(x, y, sizes, seed, dataset.classes, root.name)
+    y = torch.tensor(dataset.targets, dtype=torch.int64)
+    pieces = _cut(_class_interleaved_order(y, seed), sizes)
+    train, probe, val, test = (
+        _files_split(root, dataset.samples, piece, size, workers) for piece in pieces
+    )
+    logger.info("found %d images in %d classes in %s", len(y), len(dataset.classes), root)
+    return DataSplits(train, probe, val, test, tuple(dataset.classes), root.name)
 
 
-def _read_all(dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read every (tensor image, label) of an ImageFolder, naming any unreadable file."""
-    images, labels = [], []
-    for index in range(len(dataset)):
-        try:
-            image, label = dataset[index]
-        except OSError as exc:
-            path = dataset.samples[index][0]
-            raise DataError(f"cannot read image {path!r} ({exc}); remove or fix the file") from exc
-        images.append(image)
-        labels.append(label)
-    return torch.stack(images).float(), torch.tensor(labels, dtype=torch.int64)
+def _files_split(
+    root: Path, samples: list[tuple[str, int]], rows: torch.Tensor, size: int, workers: int
+) -> Split:
+    """The ``rows`` of an ImageFolder's ``(path, label)`` samples as a split read from files
+    (in the folder's order, as :func:`_subset` keeps it for tensors)."""
+    chosen = [samples[i] for i in rows.sort().values.tolist()]
+    labels = [label for _, label in chosen]
+    images = FileImages(root, [path for path, _ in chosen], labels, size, workers)
+    images.check_headers()
+    return Split(images, torch.tensor(labels, dtype=torch.int64))
 
 
 def _dataset_class(name: str) -> type[Any]:
@@ -240,32 +246,31 @@ def load_torchvision_dataset(
 
 
 def load_split_folders(
-    root: str | Path, *, size: int, probe_size: int = 128, seed: int = 0
+    root: str | Path, *, size: int, probe_size: int = 128, seed: int = 0, workers: int = 2
 ) -> DataSplits:
     """Load an image folder whose splits are fixed: ``root/{train,val,test}/<class>/<image>``.
 
     The val and test folders are used as they are; the probe is ``probe_size`` images of
     ``train/`` (a seeded, class-interleaved pick) and train is the rest of ``train/``, so the
     data set's own train/test separation is kept. Every split must have the same class
-    folders (a class with no images in a split still needs its empty folder).
+    folders (a class with no images in a split still needs its empty folder). Images are read
+    from their files batch by batch, as in :func:`load_image_folder`.
 
     Raises:
         DataError: a split folder is missing, holds other classes than train/, or too few
             images for the probe.
     """
-    from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
     _check_probe_size(probe_size)
     _check_size(size)
     root = Path(root).expanduser()
-    transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
-    parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    parts: dict[str, list[tuple[str, int]]] = {}
     classes: list[str] | None = None
     for split in ("train", "val", "test"):
         folder = root / split
         try:
-            dataset = ImageFolder(str(folder), transform=transform, allow_empty=True)
+            dataset = ImageFolder(str(folder), allow_empty=True)
         except (FileNotFoundError, RuntimeError) as exc:
             raise DataError(
                 f"split folder {str(folder)!r} is missing or empty ({exc}); add "
@@ -279,8 +284,8 @@ def load_split_folders(
         classes = dataset.classes
         if len(dataset) == 0:
             raise DataError(f"split folder {str(folder)!r} holds no images; add some")
-        parts[split] = _read_all(dataset)
-    x_train, y_train = parts["train"]
+        parts[split] = dataset.samples
+    y_train = torch.tensor([label for _, label in parts["train"]], dtype=torch.int64)
     if len(y_train) <= probe_size:
         raise DataError(
             f"{root}/train has {len(y_train)} images; need more than probe_size={probe_size}"
@@ -288,12 +293,13 @@ def load_split_folders(
     probe_idx, train_idx = _cut(
         _class_interleaved_order(y_train, seed), [probe_size, len(y_train) - probe_size]
     )
-    logger.info("loaded split folders of %s: %s", root, {s: len(p[1]) for s, p in parts.items()})
+    logger.info("found split folders of %s: %s", root, {s: len(p) for s, p in parts.items()})
+    every = {split: torch.arange(len(parts[split])) for split in ("val", "test")}
     return DataSplits(
-        train=_subset(x_train, y_train, train_idx),
-        probe=_subset(x_train, y_train, probe_idx),
-        val=Split(*parts["val"]),
-        test=Split(*parts["test"]),
+        train=_files_split(root, parts["train"], train_idx, size, workers),
+        probe=_files_split(root, parts["train"], probe_idx, size, workers),
+        val=_files_split(root, parts["val"], every["val"], size, workers),
+        test=_files_split(root, parts["test"], every["test"], size, workers),
         label_names=tuple(dataset.classes),  # every split has the same (checked above)
         name=f"{root.name}{size}-split-folders",
     )

@@ -1,7 +1,10 @@
 """Image data sets split into train / probe / val / test parts, and the bundled digits.
 
-:class:`DataSplits` holds four :class:`Split` parts whose images are float32 tensors in
-``[0, 1]`` with shape ``(N, 3, H, W)``. Images are deliberately *not* normalised: each model in
+:class:`DataSplits` holds four :class:`Split` parts whose images are float32 in ``[0, 1]``
+with shape ``(N, 3, H, W)``: a tensor in memory, or files read batch by batch
+(:class:`~stitch_nas.data._files.FileImages`, what image folders become). Code reads a split
+through :meth:`Split.batches` and :meth:`Split.read`, which serve both. Images are deliberately
+*not* normalised: each model in
 a zoo has its own input spec (mean, std, size) and applies it itself, so one data set serves
 all of them.
 
@@ -16,7 +19,7 @@ your own data (image folders, local torchvision data sets) are in :mod:`stitch_n
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from stitch_nas.errors import ConfigError, DataError
+
+from ._files import FileImages
 
 __all__ = ["PROBE_SIZE_RANGE", "Split", "DataSplits", "load_digits_splits"]
 
@@ -44,18 +49,21 @@ class Split:
     fingerprints instead.
 
     Attributes:
-        x: Images, shape ``(N, 3, H, W)``, float32 in ``[0, 1]``, not normalised.
+        x: Images, shape ``(N, 3, H, W)``, float32 in ``[0, 1]``, not normalised: a tensor, or
+            :class:`~stitch_nas.data._files.FileImages` read on demand.
         y: Class indices, shape ``(N,)``, int64.
     """
 
-    x: torch.Tensor
+    x: torch.Tensor | FileImages
     y: torch.Tensor
 
     def __post_init__(self) -> None:
-        if self.x.ndim != 4 or self.x.shape[1] != 3:
-            raise DataError(f"split images have shape {tuple(self.x.shape)}; expected (N, 3, H, W)")
-        if self.x.dtype != torch.float32:
-            raise DataError(f"split images have dtype {self.x.dtype}; convert them to float32")
+        if isinstance(self.x, torch.Tensor):
+            if self.x.ndim != 4 or self.x.shape[1] != 3:
+                shape = tuple(self.x.shape)
+                raise DataError(f"split images have shape {shape}; expected (N, 3, H, W)")
+            if self.x.dtype != torch.float32:
+                raise DataError(f"split images have dtype {self.x.dtype}; convert them to float32")
         if self.y.ndim != 1 or self.y.dtype != torch.int64:
             raise DataError(
                 f"split labels have shape {tuple(self.y.shape)} and dtype {self.y.dtype}; "
@@ -66,6 +74,26 @@ class Split:
 
     def __len__(self) -> int:
         return len(self.y)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """Height and width of the images."""
+        return int(self.x.shape[-2]), int(self.x.shape[-1])
+
+    def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+        """The images ``index`` (sorted rows; None: all), ``size`` at a time, in order."""
+        if isinstance(self.x, FileImages):
+            yield from self.x.batches(size, index)
+            return
+        n = len(self) if index is None else len(index)
+        for i in range(0, n, size):
+            yield self.x[i : i + size] if index is None else self.x[index[i : i + size]]
+
+    def read(self, index: torch.Tensor | None = None) -> torch.Tensor:
+        """The images ``index`` (all: None) as one tensor: for a few rows, or a small split."""
+        if isinstance(self.x, torch.Tensor):
+            return self.x if index is None else self.x[index]
+        return torch.cat(list(self.batches(max(1, len(self if index is None else index)), index)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,7 +126,7 @@ class DataSplits:
     @property
     def image_size(self) -> tuple[int, int]:
         """Height and width of the images."""
-        return int(self.train.x.shape[-2]), int(self.train.x.shape[-1])
+        return self.train.image_size
 
     def splits(self) -> dict[str, Split]:
         """Return the four splits by name, in a fixed order."""
@@ -107,7 +135,9 @@ class DataSplits:
     def fingerprint(self) -> str:
         """Return a sha256 hex digest of all tensors, the name and the label names.
 
-        Used to key on-disk caches: any change to the data changes the digest.
+        Used to key on-disk caches: any change to the data changes the digest. A split read
+        from files contributes its files' fingerprint instead of their pixels
+        (:meth:`~stitch_nas.data._files.FileImages.fingerprint`).
         """
         cached = self.__dict__.get("_fingerprint")
         if cached is not None:
@@ -117,7 +147,9 @@ class DataSplits:
         digest.update("\x00".join(self.label_names).encode())
         for split_name, split in self.splits().items():
             digest.update(split_name.encode())
-            for tensor in (split.x, split.y):
+            if isinstance(split.x, FileImages):
+                digest.update(split.x.fingerprint().encode())
+            for tensor in (split.x, split.y) if isinstance(split.x, torch.Tensor) else (split.y,):
                 digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
                 # hashing the buffer directly avoids a copy of large image tensors; numpy's
                 # stubs declare ndarray.__buffer__ only for Python >= 3.12 (we target 3.10)

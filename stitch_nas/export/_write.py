@@ -256,7 +256,7 @@ def export_network(
     wanted = _check_formats(formats)
     sources = _sources(ctx, item.config.models)  # refuses what stitch.json may not hold, first
     exported = _network(ctx, item, fuse)
-    x = ctx.split("val").x[:2]
+    x = ctx.split("val").read(torch.arange(2))
     target = Path(dest) / item.name
     with _export_folder(target) as folder:
         written, failed = write_traced(exported, x, folder, wanted)
@@ -306,7 +306,7 @@ def export_elastic(
     target = Path(dest)
     with _export_folder(target) as folder:
         _write(folder, elastic, stitch, meta)
-        x = ctx.split("val").x[:2]
+        x = ctx.split("val").read(torch.arange(2))
         _check_loads(folder, elastic, x, "elastic", _user_modules(ctx, models))
     return target
 

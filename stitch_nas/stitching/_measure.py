@@ -261,7 +261,7 @@ def fit_net_head(ctx: StitchContext, net: StitchedNet) -> torch.nn.Module | None
 
 
 def _latency_ms(ctx: StitchContext, net: StitchedNet, repeats: int = 5) -> float:
-    x = ctx.split("val").x[:1].to(ctx.device)
+    x = ctx.split("val").read(torch.arange(1)).to(ctx.device)
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)  # CUDA runs asynchronously
     with torch.inference_mode():
         net(x)  # warm-up

@@ -154,14 +154,14 @@ def _full_recipe(name: str, data: DataSplits) -> dict[str, Any]:
 
 @torch.no_grad()
 def _accuracy(entry: ZooEntry, data: DataSplits) -> float:
-    predictions = entry.logits(data.val.x).argmax(dim=1)
+    predictions = entry.logits(data.val.read()).argmax(dim=1)
     return float((predictions == data.val.y).float().mean())
 
 
 def _train(name: str, recipe: dict[str, Any], data: DataSplits, bar: Any) -> nn.Module:
     """Train one model deterministically, leaving the global RNG state untouched."""
     spec = _input_spec(name, data.image_size)
-    x, y = data.train.x, data.train.y
+    x, y = data.train.read(), data.train.y
     batch, epochs = recipe["batch_size"], recipe["epochs"]
     steps = epochs * -(-len(y) // batch)
     with torch.random.fork_rng(devices=[]):

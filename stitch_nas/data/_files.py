@@ -1,0 +1,137 @@
+"""Images read from their files batch by batch: a split of any size that is never held whole.
+
+An image folder becomes a list of file paths (its labels come from the folder names, without
+opening a file). Each time a split is read, a torch ``DataLoader`` with ``workers`` processes
+decodes the files of one batch at a time, converts them to RGB, resizes them to ``size`` x
+``size`` and scales them to ``[0, 1]`` (``torchvision.transforms.Resize`` + ``ToTensor``, the
+transform the in-memory loaders used, so the pixels are the same). Memory is a few batches,
+whatever the number of files.
+
+The fingerprint (which keys the on-disk activation cache) covers each file's path relative to
+the folder, its size in bytes and its modification time in nanoseconds, its label, and the
+output size. It is computed from ``os.stat`` alone, without reading the files: a file replaced
+by one of the same size with its modification time restored would not be noticed.
+
+Every file's header is opened once when the split is built (no pixels decoded), so a file that
+is not an image stops the run at load with its name; a file whose pixels are damaged past the
+header is named when a batch first reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from stitch_nas.errors import DataError
+
+__all__ = ["FileImages"]
+
+
+def _fix(path: str, exc: Exception) -> str:
+    return f"cannot read image {path!r} ({exc}); remove or fix the file"
+
+
+class _Decode(Dataset):
+    """``index -> (image tensor or None, error or None)``: errors travel back as one line, not
+    as a worker process's traceback."""
+
+    def __init__(self, paths: Sequence[str], size: int) -> None:
+        self.paths, self.size = paths, size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | None, str | None]:
+        from PIL import Image
+        from torchvision.transforms import functional as TF
+
+        path = self.paths[index]
+        try:
+            with Image.open(path) as image:
+                rgb = image.convert("RGB")
+            resized = TF.resize(rgb, [self.size, self.size])
+            return TF.to_tensor(resized), None
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
+            return None, _fix(path, exc)
+
+
+def _collate(items: list[tuple[torch.Tensor | None, str | None]]) -> Any:
+    """One batch, or the first file's error (raised by the reader, not in a worker)."""
+    errors = [error for _, error in items if error is not None]
+    return errors[0] if errors else torch.stack([image for image, _ in items])  # type: ignore[misc]
+
+
+class FileImages:
+    """The images of one split, as files under ``root``, read on demand.
+
+    Args:
+        root: the folder the paths are under (the fingerprint takes paths relative to it).
+        paths: one file per image, in split order.
+        labels: their class indices (part of the fingerprint).
+        size: side of the output images in pixels.
+        workers: ``DataLoader`` worker processes (0: decode in this process).
+    """
+
+    def __init__(
+        self, root: Path, paths: Sequence[str], labels: Sequence[int], size: int, workers: int
+    ) -> None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+            raise DataError(f"workers={workers!r} is invalid; use an int >= 0 (0: no processes)")
+        self.root, self.paths, self.size, self.workers = root, list(paths), size, workers
+        self._labels = list(labels)
+        self._fingerprint: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.paths), 3, self.size, self.size)
+
+    def check_headers(self) -> None:
+        """Open every file's header (no pixels): a file that is not an image is named now."""
+        from PIL import Image
+
+        for path in self.paths:
+            try:
+                with Image.open(path):
+                    pass
+            except (OSError, ValueError, SyntaxError) as exc:
+                raise DataError(_fix(path, exc)) from None
+
+    def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+        """Float32 ``(n, 3, size, size)`` batches of the rows ``index`` (all: None), in order."""
+        paths = self.paths if index is None else [self.paths[i] for i in index.tolist()]
+        decode = _Decode(paths, self.size)
+        loaded: Any
+        if self.workers == 0 or len(paths) <= size:  # one batch: not worth starting processes
+            loaded = (
+                _collate([decode[i] for i in range(start, min(start + size, len(paths)))])
+                for start in range(0, len(paths), size)
+            )
+        else:
+            loaded = DataLoader(
+                decode, batch_size=size, num_workers=self.workers, collate_fn=_collate
+            )
+        for batch in loaded:
+            if isinstance(batch, str):
+                raise DataError(batch)
+            yield batch
+
+    def fingerprint(self) -> str:
+        """A digest of the files' relative paths, sizes, modification times and labels, and
+        the output size (see the module doc for what it does not notice)."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(f"files:{self.size}".encode())
+            for path, label in zip(self.paths, self._labels, strict=True):
+                stat = os.stat(path)
+                relative = os.path.relpath(path, self.root)
+                digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
