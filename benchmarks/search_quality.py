@@ -27,6 +27,15 @@ seed; it counts the images each search forwards through its trials' networks (a 
 the whole validation split, a gated one its slice; CKA-pruned and repeated configs none) and
 the hypervolume of each found front, and checks every complete trial's accuracy against the
 exhaustive (ungated) measurement. Writes benchmarks/results/search_quality_fidelity.json.
+
+    python benchmarks/search_quality.py --fidelity 0.15 --adapter linear --steps 30
+
+runs that comparison with trained adapters: every joint is a ``linear`` adapter initialised by
+least squares and trained ``--steps`` steps (the ``match`` loss), so the gate also decides,
+from the least-squares version's slice accuracy, whether a config is trained at all. Work then
+also counts the images training forwards (optimiser steps x batch), read from each training
+run's own report; accuracies are checked against the ungated search's measurement of the same
+config. Writes benchmarks/results/search_quality_fidelity_linear.json.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ import search_spaces
 from search_spaces.pairwise import joinable
 from search_spaces.stitchnet import stitchnet_search
 from stitch_nas.activations import StitchContext
+from stitch_nas.adapters import _joint as adapter_joint
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.data import load_digits_splits
 from stitch_nas.report import hypervolume
@@ -132,6 +142,8 @@ def main() -> None:
     parser.add_argument("--fidelity", type=float, default=0.0, help="compare the gate at this")
     parser.add_argument("--trials-share", type=float, default=0.25, help="with --fidelity")
     parser.add_argument("--samplers", default="tpe,nsga2", help="with --fidelity")
+    parser.add_argument("--adapter", default="lstsq", help="with --fidelity: a trained kind")
+    parser.add_argument("--steps", type=int, default=30, help="with --adapter: training steps")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     data = load_digits_splits()
@@ -222,15 +234,34 @@ def main() -> None:
     _print(out)
 
 
+class TrainingCount:
+    """Images that adapter training forwards (steps x batch), read from each run's report."""
+
+    def __init__(self) -> None:
+        self.images = 0
+        self._train = adapter_joint.train
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            report = self._train(*args, **kwargs)
+            opts, data = args[4], args[3]
+            self.images += report.steps * min(int(opts["batch_size"]), len(data.inputs))
+            return report
+
+        adapter_joint.train = counted  # type: ignore[assignment]
+
+
 def fidelity_run(
     ctx: StitchContext, sampler: str, seed: int, n: int, fidelity: float, args: Any, models: list
 ) -> tuple[optuna.Study, float]:
+    space: dict[str, Any] = {"models": models}
+    if args.adapter != "lstsq":
+        space.update(adapter=args.adapter, adapter_options={"steps": args.steps})
     objective = StitchObjective(
         ctx,
         cka_threshold=args.cka_threshold,
         fidelity=fidelity,
         min_slice=0,  # the mechanism on digits' 45-image slices, below the default minimum
-        space_options={"models": models},
+        space_options=space,
     )
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=make_sampler(sampler, seed))
     start = time.perf_counter()
@@ -252,49 +283,73 @@ def compare_fidelity(
     args: Any, ctx: StitchContext, table: dict, size: int, models: list, ref: list, full: float
 ) -> None:
     n_val, n = len(ctx.labels("val")), max(1, round(args.trials_share * size))
-    runs, mismatches = [], 0
+    trained = args.adapter != "lstsq"
+    counter = TrainingCount()
+    runs, mismatches, compared = [], 0, 0
     for sampler in args.samplers.split(","):
         for seed in range(args.seeds):
             row: dict[str, Any] = {"sampler": sampler, "seed": seed}
+            measured: dict[str, float] = {}  # the ungated search's accuracy per config
             for label, fidelity in (("full", 0.0), ("gated", args.fidelity)):
+                counter.images = 0
                 study, seconds = fidelity_run(ctx, sampler, seed, n, fidelity, args, models)
                 done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
                 for t in done:  # the gate must not change a measured accuracy
                     key = StitchConfig.from_dict(t.user_attrs["config"]).stable_hash()
-                    mismatches += table[key]["accuracy"] != t.values[0]
+                    if not trained:
+                        truth: float | None = table[key]["accuracy"]
+                    elif label == "full":
+                        measured[key], truth = t.values[0], None
+                    else:
+                        truth = measured.get(key)
+                    if truth is not None:
+                        compared += 1
+                        mismatches += truth != t.values[0]
                 pruned = [t for t in study.trials if "slice_images" in t.user_attrs]
+                before = [
+                    t for t in pruned if "before training" in t.user_attrs.get("prune_reason", "")
+                ]
+                passes = images_forwarded(study, n_val)
                 row[label] = {
-                    "images": images_forwarded(study, n_val),
+                    "images": passes + counter.images,
+                    "accuracy_pass_images": passes,
+                    "training_images": counter.images,
                     "hv": front_hv([tuple(t.values) for t in done], ref),
                     "complete": len(done),
                     "fidelity_pruned": len(pruned),
+                    "pruned_before_training": len(before),
                     "seconds": round(seconds, 2),
                 }
             row["work_saved"] = 1 - row["gated"]["images"] / row["full"]["images"]
+            row["seconds_saved"] = 1 - row["gated"]["seconds"] / row["full"]["seconds"]
             row["hv_loss"] = 1 - row["gated"]["hv"] / row["full"]["hv"]
             runs.append(row)
             print(
                 f"{sampler} seed {seed}: saved {100 * row['work_saved']:.1f} % of images, "
+                f"{100 * row['seconds_saved']:.1f} % of seconds, "
                 f"hypervolume loss {100 * row['hv_loss']:.2f} %",
                 flush=True,
             )
-            _save_fidelity(args, runs, mismatches, models, size, n, n_val, full)
+            _save_fidelity(args, runs, (mismatches, compared), models, size, n, n_val, full)
 
 
 def _save_fidelity(
-    args: Any, runs: list, mismatches: int, models: list, size: int, n: int, n_val: int, full: float
+    args: Any, runs: list, checked: tuple, models: list, size: int, n: int, n_val: int, full: float
 ) -> None:
     """Write what has run so far (a long comparison leaves its figures if cut short)."""
     summary = {
         s: {
             "work_saved_median": statistics.median(r["work_saved"] for r in rs),
+            "seconds_saved_median": statistics.median(r["seconds_saved"] for r in rs),
             "hv_loss_median": statistics.median(r["hv_loss"] for r in rs),
         }
         for s in args.samplers.split(",")
         if (rs := [r for r in runs if r["sampler"] == s])
     }
     out = {
-        "space": "pairwise (lstsq), both directions",
+        "space": f"pairwise ({args.adapter}), both directions",
+        "adapter": args.adapter,
+        "training_steps": args.steps if args.adapter != "lstsq" else 0,
         "models": models,
         "space_size": size,
         "trials": n,
@@ -303,13 +358,17 @@ def _save_fidelity(
         "cka_threshold": args.cka_threshold,
         "seeds": args.seeds,
         "hv_exhaustive": full,
-        "accuracy_mismatches_vs_ungated": mismatches,
+        "accuracy_mismatches_vs_ungated": checked[0],
+        "accuracies_checked": checked[1],
         "summary": summary,
         "runs": runs,
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
     }
-    FIDELITY_RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(summary, indent=2), f"accuracy mismatches: {mismatches}")
+    path = FIDELITY_RESULTS
+    if args.adapter != "lstsq":
+        path = path.with_name(f"{path.stem}_{args.adapter}.json")
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(summary, indent=2), f"accuracy mismatches: {checked[0]} of {checked[1]}")
 
 
 def _front(table: dict[str, dict[str, Any]]) -> list[str]:
