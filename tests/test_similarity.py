@@ -133,6 +133,28 @@ def test_gram_cache_matches_direct(rng: np.random.Generator) -> None:
     assert cka_from_grams(x @ x.T, y @ y.T) == pytest.approx(reference_cka(x, y), abs=1e-10)
 
 
+def test_gram_in_feature_blocks_matches_one_block(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wide activation's Gram is built a few features at a time: the same matrix, constant
+    features still exactly zero, and a NaN in a late block still named."""
+    from stitch_nas.similarity import _cka
+
+    x = rng.normal(size=(12, 5, 7, 7)).astype(np.float32)
+    x[:, 2] = 3.0  # a constant channel
+    whole = gram(x)
+    monkeypatch.setattr(_cka, "_BLOCK_BYTES", 8 * 12 * 10)  # 10 features a block: 25 blocks
+    torch.testing.assert_close(gram(x), whole, rtol=1e-12, atol=1e-12)
+    centred = x.reshape(12, -1) - x.reshape(12, -1).mean(0)
+    torch.testing.assert_close(
+        gram(x), torch.from_numpy(centred @ centred.T).double(), rtol=1e-5, atol=1e-4
+    )
+    assert linear_cka(x, x**2) == pytest.approx(reference_cka(x, x**2), abs=1e-9)
+    x[3, 4, 6, 6] = np.nan
+    with pytest.raises(NonFiniteError, match="x contains NaN"):
+        gram(x)
+
+
 def test_cka_matrix_matches_pairwise(rng: np.random.Generator) -> None:
     n = 32
     base = rng.normal(size=(n, 8))

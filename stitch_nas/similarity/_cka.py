@@ -1,7 +1,9 @@
 """Representation similarity: linear CKA, its unbiased minibatch form, and the row rule.
 
 Linear CKA (Kornblith et al. 2019) uses the n x n Gram form: O(n^2 p) time and O(n^2) memory
-however wide the flattened features are (no p x p covariance), accumulated in float64. Cache
+however wide the flattened features are (no p x p covariance), accumulated in float64 a block
+of features at a time, so no float64 copy of a wide activation is ever made (a ResNet-50
+layer-1 map of 128 probe images would be 0.8 GB in float64, and centring it twice that). Cache
 Grams per activation with :func:`gram` and reuse them with :func:`cka_from_grams`;
 :func:`cka_matrix` does so for all cut points of two models (ReStNet). :class:`MinibatchCKA` is
 the unbiased estimator of Nguyen, Raghu & Kornblith (2020); :func:`chain_score` is StitchNet's.
@@ -65,6 +67,32 @@ def _rows64(x: Any, name: str, min_n: int = 2) -> torch.Tensor:
     return t
 
 
+#: float64 bytes of one block of features in :func:`_centred_gram`: its memory beside the input
+_BLOCK_BYTES = 32 * 2**20
+
+
+def _centred_gram(x: Any, name: str) -> torch.Tensor:
+    """``Xc Xcᵀ`` in float64 for the feature-centred rows of ``x``, one block of features (the
+    columns of ``(n, -1)`` rows) at a time: centring is per feature, so the blocks' products
+    add up to the whole one. Constant features are exactly zero, as in :func:`_centre_rows`."""
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    if t.ndim == 0:
+        raise DataError(f"{name} is a scalar; pass an array with the sample axis first")
+    n = t.shape[0]
+    if n < 2:
+        raise DataError(f"{name} has {n} samples; CKA here needs at least 2 samples")
+    rows = t.detach().reshape(n, -1)
+    k = torch.zeros(n, n, dtype=torch.float64, device=rows.device)
+    step = max(1, _BLOCK_BYTES // (8 * n))
+    for start in range(0, rows.shape[1], step):
+        block = rows[:, start : start + step].to(torch.float64)
+        if not bool(torch.isfinite(block).all()):
+            raise NonFiniteError(f"{name} contains NaN or Inf; fix the activations before CKA")
+        centred = _centre_rows(block)
+        k.addmm_(centred, centred.T)
+    return k
+
+
 def _n_samples(x: Any) -> int:
     """Length of the sample axis (0 for a scalar, which :func:`_rows64` then rejects)."""
     shape = np.shape(x)
@@ -93,8 +121,7 @@ def gram(x: Any) -> torch.Tensor:
         NonFiniteError: If ``x`` has NaN or Inf.
         DataError: If ``x`` has fewer than two samples.
     """
-    rows = _centre_rows(_rows64(x, "x"))
-    return rows @ rows.T
+    return _centred_gram(x, "x")
 
 
 def _centre_gram(k: torch.Tensor) -> torch.Tensor:
@@ -111,8 +138,7 @@ def _unit(kc: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
 
 def _unit_gram_of(x: Any, name: str) -> torch.Tensor:
     """Unit-norm centred Gram of an activation; exactly zero for constant features."""
-    rows = _centre_rows(_rows64(x, name))
-    return _unit(rows @ rows.T)
+    return _unit(_centred_gram(x, name))
 
 
 def _unit_gram(k: Any, name: str) -> torch.Tensor:
