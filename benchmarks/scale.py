@@ -12,6 +12,15 @@ of the same stitched network over the same images (probe + validation; "cold": t
 first-fragment activation on the validation split was not cached yet, "warm": the same configs
 measured again), and trials per hour. Writes benchmarks/results/scale.json (one entry per setting,
 merged with what is there).
+
+    python benchmarks/scale.py --setting imagenet --folder DIR [--folder-images 20000] --sizes 500
+
+runs the same trials on a folder of synthetic PNGs instead of tensors: DIR (written once, kept)
+holds ``--folder-images`` images in ``train/``, ``val/`` and ``test/`` folders (val and test of
+the given size each, train the rest), read through ``stitch_nas.data.load_split_folders``, which
+keeps every split as files and decodes each batch when it is read. After the trials, every image
+of the folder is read once more, batch by batch, and the peak RSS before and after that pass is
+recorded: a folder held in memory would add its float32 size. Stored under ``<setting>_folder``.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -173,9 +183,35 @@ def _configs(ctx, names: list[str], count: int, seed: int) -> list:  # type: ign
     return configs
 
 
-def run_size(setting: str, images: int, n_models: int, trials: int) -> dict:
+def write_folder(root: Path, total: int, val: int, side: int, classes: int) -> None:
+    """``total`` synthetic PNGs under ``root/{train,val,test}/<class>/`` (val and test ``val``
+    each), unless a finished folder of that shape is there already."""
+    from PIL import Image
+
+    done = root / f".complete-{total}-{val}-{side}-{classes}"
+    if done.exists():
+        return
+    for split, count in (("train", total - 2 * val), ("val", val), ("test", val)):
+        rng = np.random.default_rng(len(split))
+        for c in range(classes):
+            (root / split / f"{c:04d}").mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            low = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+            low.resize((side, side), Image.BILINEAR).save(
+                root / split / f"{i % classes:04d}/{i}.png"
+            )
+    done.touch()
+
+
+def _folder_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*.png"))
+
+
+def run_size(
+    setting: str, images: int, n_models: int, trials: int, folder: Path | None = None
+) -> dict:
     from stitch_nas.activations import StitchContext
-    from stitch_nas.data import DataSplits, Split
+    from stitch_nas.data import DataSplits, Split, load_split_folders
     from stitch_nas.stitching import build, measure
     from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
 
@@ -183,7 +219,21 @@ def run_size(setting: str, images: int, n_models: int, trials: int) -> dict:
     side, classes = int(spec["side"]), 10 if setting == "cifar" else 1000  # type: ignore[call-overload]
     models = cifar_models() if setting == "cifar" else imagenet_models()
     names = list(models)[:n_models]
-    labels = tuple(str(i) for i in range(classes))
+    gen = torch.Generator().manual_seed(0)
+
+    def split(n: int) -> Split:
+        return Split(
+            torch.rand(n, 3, side, side, generator=gen), torch.randint(classes, (n,), generator=gen)
+        )
+
+    if folder is None:
+        labels = tuple(str(i) for i in range(classes))
+        data = DataSplits(
+            split(8), split(int(spec["probe"])), split(images), split(8), labels, "synthetic"
+        )  # type: ignore[call-overload]
+    else:
+        data = load_split_folders(folder, size=side, probe_size=int(spec["probe"]))  # type: ignore[call-overload]
+        labels = data.label_names
     zoo = Zoo()
     for name in names:
         zoo.add(
@@ -195,16 +245,6 @@ def run_size(setting: str, images: int, n_models: int, trials: int) -> dict:
                 source="user",
             )
         )
-    gen = torch.Generator().manual_seed(0)
-
-    def split(n: int) -> Split:
-        return Split(
-            torch.rand(n, 3, side, side, generator=gen), torch.randint(classes, (n,), generator=gen)
-        )
-
-    data = DataSplits(
-        split(8), split(int(spec["probe"])), split(images), split(8), labels, "synthetic"
-    )  # type: ignore[call-overload]
     start = time.perf_counter()
     ctx = StitchContext(zoo, data)
     configs = _configs(ctx, names, trials, seed=0)
@@ -220,11 +260,11 @@ def run_size(setting: str, images: int, n_models: int, trials: int) -> dict:
         measure(ctx, config)
         warm.append(time.perf_counter() - t)
         net = build(ctx, config)
-        x = torch.cat([data.probe.x, data.val.x])
-        t = time.perf_counter()
+        t = time.perf_counter()  # reading the images is part of the pass (a folder decodes)
         with torch.no_grad():
-            for i in range(0, len(x), ctx.batch_size):
-                net(x[i : i + ctx.batch_size])
+            for part in (data.probe, data.val):
+                for x in part.batches(ctx.batch_size):
+                    net(x)
         forward.append(time.perf_counter() - t)
     stats = ctx.cache.stats()
     median_forward = statistics.median(forward)
@@ -244,6 +284,24 @@ def run_size(setting: str, images: int, n_models: int, trials: int) -> dict:
         "trial_over_forward_cold": round(statistics.median(cold) / median_forward, 3),
         "trial_over_forward_warm": round(statistics.median(warm) / median_forward, 3),
         "trials_per_hour": round(3600 * len(cold) / sum(cold), 1),
+        **(_whole_pass(data, ctx.batch_size, folder) if folder is not None else {}),
+    }
+
+
+def _whole_pass(data, batch: int, folder: Path) -> dict:  # type: ignore[no-untyped-def]
+    """Read every image of the folder once, batch by batch, and what that did to peak RSS."""
+    before, t, count = _peak_rss_gb(), time.perf_counter(), 0
+    for part in data.splits().values():
+        for x in part.batches(batch):
+            count += len(x)
+    seconds = time.perf_counter() - t
+    return {
+        "folder_images": count,
+        "folder_gb_on_disk": round(_folder_bytes(folder) / 2**30, 3),
+        "folder_gb_as_float32": round(count * 3 * data.image_size[0] ** 2 * 4 / 2**30, 3),
+        "whole_folder_pass_seconds": round(seconds, 1),
+        "peak_rss_gb_before_whole_pass": round(before, 3),
+        "peak_rss_gb_after_whole_pass": round(_peak_rss_gb(), 3),
     }
 
 
@@ -254,11 +312,14 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=11, help="first N models of the zoo")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--folder", type=Path, default=None, help="synthetic PNG folder")
+    parser.add_argument("--folder-images", type=int, default=20000)
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.one is not None:
-        print(json.dumps(run_size(args.setting, args.one, args.models, args.trials)))
+        row = run_size(args.setting, args.one, args.models, args.trials, args.folder)
+        print(json.dumps(row))
         return
     sizes = (
         [int(s) for s in args.sizes.split(",")] if args.sizes else SETTINGS[args.setting]["sizes"]
@@ -268,11 +329,16 @@ def main() -> None:
         command = [sys.executable, __file__, "--setting", args.setting, "--one", str(size)]
         command += ["--models", str(args.models), "--trials", str(args.trials)]
         command += ["--threads", str(args.threads)]
+        if args.folder is not None:
+            classes = 10 if args.setting == "cifar" else 1000
+            side = int(SETTINGS[args.setting]["side"])  # type: ignore[call-overload]
+            write_folder(args.folder, args.folder_images, size, side, classes)
+            command += ["--folder", str(args.folder)]
         out = subprocess.run(command, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]))
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results[args.setting] = {
+    results[args.setting + ("_folder" if args.folder else "")] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": args.threads,
         "defaults": "cache budget 15 % of RAM, float16 storage, no spill folder, batch auto",
