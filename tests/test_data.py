@@ -17,11 +17,12 @@ from stitch_nas.data import (
     load_image_folder,
     load_torchvision_dataset,
 )
+from stitch_nas.data._sources import ArrayImages, resize_images
 from stitch_nas.errors import DataError, UnknownNameError
 
 
 def _split_keys(split: Split) -> set[bytes]:
-    return {image.numpy().tobytes() for image in split.x}
+    return {image.numpy().tobytes() for image in split.read()}
 
 
 def test_digits_sizes_shapes_and_range(digits: DataSplits) -> None:
@@ -152,8 +153,14 @@ def test_torchvision_mnist_from_local_files(tmp_path: Path) -> None:
     data = load_torchvision_dataset("MNIST", tmp_path, size=32, probe_size=32)
     assert [len(split) for split in data.splits().values()] == [28, 32, 10, 10]
     assert data.label_names[0].startswith("0") and len(data.label_names) == 10
-    assert data.train.x.shape[1:] == (3, 32, 32)
-    assert 0.0 <= data.train.x.min() and data.train.x.max() <= 1.0
+    assert isinstance(data.train.x, ArrayImages) and data.train.x.pixels.dtype == torch.uint8
+    images = data.train.read()
+    assert images.shape[1:] == (3, 32, 32) and data.image_size == (32, 32)
+    assert 0.0 <= images.min() and images.max() <= 1.0
+    # batch by batch from uint8, the same pixels as converting the whole array at once
+    whole = resize_images(data.train.x.pixels.float() / 255.0, 32).expand(-1, 3, -1, -1)
+    assert torch.equal(images, whole)
+    assert torch.equal(torch.cat(list(data.train.batches(5))), whole)
     assert not _split_keys(data.train) & _split_keys(data.probe)
     again = load_torchvision_dataset("MNIST", tmp_path, size=32, probe_size=32)
     assert again.fingerprint() == data.fingerprint()

@@ -19,7 +19,8 @@ import torch
 
 from stitch_nas.errors import DataError
 
-from ._splits import DataSplits, Split, resize_images
+from ._sources import resize_images
+from ._splits import DataSplits, Split
 
 __all__ = ["load_npz_splits", "images_to_tensor"]
 

@@ -3,7 +3,9 @@
 Both return a :class:`~stitch_nas.data.DataSplits` cut with the seeded, class-interleaved
 split helpers of :mod:`stitch_nas.data`, with float32 images in ``[0, 1]``, not normalised.
 An image folder's splits stay files, read batch by batch when a split is used
-(:mod:`stitch_nas.data._files`); a torchvision data set's arrays are converted into memory.
+(:mod:`stitch_nas.data._files`); a torchvision data set that has its images as arrays keeps
+them as uint8 and converts a batch at a time (:mod:`stitch_nas.data._sources`); other
+torchvision data sets are decoded whole into float32.
 Nothing here downloads anything: folders and torchvision data sets must already be on disk.
 """
 
@@ -19,8 +21,8 @@ import numpy as np
 import torch
 
 from stitch_nas.data._files import FileImages
+from stitch_nas.data._sources import ArrayImages
 from stitch_nas.data._splits import (
-    _CHUNK,
     DataSplits,
     Split,
     _check_probe_size,
@@ -29,7 +31,6 @@ from stitch_nas.data._splits import (
     _cut,
     _split_sizes,
     _subset,
-    resize_images,
 )
 from stitch_nas.errors import ConfigError, DataError, UnknownNameError
 
@@ -161,14 +162,13 @@ def _bulk_arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     return data, labels.long()
 
 
-def _to_tensors(dataset: Any, size: int, limit: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _to_tensors(
+    dataset: Any, size: int, limit: int | None
+) -> tuple[torch.Tensor | ArrayImages, torch.Tensor]:
     count = len(dataset) if limit is None else min(limit, len(dataset))
     arrays = _bulk_arrays(dataset)
-    if arrays is not None:
-        data, labels = arrays[0][:count], arrays[1][:count]
-        chunks = [resize_images(chunk.float().div_(255.0), size) for chunk in data.split(_CHUNK)]
-        x = torch.cat(chunks)
-        return x.expand(-1, 3, -1, -1).contiguous(), labels.contiguous()
+    if arrays is not None:  # kept as uint8, made float32 (and resized) batch by batch
+        return ArrayImages(arrays[0][:count], size), arrays[1][:count].contiguous()
     # generic path: slower, but works for any data set that yields (PIL image, int)
     from torchvision.transforms import functional as TF
 
@@ -201,8 +201,9 @@ def load_torchvision_dataset(
         size: Side of the output images in pixels.
         probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`.
         seed: Seed of the split permutations.
-        limit: If set, use at most this many examples from each part, to bound memory
-            (float32 images take ``12 * size**2`` bytes each).
+        limit: If set, use at most this many examples from each part. Data sets with image
+            arrays (CIFAR, MNIST, SVHN, ...) keep them as uint8 at their own size (CIFAR-10:
+            0.18 GB); others are decoded into float32 at ``12 * size**2`` bytes an image.
 
     Returns:
         The splits, named after the class, with the class's ``classes`` as label names.

@@ -1,8 +1,9 @@
 """Image data sets split into train / probe / val / test parts, and the bundled digits.
 
 :class:`DataSplits` holds four :class:`Split` parts whose images are float32 in ``[0, 1]``
-with shape ``(N, 3, H, W)``: a tensor in memory, or files read batch by batch
-(:class:`~stitch_nas.data._files.FileImages`, what image folders become). Code reads a split
+with shape ``(N, 3, H, W)``: a tensor in memory, or an
+:class:`~stitch_nas.data._sources.ImageSource` that makes them batch by batch (files, what image
+folders become; uint8 arrays, what torchvision data sets become). Code reads a split
 through :meth:`Split.batches` and :meth:`Split.read`, which serve both. Images are deliberately
 *not* normalised: each model in
 a zoo has its own input spec (mean, std, size) and applies it itself, so one data set serves
@@ -25,11 +26,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from stitch_nas.errors import ConfigError, DataError
 
-from ._files import FileImages
+from ._sources import ArrayImages, ImageSource, resize_images
 
 __all__ = ["PROBE_SIZE_RANGE", "Split", "DataSplits", "load_digits_splits"]
 
@@ -38,7 +38,6 @@ PROBE_SIZE_RANGE = (32, 256)
 
 _DIGITS_TRAIN = 1000
 _DIGITS_VAL = 300
-_CHUNK = 4096  # images resized per call, to bound peak memory on large data sets
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,11 +49,11 @@ class Split:
 
     Attributes:
         x: Images, shape ``(N, 3, H, W)``, float32 in ``[0, 1]``, not normalised: a tensor, or
-            :class:`~stitch_nas.data._files.FileImages` read on demand.
+            an :class:`~stitch_nas.data._sources.ImageSource` read in batches.
         y: Class indices, shape ``(N,)``, int64.
     """
 
-    x: torch.Tensor | FileImages
+    x: torch.Tensor | ImageSource
     y: torch.Tensor
 
     def __post_init__(self) -> None:
@@ -82,7 +81,7 @@ class Split:
 
     def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         """The images ``index`` (sorted rows; None: all), ``size`` at a time, in order."""
-        if isinstance(self.x, FileImages):
+        if not isinstance(self.x, torch.Tensor):
             yield from self.x.batches(size, index)
             return
         n = len(self) if index is None else len(index)
@@ -136,8 +135,8 @@ class DataSplits:
         """Return a sha256 hex digest of all tensors, the name and the label names.
 
         Used to key on-disk caches: any change to the data changes the digest. A split read
-        from files contributes its files' fingerprint instead of their pixels
-        (:meth:`~stitch_nas.data._files.FileImages.fingerprint`).
+        that is an image source contributes the source's fingerprint instead (files: their
+        metadata, :meth:`~stitch_nas.data._files.FileImages.fingerprint`).
         """
         cached = self.__dict__.get("_fingerprint")
         if cached is not None:
@@ -147,7 +146,7 @@ class DataSplits:
         digest.update("\x00".join(self.label_names).encode())
         for split_name, split in self.splits().items():
             digest.update(split_name.encode())
-            if isinstance(split.x, FileImages):
+            if not isinstance(split.x, torch.Tensor):
                 digest.update(split.x.fingerprint().encode())
             for tensor in (split.x, split.y) if isinstance(split.x, torch.Tensor) else (split.y,):
                 digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
@@ -197,10 +196,11 @@ def _cut(order: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     return pieces
 
 
-def _subset(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor) -> Split:
+def _subset(x: torch.Tensor | ArrayImages, y: torch.Tensor, index: torch.Tensor) -> Split:
     # sorting keeps each split in the original order, which makes inspection easier
     index = index.sort().values
-    return Split(x=x[index].contiguous(), y=y[index].contiguous())
+    rows = x.rows(index) if isinstance(x, ArrayImages) else x[index].contiguous()
+    return Split(x=rows, y=y[index].contiguous())
 
 
 def _splits_from(
@@ -210,18 +210,6 @@ def _splits_from(
     pieces = _cut(_class_interleaved_order(y, seed), sizes)
     train, probe, val, test = (_subset(x, y, piece) for piece in pieces)
     return DataSplits(train, probe, val, test, tuple(str(label) for label in labels), name)
-
-
-def resize_images(x: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize a float batch to ``size`` x ``size`` (bilinear; antialiased when shrinking)."""
-    if tuple(x.shape[-2:]) == (size, size):
-        return x
-    shrink = x.shape[-1] > size or x.shape[-2] > size
-    out = [
-        F.interpolate(chunk, (size, size), mode="bilinear", align_corners=False, antialias=shrink)
-        for chunk in x.split(_CHUNK)
-    ]
-    return torch.cat(out).clamp_(0.0, 1.0)
 
 
 def load_digits_splits(*, size: int = 32, probe_size: int = 128, seed: int = 0) -> DataSplits:
