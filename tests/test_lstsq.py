@@ -7,7 +7,8 @@ import timm
 import torch
 
 from stitch_nas import errors
-from stitch_nas.adapters._lstsq import fit_lstsq, fusable_consumer, fuse_into_segment
+from stitch_nas.adapters._fuse import fusable_consumer, fuse_into_segment
+from stitch_nas.adapters._lstsq import fit_lstsq, fit_lstsq_batches
 from stitch_nas.fragments import CutPoint, cut_points, segment
 
 SHAPE = (1, 3, 32, 32)
@@ -26,6 +27,22 @@ def test_recovers_an_exact_affine_map_between_feature_maps():
     assert torch.allclose(stitch.weight, a, atol=1e-4)
     assert torch.allclose(stitch.bias, b, atol=1e-4)
     assert torch.allclose(stitch(x), y, atol=1e-4)
+
+
+def test_batches_of_activations_fit_the_same_map_as_whole_ones():
+    torch.manual_seed(1)
+    x = torch.randn(50, 6, 8, 8)
+    y = torch.randn(50, 4, 4, 7)  # resized and laid out as nhwc on the way
+    src, dst = _cut("nchw", (6, 8, 8)), _cut("nhwc", (4, 4, 7))
+    whole = fit_lstsq(x, y, src, dst)
+    pairs = zip(x.split(16), y.split(16), strict=True)  # 16 + 16 + 16 + 2 images
+    batched = fit_lstsq_batches(pairs, src, dst)
+    torch.testing.assert_close(batched.weight, whole.weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(batched.bias, whole.bias, rtol=1e-4, atol=1e-5)
+    with pytest.raises(errors.LayoutError, match="both activations must come from the same"):
+        fit_lstsq_batches([(x[:16], y[:15])], src, dst)
+    with pytest.raises(errors.LayoutError, match="no activations"):
+        fit_lstsq_batches([], src, dst)
 
 
 def test_resizes_to_the_destination_grid_and_converts_layouts():

@@ -15,10 +15,11 @@ from . import _closed_form as _closed_form  # registers "lstsq"
 from . import _lowrank as _lowrank  # registers "lowrank"
 from ._bodies import StitchAdapter
 from ._convert import CLS_MODES, RESIZE_MODES
+from ._fuse import FusedStitch, fuse_into_segment
 from ._init import INIT_MODES, fit_conv, initialise
 from ._joint import Joint, JointFit, feature_cut, fit_joint, resolve_teacher
 from ._lowrank import LowRankStitch
-from ._lstsq import FusedStitch, LinearStitch, fit_lstsq, fuse_into_segment, joinable
+from ._lstsq import LinearStitch, fit_lstsq, fit_lstsq_batches, joinable
 from ._registry import (
     ADAPTERS,
     AdapterKind,
@@ -39,6 +40,7 @@ __all__ = [
     "LowRankStitch",
     "can_join",
     "fit_lstsq",
+    "fit_lstsq_batches",
     "fuse_into_segment",
     "joinable",
     "AdapterKind",

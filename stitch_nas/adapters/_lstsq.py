@@ -7,39 +7,35 @@ resizing; a grid entering a vector cut, or a 1x1 grid cut (a vector in disguise,
 pooled ``C x 1 x 1`` output), is average-pooled first (StitchNet, conv -> linear).
 
 Where the first layer after cut j is a conv or linear layer that alone consumes the cut, the map
-can be fused into that layer's weights (``W' = W A``), removing the stitch as a separate layer.
-Fusion saves MACs when the source cut has fewer channels than the destination cut; otherwise the
-widened layer costs more than the separate 1x1 map (the cost tables count either exactly).
+can be fused into that layer's weights (:mod:`stitch_nas.adapters._fuse`).
 
 Fits accumulate the normal equations chunk by chunk (:class:`NormalEquations`), so the rows of a
-system (every position of every probe image, or a conv's unfolded patches) never exist whole.
+system (every position of every probe image, or a conv's unfolded patches) never exist whole;
+:func:`fit_lstsq_batches` takes the activations batch by batch, so they need not either.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import cast
+from collections.abc import Iterable
 
 import torch
-import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
 from stitch_nas.errors import (
     LayoutError,
     SingularSystemError,
-    TraceError,
     check_finite,
 )
 from stitch_nas.fragments import CutPoint
 
 __all__ = [
     "LinearStitch",
-    "FusedStitch",
     "NormalEquations",
     "chunk_images",
     "fit_lstsq",
-    "fuse_into_segment",
+    "fit_lstsq_batches",
     "joinable",
 ]
 
@@ -176,27 +172,49 @@ def fit_lstsq(
         ridge: Tikhonov term relative to the mean eigenvalue of the centred XᵀX
             (0 for the plain pseudo-inverse solution of StitchNet eq. 2).
     """
-    if ridge < 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}; use e.g. 1e-4")
-    check_finite(src_act, f"activations at {src.name!r}")
-    check_finite(dst_act, f"activations at {dst.name!r}")
-    stitch = LinearStitch(src, dst).to(src_act.device)
-    with torch.no_grad():
-        per_x = stitch.align(src_act[:1]).numel() // src.channels
-    per_y = dst_act[:1].numel() // dst.channels
-    rows_x, rows_y = per_x * src_act.shape[0], per_y * dst_act.shape[0]
-    if rows_x != rows_y:
+    if len(src_act) != len(dst_act):
         raise LayoutError(
-            f"cut {src.name!r} gives {rows_x} rows but {dst.name!r} gives {rows_y}; "
+            f"{len(src_act)} images at {src.name!r} but {len(dst_act)} at {dst.name!r}; "
             "both activations must come from the same samples"
         )
+    return fit_lstsq_batches([(src_act, dst_act)], src, dst, ridge=ridge)
+
+
+def fit_lstsq_batches(
+    pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    src: CutPoint,
+    dst: CutPoint,
+    *,
+    ridge: float = 1e-4,
+) -> LinearStitch:
+    """:func:`fit_lstsq` from ``(src_act, dst_act)`` batches of the same images, in any number:
+    the normal equations are summed batch by batch, so no whole activation need exist."""
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}; use e.g. 1e-4")
+    stitch: LinearStitch | None = None
     equations = NormalEquations()
-    step = chunk_images(max(src_act[:1].numel(), per_x * src.channels, dst_act[:1].numel()))
-    for xa, ya in zip(src_act.split(step), dst_act.split(step), strict=True):
+    for src_act, dst_act in pairs:
+        check_finite(src_act, f"activations at {src.name!r}")
+        check_finite(dst_act, f"activations at {dst.name!r}")
+        if stitch is None:
+            stitch = LinearStitch(src, dst).to(src_act.device)
         with torch.no_grad():
-            x = stitch.align(xa).reshape(-1, src.channels).float()
-            y = _channels_last(ya, dst.layout).reshape(-1, dst.channels).float()
-        equations.add(x, y)
+            per_x = stitch.align(src_act[:1]).numel() // src.channels
+        per_y = dst_act[:1].numel() // dst.channels
+        rows_x, rows_y = per_x * src_act.shape[0], per_y * dst_act.shape[0]
+        if rows_x != rows_y:
+            raise LayoutError(
+                f"cut {src.name!r} gives {rows_x} rows but {dst.name!r} gives {rows_y}; "
+                "both activations must come from the same samples"
+            )
+        step = chunk_images(max(src_act[:1].numel(), per_x * src.channels, dst_act[:1].numel()))
+        for xa, ya in zip(src_act.split(step), dst_act.split(step), strict=True):
+            with torch.no_grad():
+                x = stitch.align(xa).reshape(-1, src.channels).float()
+                y = _channels_last(ya, dst.layout).reshape(-1, dst.channels).float()
+            equations.add(x, y)
+    if stitch is None:
+        raise LayoutError(f"no activations to fit {src.name!r} -> {dst.name!r} on")
     weight, bias = equations.solve(ridge, f"{src.name!r} -> {dst.name!r}")
     with torch.no_grad():
         stitch.weight.copy_(weight.T.float())
@@ -283,113 +301,3 @@ def _solve_centred(
             ) from exc
     check_finite(weight, f"least-squares map {what}")
     return weight
-
-
-class FusedStitch(nn.Module):
-    """A LinearStitch folded into the conv/linear layer that consumes the destination cut."""
-
-    def __init__(self, stitch: LinearStitch, consumer: nn.Module) -> None:
-        super().__init__()
-        self.align = stitch.align
-        a, b = stitch.weight.detach(), stitch.bias.detach()
-        if isinstance(consumer, nn.Linear):
-            self.layer: nn.Module = nn.Linear(a.shape[1], consumer.out_features)
-            with torch.no_grad():
-                self.layer.weight.copy_(consumer.weight @ a)
-                extra = consumer.weight @ b
-                base = consumer.bias if consumer.bias is not None else 0.0
-                self.layer.bias.copy_(base + extra)
-            bias_map = None
-        elif isinstance(consumer, nn.Conv2d):
-            self.layer, bias_map = _fused_conv(consumer, a, b, stitch.align.dst_size())
-        else:  # fusable_consumer admits only these two
-            raise LayoutError(f"cannot fuse a stitch into {type(consumer).__name__}")
-        self.register_buffer("bias_map", bias_map)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        aligned = self.align(x)
-        if isinstance(self.layer, nn.Linear):
-            return self.layer(aligned)
-        out = self.layer(aligned.permute(0, 3, 1, 2))
-        return out if self.bias_map is None else out + self.bias_map
-
-
-def _fused_conv(
-    conv: nn.Conv2d, a: torch.Tensor, b: torch.Tensor, spatial: tuple[int, int]
-) -> tuple[nn.Conv2d, torch.Tensor | None]:
-    """``conv(A x + b) = conv'(x) + conv(b)``; conv(b) is position-dependent under zero padding."""
-    # torch types the size attributes of every _ConvNd as tuple[int, ...]; a Conv2d's are pairs
-    pair = tuple[int, int]
-    fused = nn.Conv2d(
-        a.shape[1],
-        conv.out_channels,
-        cast(pair, conv.kernel_size),
-        cast(pair, conv.stride),
-        cast("str | tuple[int, int]", conv.padding),
-        cast(pair, conv.dilation),
-        bias=True,
-    ).to(a.device)
-    # torch types Conv2d.bias as Optional; built with bias=True it is always a parameter
-    fused_bias = cast(nn.Parameter, fused.bias)
-    with torch.no_grad():
-        fused.weight.copy_(torch.einsum("ojmn,jk->okmn", conv.weight, a))
-        constant = b.view(1, -1, 1, 1).expand(1, -1, *spatial)
-        bias_map = F.conv2d(
-            constant, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation
-        )[0]
-    flat = bias_map.flatten(1)
-    if torch.allclose(flat, flat[:, :1].expand_as(flat), atol=1e-6, rtol=1e-5):
-        with torch.no_grad():
-            fused_bias.copy_(flat[:, 0])
-        return fused, None
-    with torch.no_grad():
-        fused_bias.zero_()
-    return fused, bias_map
-
-
-def fusable_consumer(segment: fx.GraphModule) -> fx.Node | None:
-    """The conv/linear node that alone consumes the segment's input, if there is one."""
-    placeholder = next(n for n in segment.graph.nodes if n.op == "placeholder")
-    users = list(placeholder.users)
-    if len(users) != 1 or users[0].op != "call_module" or users[0].args[:1] != (placeholder,):
-        return None
-    layer = segment.get_submodule(str(users[0].target))
-    if isinstance(layer, nn.Linear):
-        return users[0]
-    if isinstance(layer, nn.Conv2d) and layer.groups == 1 and layer.padding_mode == "zeros":
-        return users[0]
-    return None
-
-
-def fuse_into_segment(stitch: LinearStitch, segment: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``segment`` whose first layer absorbs ``stitch`` (the original is untouched).
-
-    Raises:
-        LayoutError: the segment does not start with a lone conv/linear layer.
-    """
-    consumer = fusable_consumer(segment)
-    if consumer is None:
-        raise LayoutError(
-            "the destination fragment does not start with a single conv/linear layer that alone "
-            "reads the cut, so the stitch cannot be fused; use fuse=False"
-        )
-    fused = FusedStitch(stitch, segment.get_submodule(str(consumer.target)))
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for node in segment.graph.nodes:
-        if node is consumer:
-            source = node.args[0]
-            if not isinstance(source, fx.Node):  # fusable_consumer checked it is the input
-                raise TraceError(f"the first argument of {node.name!r} is not a graph node")
-            env[node] = graph.call_module("stitch_fused", (env[source],))
-        else:
-            env[node] = graph.node_copy(node, lambda n: env[n])
-    root = nn.Module()
-    for name, module in segment.named_children():
-        root.add_module(name, module)
-    for name, value in segment.__dict__.get("_parameters", {}).items():
-        root.register_parameter(name, value)
-    for name, value in segment.__dict__.get("_buffers", {}).items():
-        root.register_buffer(name, value)
-    root.add_module("stitch_fused", fused)
-    return fx.GraphModule(root, graph, class_name="FusedSegment")

@@ -7,7 +7,7 @@ samples, and its output is mapped onto what the next model expects at its start 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -15,7 +15,8 @@ from torch import nn
 
 from stitch_nas import adapters
 from stitch_nas.activations import ActivationRows, ChainRows, InputRows, Rows, StitchContext
-from stitch_nas.adapters._lstsq import LinearStitch, fit_lstsq, fusable_consumer, fuse_into_segment
+from stitch_nas.adapters._fuse import fusable_consumer, fuse_into_segment
+from stitch_nas.adapters._lstsq import LinearStitch, fit_lstsq_batches
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
@@ -95,11 +96,23 @@ NETWORKS: Registry[NetworkBuilder] = Registry("network builder", group="stitch_n
 
 
 def _fit_adapter(
-    spec: AdapterSpec, x: torch.Tensor, y: torch.Tensor, src: CutPoint, dst: CutPoint, ridge: float
+    ctx: StitchContext,
+    spec: AdapterSpec,
+    x: torch.Tensor | Fragment,
+    frag: Fragment,
+    src: CutPoint,
+    dst: CutPoint,
 ) -> LinearStitch:
-    """A least-squares stitch, fitted exactly as ``fit_lstsq`` (options checked by the registry)."""
+    """A least-squares stitch from the probe's chain output ``x`` (a whole tensor, or the first
+    fragment, whose cached activation is then read batch by batch) to ``frag``'s start."""
     opts = adapters.resolve_options(spec.kind, dict(spec.options))
-    return fit_lstsq(x, y, src, dst, ridge=ridge if opts["ridge"] is None else opts["ridge"])
+    ridge = ctx.ridge if opts["ridge"] is None else opts["ridge"]
+    if isinstance(x, Fragment):
+        xs: Iterator[torch.Tensor] = ctx.activation_batches(x.model, x.end, "probe")
+    else:
+        xs = iter(x.split(ctx.batch_size))
+    ys = ctx.activation_batches(frag.model, frag.start, "probe")
+    return fit_lstsq_batches(zip(xs, ys, strict=True), src, dst, ridge=ridge)
 
 
 def _chain_input(
@@ -176,7 +189,9 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
     info: list[tuple[tuple[Any, ...], tuple[int, ...]]] = [
         (("fragment", first.model, None, first.end), ctx.input_shape(first.model)[1:])
     ]
-    x = ctx.activation(first.model, first.end, "probe") if config.is_stitched else None
+    # the probe's output of the chain so far: the first fragment's cached activation, read
+    # batch by batch where a least-squares fit is all that needs it, else a whole tensor
+    x: torch.Tensor | Fragment | None = first if config.is_stitched else None
     x_cut = ctx.cut(first.model, first.end) if first.end else None
     cached = True  # parts[0] is the zoo's own fragment
     joints = list(zip(config.adapters, config.fragments[1:], strict=True))
@@ -185,6 +200,8 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
             raise ConfigError(f"joint {i} of {config.describe()} needs a cut point on both sides")
         dst = ctx.cut(frag.model, frag.start)
         if adapter.kind != "lstsq":  # a trained kind, or one registered by the user
+            if isinstance(x, Fragment):
+                x = ctx.activation(x.model, x.end, "probe")
             link = adapters.Joint(
                 i,
                 x_cut,
@@ -205,8 +222,7 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
             if i + 1 < len(joints):
                 x, x_cut = _chain_input(ctx, first, parts, cached)("probe"), _next_cut(ctx, frag)
             continue
-        y = ctx.activation(frag.model, frag.start, "probe")
-        stitch = _fit_adapter(adapter, x, y, x_cut, dst, ctx.ridge)
+        stitch = _fit_adapter(ctx, adapter, x, frag, x_cut, dst)
         seg = ctx.segment(frag.model, frag.start, frag.end)
         stitch_key = ("stitch", type(stitch).__name__, _cut_key(x_cut), _cut_key(dst))
         head, rest = _first_piece(seg)
@@ -220,6 +236,8 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
             info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
         parts.extend(joint)
         if i + 1 < len(joints):  # the next joint is fitted on this chain's output
+            if isinstance(x, Fragment):
+                x = ctx.activation(x.model, x.end, "probe")
             x = ctx.run(nn.Sequential(*joint), x)
             x_cut = _next_cut(ctx, frag)
     preprocess = Preprocess(spec.size, spec.mean, spec.std).to(ctx.device)
