@@ -3,11 +3,10 @@
 :class:`DataSplits` holds four :class:`Split` parts whose images are float32 in ``[0, 1]``
 with shape ``(N, 3, H, W)``: a tensor in memory, or an
 :class:`~stitch_nas.data._sources.ImageSource` that makes them batch by batch (files, what image
-folders become; uint8 arrays, what torchvision data sets become). Code reads a split
-through :meth:`Split.batches` and :meth:`Split.read`, which serve both. Images are deliberately
-*not* normalised: each model in
-a zoo has its own input spec (mean, std, size) and applies it itself, so one data set serves
-all of them.
+folders become; uint8 arrays, what torchvision data sets become). Code reads a split through
+:meth:`Split.batches` and :meth:`Split.read`, which serve both. Images are deliberately *not*
+normalised: each model in a zoo has its own input spec (mean, std, size) and applies it itself,
+so one data set serves all of them.
 
 The *probe* split is a small set disjoint from the others; it is used to collect activations
 when fitting stitching layers, so it must never leak into validation or test numbers.
@@ -134,9 +133,9 @@ class DataSplits:
     def fingerprint(self) -> str:
         """Return a sha256 hex digest of all tensors, the name and the label names.
 
-        Used to key on-disk caches: any change to the data changes the digest. A split read
-        that is an image source contributes the source's fingerprint instead (files: their
-        metadata, :meth:`~stitch_nas.data._files.FileImages.fingerprint`).
+        Used to key on-disk caches: any change to the data changes the digest. A split whose
+        images are an image source contributes the source's fingerprint instead of pixels
+        (files: their metadata, :meth:`~stitch_nas.data._files.FileImages.fingerprint`).
         """
         cached = self.__dict__.get("_fingerprint")
         if cached is not None:
@@ -146,9 +145,12 @@ class DataSplits:
         digest.update("\x00".join(self.label_names).encode())
         for split_name, split in self.splits().items():
             digest.update(split_name.encode())
-            if not isinstance(split.x, torch.Tensor):
+            tensors: tuple[torch.Tensor, ...] = (split.y,)
+            if isinstance(split.x, torch.Tensor):
+                tensors = (split.x, split.y)
+            else:
                 digest.update(split.x.fingerprint().encode())
-            for tensor in (split.x, split.y) if isinstance(split.x, torch.Tensor) else (split.y,):
+            for tensor in tensors:
                 digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
                 # hashing the buffer directly avoids a copy of large image tensors; numpy's
                 # stubs declare ndarray.__buffer__ only for Python >= 3.12 (we target 3.10)
