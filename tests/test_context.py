@@ -9,9 +9,9 @@ import runpy
 import pytest
 import torch
 
+from stitch_nas import similarity
 from stitch_nas.activations import ActivationCache
 from stitch_nas.errors import ConfigError
-from stitch_nas.similarity import _cka as similarity
 from tests._tiny import SPEC, tiny_context, tiny_zoo
 
 

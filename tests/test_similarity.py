@@ -13,12 +13,11 @@ from stitch_nas.similarity._cka import (
     chain_score,
     cka_from_grams,
     cka_matrix,
-    common_spatial,
     gram,
     linear_cka,
     minibatch_cka,
-    to_rows,
 )
+from stitch_nas.similarity._rows import common_spatial, to_rows
 
 
 def reference_cka(x: np.ndarray, y: np.ndarray) -> float:

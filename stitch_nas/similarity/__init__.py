@@ -3,18 +3,15 @@ matrices and StitchNet's chain score.
 """
 
 from ._cka import (
-    LAYOUTS,
-    MODES,
     MinibatchCKA,
     chain_score,
     cka_from_grams,
     cka_matrix,
-    common_spatial,
     gram,
     linear_cka,
     minibatch_cka,
-    to_rows,
 )
+from ._rows import LAYOUTS, MODES, common_spatial, to_rows
 
 __all__ = [
     "LAYOUTS",

@@ -1,4 +1,4 @@
-"""Representation similarity: linear CKA, its unbiased minibatch form, and the row rule.
+"""Representation similarity: linear CKA, its unbiased minibatch form, and the chain score.
 
 Linear CKA (Kornblith et al. 2019) uses the n x n Gram form: O(n^2 p) time and O(n^2) memory
 however wide the flattened features are (no p x p covariance), accumulated in float64 a block
@@ -11,15 +11,8 @@ the unbiased estimator of Nguyen, Raghu & Kornblith (2020); :func:`chain_score` 
 Zero-variance convention: if an input is constant over the samples its centred Gram is zero and
 CKA is 0/0; every function here returns ``0.0`` then, since a constant carries no information.
 
-Row rule (:func:`to_rows`), turning each activation into ``(n, d)`` sample rows:
-
-* ``"nhwc"`` maps are permuted to NCHW first.
-* A 4-D map is resized bilinearly (``align_corners=False``) to ``spatial`` when given. The common
-  size of two maps (:func:`common_spatial`) is **the smaller of the two spatial sizes**, per
-  axis: the larger map is resized down, and no map is ever upsampled (which invents positions).
-* ``mode="pooled"`` averages over positions or tokens -> ``(n, C)``; ``mode="flatten"`` keeps
-  them -> ``(n, C*h*w)`` or ``(n, L*C)``, as Kornblith et al. do with conv maps.
-* ``"vector"`` ``(n, C)`` passes through unchanged.
+The row rule that turns an activation into ``(n, d)`` sample rows is in
+:mod:`stitch_nas.similarity._rows`.
 """
 
 from __future__ import annotations
@@ -30,41 +23,42 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from stitch_nas.errors import ConfigError, DataError, NonFiniteError
+from stitch_nas.errors import DataError, NonFiniteError
 
 __all__ = [
-    "LAYOUTS",
-    "MODES",
     "MinibatchCKA",
     "chain_score",
     "cka_from_grams",
     "cka_matrix",
-    "common_spatial",
     "gram",
     "linear_cka",
     "minibatch_cka",
-    "to_rows",
 ]
 
-_LAYOUT_NDIM = {"nchw": 4, "nhwc": 4, "tokens": 3, "vector": 2}
-LAYOUTS: tuple[str, ...] = tuple(_LAYOUT_NDIM)
-MODES: tuple[str, ...] = ("pooled", "flatten")
 
-
-def _rows64(x: Any, name: str, min_n: int = 2) -> torch.Tensor:
-    """Flattens an activation to float64 ``(n, -1)`` rows and checks it is usable."""
+def _rows(x: Any, name: str, min_n: int) -> torch.Tensor:
+    """An activation as ``(n, -1)`` rows in its own dtype, with at least ``min_n`` samples."""
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
     if t.ndim == 0:
         raise DataError(f"{name} is a scalar; pass an array with the sample axis first")
     n = t.shape[0]
     if n < min_n:
         raise DataError(f"{name} has {n} samples; CKA here needs at least {min_n} samples")
-    t = t.detach().reshape(n, -1).to(torch.float64)
+    return t.detach().reshape(n, -1)
+
+
+def _finite64(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` in float64, refused when it holds NaN or Inf."""
+    t = t.to(torch.float64)
     if not bool(torch.isfinite(t).all()):
         raise NonFiniteError(f"{name} contains NaN or Inf; fix the activations before CKA")
     return t
+
+
+def _rows64(x: Any, name: str, min_n: int = 2) -> torch.Tensor:
+    """Flattens an activation to float64 ``(n, -1)`` rows and checks it is usable."""
+    return _finite64(_rows(x, name, min_n), name)
 
 
 #: float64 bytes of one block of features in :func:`_centred_gram`: its memory beside the input
@@ -75,20 +69,12 @@ def _centred_gram(x: Any, name: str) -> torch.Tensor:
     """``Xc Xcᵀ`` in float64 for the feature-centred rows of ``x``, one block of features (the
     columns of ``(n, -1)`` rows) at a time: centring is per feature, so the blocks' products
     add up to the whole one. Constant features are exactly zero, as in :func:`_centre_rows`."""
-    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-    if t.ndim == 0:
-        raise DataError(f"{name} is a scalar; pass an array with the sample axis first")
-    n = t.shape[0]
-    if n < 2:
-        raise DataError(f"{name} has {n} samples; CKA here needs at least 2 samples")
-    rows = t.detach().reshape(n, -1)
+    rows = _rows(x, name, 2)
+    n = rows.shape[0]
     k = torch.zeros(n, n, dtype=torch.float64, device=rows.device)
     step = max(1, _BLOCK_BYTES // (8 * n))
     for start in range(0, rows.shape[1], step):
-        block = rows[:, start : start + step].to(torch.float64)
-        if not bool(torch.isfinite(block).all()):
-            raise NonFiniteError(f"{name} contains NaN or Inf; fix the activations before CKA")
-        centred = _centre_rows(block)
+        centred = _centre_rows(_finite64(rows[:, start : start + step], name))
         k.addmm_(centred, centred.T)
     return k
 
@@ -309,77 +295,6 @@ def minibatch_cka(pairs: Iterable[tuple[Any, Any]]) -> float:
     for x, y in pairs:
         acc.update(x, y)
     return acc.value()
-
-
-def common_spatial(shape_a: Sequence[int], shape_b: Sequence[int]) -> tuple[int, int]:
-    """Common spatial size of two maps: ``(min(h_a, h_b), min(w_a, w_b))``, never upsampling.
-
-    Args:
-        shape_a: ``(h, w)`` or a full NCHW shape of the first map (NHWC callers pass ``(h, w)``).
-        shape_b: Same for the second map.
-
-    Raises:
-        DataError: If a shape has neither 2 nor 4 entries.
-    """
-    sizes = []
-    for name, shape in (("shape_a", shape_a), ("shape_b", shape_b)):
-        if len(shape) not in (2, 4):
-            raise DataError(f"{name}={tuple(shape)} is neither (h, w) nor NCHW; pass one of them")
-        sizes.append((int(shape[-2]), int(shape[-1])))
-    return min(sizes[0][0], sizes[1][0]), min(sizes[0][1], sizes[1][1])
-
-
-def to_rows(
-    act: Any,
-    layout: str,
-    *,
-    spatial: tuple[int, int] | None = None,
-    mode: str = "pooled",
-) -> torch.Tensor:
-    """Turns an activation into ``(n, d)`` sample rows by the module's row rule.
-
-    Args:
-        act: Activation tensor (or numpy array) with samples on the first axis.
-        layout: One of ``"nchw"``, ``"nhwc"``, ``"tokens"`` (``(n, L, C)``), ``"vector"``.
-        spatial: ``(h, w)`` to resize 4-D maps to (bilinear, ``align_corners=False``), usually
-            from :func:`common_spatial`; only valid for map layouts.
-        mode: ``"pooled"`` (mean over positions/tokens) or ``"flatten"`` (keep positions).
-
-    Returns:
-        A floating tensor ``(n, d)`` on the input's device; floating inputs keep their dtype.
-
-    Raises:
-        ConfigError: If ``layout`` or ``mode`` is unknown, or ``spatial`` is given for a layout
-            without a spatial grid or is not two positive ints.
-        DataError: If the tensor rank does not match ``layout``.
-    """
-    if layout not in _LAYOUT_NDIM:
-        raise ConfigError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
-    if mode not in MODES:
-        raise ConfigError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
-    t = act if isinstance(act, torch.Tensor) else torch.as_tensor(np.asarray(act))
-    if t.ndim != _LAYOUT_NDIM[layout]:
-        want = _LAYOUT_NDIM[layout]
-        raise DataError(f"layout {layout!r} needs a {want}-D tensor, got {tuple(t.shape)}; fix it")
-    if not t.is_floating_point():
-        t = t.float()
-    if spatial is not None:
-        if layout not in ("nchw", "nhwc"):
-            raise ConfigError(f"spatial={spatial!r} given for layout {layout!r}; drop it")
-        if len(spatial) != 2 or any(int(s) != s or s < 1 for s in spatial):
-            raise ConfigError(f"spatial={spatial!r} is not (h, w) of positive ints; fix it")
-    if layout == "vector":
-        return t
-    if layout == "tokens":
-        return t.mean(dim=1) if mode == "pooled" else t.reshape(t.shape[0], -1)
-    if layout == "nhwc":
-        t = t.permute(0, 3, 1, 2)
-    if spatial is not None and tuple(t.shape[2:]) != tuple(spatial):
-        size = (int(spatial[0]), int(spatial[1]))
-        t = F.interpolate(t, size=size, mode="bilinear", align_corners=False)
-    if mode == "pooled":
-        return t.mean(dim=(2, 3))
-    return t.reshape(t.shape[0], -1)
 
 
 def chain_score(scores: Iterable[float]) -> float:
