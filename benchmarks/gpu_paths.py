@@ -120,7 +120,7 @@ def export_roundtrip(ctx: StitchContext) -> dict:
             return {"refused": str(exc)}
         meta = json.loads((folder / "meta.json").read_text())
         loaded = load(folder)
-        x = ctx.split("val").x[:8]
+        x = ctx.split("val").read(torch.arange(8))
         with torch.no_grad():
             diff = float((loaded(x) - net(x.to(ctx.device)).cpu()).abs().max())
     return {

@@ -211,7 +211,7 @@ def run_size(
     setting: str, images: int, n_models: int, trials: int, folder: Path | None = None
 ) -> dict:
     from stitch_nas.activations import StitchContext
-    from stitch_nas.data import DataSplits, Split, load_split_folders
+    from stitch_nas.data import ArrayImages, DataSplits, Split, load_split_folders
     from stitch_nas.stitching import build, measure
     from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
 
@@ -221,10 +221,9 @@ def run_size(
     names = list(models)[:n_models]
     gen = torch.Generator().manual_seed(0)
 
-    def split(n: int) -> Split:
-        return Split(
-            torch.rand(n, 3, side, side, generator=gen), torch.randint(classes, (n,), generator=gen)
-        )
+    def split(n: int) -> Split:  # uint8 pixels, as a torchvision data set keeps its images
+        pixels = torch.randint(256, (n, 3, side, side), generator=gen, dtype=torch.uint8)
+        return Split(ArrayImages(pixels, side), torch.randint(classes, (n,), generator=gen))
 
     if folder is None:
         labels = tuple(str(i) for i in range(classes))

@@ -11,13 +11,14 @@ import torch
 from PIL import Image
 
 from stitch_nas.data import (
+    ArrayImages,
     DataSplits,
     Split,
     load_digits_splits,
     load_image_folder,
     load_torchvision_dataset,
 )
-from stitch_nas.data._sources import ArrayImages, resize_images
+from stitch_nas.data._sources import resize_images
 from stitch_nas.errors import DataError, UnknownNameError
 
 
@@ -33,7 +34,8 @@ def test_digits_sizes_shapes_and_range(digits: DataSplits) -> None:
     for split in digits.splits().values():
         assert split.x.dtype == torch.float32 and split.x.shape[1:] == (3, 32, 32)
         assert split.y.dtype == torch.int64
-        assert split.x.min() >= 0.0 and split.x.max() <= 1.0
+        images = split.read()
+        assert images.dtype == torch.float32 and images.min() >= 0.0 and images.max() <= 1.0
         assert torch.equal(split.x[:, 0], split.x[:, 2])  # grey repeated to three channels
         assert set(split.y.tolist()) == set(range(10))  # class-interleaved: all digits in each
 
@@ -208,13 +210,22 @@ def test_npz_fixed_splits_are_shuffled_disjoint_runs(tmp_path: Path) -> None:
     assert data.label_names == ("0", "1", "2", "3") and data.image_size == (16, 16)
     for split in data.splits().values():  # a prefix of a class-major file would hold 1-2 classes
         assert split.y.unique().numel() == 4
-        assert split.x.min() >= 0.0 and split.x.max() <= 1.0
+        images = split.read()
+        assert images.dtype == torch.float32 and images.min() >= 0.0 and images.max() <= 1.0
     # the splits of one file are disjoint runs of one seeded permutation
     x = np.load(tmp_path / "train.npz")["images"]
     order = np.random.default_rng(0).permutation(100)
     expected = torch.from_numpy(x[np.sort(order[:32])]).permute(0, 3, 1, 2).float() / 255
     kept = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels")
-    assert torch.equal(kept.probe.x, expected)
+    assert torch.equal(kept.probe.read(), expected)
+    # uint8 files stay uint8 in memory: a quarter of float32 at the stored size
+    assert isinstance(kept.probe.x, ArrayImages) and kept.probe.x.pixels.dtype == torch.uint8
+    floats = tmp_path / "floats.npz"
+    np.savez(floats, images=x.astype(np.float32) / 255, labels=np.zeros(100, dtype=np.int64))
+    splits = {k: {**v, "file": str(floats)} for k, v in _npz_splits(tmp_path).items()}
+    as_floats = load_npz_splits(splits, x_key="images", y_key="labels")
+    assert isinstance(as_floats.probe.x, torch.Tensor)
+    assert torch.allclose(as_floats.probe.read(), expected)
     assert (
         kept.fingerprint()
         == load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels").fingerprint()

@@ -12,6 +12,7 @@ from ._datasets import (
     load_split_folders,
     load_torchvision_dataset,
 )
+from ._sources import ArrayImages, ImageSource
 from ._splits import (
     PROBE_SIZE_RANGE,
     DataSplits,
@@ -20,7 +21,9 @@ from ._splits import (
 )
 
 __all__ = [
+    "ArrayImages",
     "DataSplits",
+    "ImageSource",
     "PROBE_SIZE_RANGE",
     "Split",
     "images_to_tensor",

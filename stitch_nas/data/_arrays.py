@@ -19,7 +19,7 @@ import torch
 
 from stitch_nas.errors import DataError
 
-from ._sources import resize_images
+from ._sources import ArrayImages, resize_images
 from ._splits import DataSplits, Split
 
 __all__ = ["load_npz_splits", "images_to_tensor"]
@@ -29,9 +29,8 @@ logger = logging.getLogger(__name__)
 _SPLITS = ("train", "probe", "val", "test")
 
 
-def images_to_tensor(x: np.ndarray, what: str) -> torch.Tensor:
-    """``(N, H, W, C)``, ``(N, C, H, W)`` or ``(N, H, W)`` images (uint8, or floats in
-    ``[0, 1]``) as float32 ``(N, 3, H, W)`` in ``[0, 1]``; grey images are repeated to RGB."""
+def _channels_first(x: np.ndarray, what: str) -> np.ndarray:
+    """``(N, H, W, C)``, ``(N, C, H, W)`` or ``(N, H, W)`` images as ``(N, C, H, W)``."""
     if x.ndim == 3:
         x = x[:, None]
     elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
@@ -41,6 +40,13 @@ def images_to_tensor(x: np.ndarray, what: str) -> torch.Tensor:
             f"{what} has shape {x.shape}; store images as (N, H, W, C), (N, C, H, W) or "
             "(N, H, W) with 1 or 3 channels"
         )
+    return x
+
+
+def images_to_tensor(x: np.ndarray, what: str) -> torch.Tensor:
+    """``(N, H, W, C)``, ``(N, C, H, W)`` or ``(N, H, W)`` images (uint8, or floats in
+    ``[0, 1]``) as float32 ``(N, 3, H, W)`` in ``[0, 1]``; grey images are repeated to RGB."""
+    x = _channels_first(x, what)
     if x.dtype == np.uint8:
         t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
     elif np.issubdtype(x.dtype, np.floating):
@@ -54,6 +60,18 @@ def images_to_tensor(x: np.ndarray, what: str) -> torch.Tensor:
     else:
         raise DataError(f"{what} has dtype {x.dtype}; store uint8 or float images")
     return t.expand(-1, 3, -1, -1).contiguous()
+
+
+def _images(x: np.ndarray, what: str, size: int | None) -> torch.Tensor | ArrayImages:
+    """One split's images: square uint8 images stay uint8 (4 times smaller than float32 at
+    the stored size, and at any output size), made float32 one batch at a time; other images
+    become one float32 tensor."""
+    x = _channels_first(x, what)
+    if x.dtype == np.uint8 and (size is not None or x.shape[2] == x.shape[3]):
+        pixels = torch.from_numpy(np.ascontiguousarray(x))
+        return ArrayImages(pixels, size or x.shape[3])
+    images = images_to_tensor(x, what)
+    return images if size is None else resize_images(images, size)
 
 
 def _labels(y: np.ndarray, what: str) -> torch.Tensor:
@@ -109,9 +127,7 @@ def load_npz_splits(
                 f"split {split} takes rows {start}..{stop - 1} of {file} ({len(y)} rows)"
             )
         rows = np.sort(order[start:stop])  # keep the stored order within a split
-        images = images_to_tensor(x[rows], f"{file}:{x_key}")
-        if size is not None:
-            images = resize_images(images, size)
+        images = _images(x[rows], f"{file}:{x_key}", size)
         labels = _labels(y[rows], f"{file}:{y_key}")
         top = max(top, int(labels.max()))
         parts[split] = Split(images, labels)
