@@ -87,6 +87,16 @@ def test_non_finite_activations_are_reported():
         fit_lstsq(x, torch.randn(10, 3), _cut("vector", (4,), name="src"), _cut("vector", (3,)))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_the_finite_check_finds_one_bad_value_and_passes_a_sum_that_overflows(bad):
+    x = torch.full((4, 8), 3e38)  # finite values whose float32 sum is inf
+    errors.check_finite(x, "x")
+    errors.check_finite(torch.arange(5), "integers")
+    x[2, 5] = bad
+    with pytest.raises(errors.NonFiniteError, match=r"^x holds 1 NaN/Inf"):
+        errors.check_finite(x, "x")
+
+
 def _pair_cases():
     torch.manual_seed(0)
     src = timm.create_model("test_resnet", num_classes=10).eval()
