@@ -2,16 +2,22 @@
 
     python benchmarks/scale.py [--setting cifar|imagenet] [--sizes 1250,2500,5000]
                                [--models 11] [--trials 10] [--threads 2]
+                               [--forward-configs N] [--repeat R]
 
 Each size runs in a fresh subprocess (so its peak RSS is its own) with the library's default
 settings (cache budget 15 % of the machine's memory, float16 storage, no spill folder, the
 automatic batch size: 256, fewer for large inputs) and random-init weights: cost is the point, not
-accuracy. Per size it records peak RSS, the cache's bytes in memory (now and at peak) and on disk,
-the time to the first trial, the median trial, the median trial divided by one plain forward pass
-of the same stitched network over the same images (probe + validation; "cold": trials whose
-first-fragment activation on the validation split was not cached yet, "warm": the same configs
-measured again), and trials per hour. Writes benchmarks/results/scale.json (one entry per setting,
-merged with what is there).
+accuracy. The synthetic images are uint8, as a torchvision data set keeps them. Start-up does
+what a search does once per model before its trials (a Ray worker does it explicitly; the CLI's
+seeding pass on the way): trace the model, fill its MAC table, and store the probe's
+activations at every cut. Per size it records peak RSS, the cache's bytes in memory (now and at
+peak) and on disk, the start-up and the time to the first trial, the median trial, each trial
+divided by one plain forward pass of the same stitched network over the same images (probe +
+validation) with the median over ``--forward-configs`` configs ("cold": the trial whose
+first-fragment activation on the validation split was not cached yet, "warm": the same config
+measured again), and trials per hour. With ``--repeat R`` every size runs R times, in turn;
+``sizes`` holds each figure's median with its range (``<figure>_range``) and ``runs`` each run.
+Writes benchmarks/results/scale.json (one entry per setting, merged with what is there).
 
     python benchmarks/scale.py --setting imagenet --folder DIR [--folder-images 20000] --sizes 500
 
@@ -208,11 +214,16 @@ def _folder_bytes(root: Path) -> int:
 
 
 def run_size(
-    setting: str, images: int, n_models: int, trials: int, folder: Path | None = None
+    setting: str,
+    images: int,
+    n_models: int,
+    trials: int,
+    folder: Path | None = None,
+    forward_configs: int = 0,
 ) -> dict:
     from stitch_nas.activations import StitchContext
     from stitch_nas.data import ArrayImages, DataSplits, Split, load_split_folders
-    from stitch_nas.stitching import build, measure
+    from stitch_nas.stitching import build, fragment_macs, measure
     from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
 
     spec = SETTINGS[setting]
@@ -246,6 +257,11 @@ def run_size(
         )
     start = time.perf_counter()
     ctx = StitchContext(zoo, data)
+    for name in names:  # once per model, as a search's start-up (a Ray worker's) does
+        fragment_macs(ctx, name, None, None)  # trace the model, fill its MAC table
+        for _ in ctx.activation_batches(name, None, "probe"):  # the probe at every cut
+            pass
+    startup = time.perf_counter() - start
     configs = _configs(ctx, names, trials, seed=0)
     cold, warm, forward = [], [], []
     first_trial = None
@@ -254,7 +270,8 @@ def run_size(
         measure(ctx, config)
         cold.append(time.perf_counter() - t)
         first_trial = first_trial or time.perf_counter() - start
-    for config in configs[: max(3, trials // 3)]:
+    again = forward_configs or max(3, trials // 3)
+    for config in configs[:again]:
         t = time.perf_counter()
         measure(ctx, config)
         warm.append(time.perf_counter() - t)
@@ -267,6 +284,9 @@ def run_size(
         forward.append(time.perf_counter() - t)
     stats = ctx.cache.stats()
     median_forward = statistics.median(forward)
+    # each trial over the forward pass of its own network, then the median over those configs
+    cold_ratio = statistics.median(c / f for c, f in zip(cold, forward, strict=False))
+    warm_ratio = statistics.median(w / f for w, f in zip(warm, forward, strict=True))
     return {
         "images": images,
         "models": names,
@@ -276,12 +296,14 @@ def run_size(
         "cache_gb_in_memory": round(stats["bytes_in_memory"] / 2**30, 3),
         "cache_peak_gb_in_memory": round(stats["peak_bytes"] / 2**30, 3),
         "cache_gb_on_disk": round(stats["disk_bytes"] / 2**30, 3),
+        "startup_seconds": round(startup, 2),
         "seconds_to_first_trial": round(first_trial or 0.0, 2),
         "median_trial_seconds_cold": round(statistics.median(cold), 3),
         "median_trial_seconds_warm": round(statistics.median(warm), 3),
         "median_forward_seconds": round(median_forward, 3),
-        "trial_over_forward_cold": round(statistics.median(cold) / median_forward, 3),
-        "trial_over_forward_warm": round(statistics.median(warm) / median_forward, 3),
+        "forward_configs": len(forward),
+        "trial_over_forward_cold": round(cold_ratio, 3),
+        "trial_over_forward_warm": round(warm_ratio, 3),
         "trials_per_hour": round(3600 * len(cold) / sum(cold), 1),
         **(_whole_pass(data, ctx.batch_size, folder) if folder is not None else {}),
     }
@@ -304,6 +326,18 @@ def _whole_pass(data, batch: int, folder: Path) -> dict:  # type: ignore[no-unty
     }
 
 
+def _summary(rows: list[dict]) -> dict:
+    """One size over its repeated runs: the median of every figure, the range of each beside it."""
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, (int, float)) and key != "images":
+            values = [row[key] for row in rows]
+            out[key] = round(statistics.median(values), 3)
+            if min(values) != max(values):
+                out[key + "_range"] = [min(values), max(values)]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="cifar")
@@ -313,35 +347,47 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--folder", type=Path, default=None, help="synthetic PNG folder")
     parser.add_argument("--folder-images", type=int, default=20000)
+    parser.add_argument(
+        "--forward-configs", type=int, default=0, help="configs timed again and as a plain "
+        "forward pass (0: a third of --trials, at least 3)"
+    )  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1, help="runs of every size, in turn")
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.one is not None:
-        row = run_size(args.setting, args.one, args.models, args.trials, args.folder)
+        row = run_size(
+            args.setting, args.one, args.models, args.trials, args.folder, args.forward_configs
+        )
         print(json.dumps(row))
         return
     sizes = (
         [int(s) for s in args.sizes.split(",")] if args.sizes else SETTINGS[args.setting]["sizes"]
     )
-    rows = []
-    for size in sizes:  # type: ignore[union-attr]
-        command = [sys.executable, __file__, "--setting", args.setting, "--one", str(size)]
-        command += ["--models", str(args.models), "--trials", str(args.trials)]
-        command += ["--threads", str(args.threads)]
-        if args.folder is not None:
-            classes = 10 if args.setting == "cifar" else 1000
-            side = int(SETTINGS[args.setting]["side"])  # type: ignore[call-overload]
-            write_folder(args.folder, args.folder_images, size, side, classes)
-            command += ["--folder", str(args.folder)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(json.dumps(rows[-1]))
+    runs: list[list[dict]] = []
+    for _ in range(args.repeat):
+        runs.append([])
+        for size in sizes:  # type: ignore[union-attr]
+            command = [sys.executable, __file__, "--setting", args.setting, "--one", str(size)]
+            command += ["--models", str(args.models), "--trials", str(args.trials)]
+            command += ["--threads", str(args.threads)]
+            command += ["--forward-configs", str(args.forward_configs)]
+            if args.folder is not None:
+                classes = 10 if args.setting == "cifar" else 1000
+                side = int(SETTINGS[args.setting]["side"])  # type: ignore[call-overload]
+                write_folder(args.folder, args.folder_images, size, side, classes)
+                command += ["--folder", str(args.folder)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
+            runs[-1].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(json.dumps(runs[-1][-1]), flush=True)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results[args.setting + ("_folder" if args.folder else "")] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": args.threads,
         "defaults": "cache budget 15 % of RAM, float16 storage, no spill folder, batch auto",
-        "sizes": rows,
+        "repeats": args.repeat,
+        "sizes": [_summary([run[i] for run in runs]) for i in range(len(sizes))],  # type: ignore[arg-type]
+        "runs": runs,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
