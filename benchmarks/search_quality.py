@@ -46,6 +46,7 @@ import os
 import platform
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -317,6 +318,9 @@ def compare_fidelity(
                     "hv": front_hv([tuple(t.values) for t in done], ref),
                     "complete": len(done),
                     "fidelity_pruned": len(pruned),
+                    "pruned_by_slice_images": dict(
+                        sorted(Counter(str(t.user_attrs["slice_images"]) for t in pruned).items())
+                    ),
                     "pruned_before_training": len(before),
                     "seconds": round(seconds, 2),
                 }

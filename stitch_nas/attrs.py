@@ -57,9 +57,9 @@ PROBE_ACCURACY = "probe_accuracy"
 KIND = "kind"
 #: why a FAIL trial failed
 FAIL_REASON = "fail_reason"
-#: a trial pruned by multi-fidelity evaluation: its accuracy on the first slice of the split,
+#: a trial pruned by multi-fidelity evaluation: its accuracy on the slices it was scored on,
 PARTIAL_ACCURACY = "partial_accuracy"
-#: the number of images in that slice,
+#: the number of images in them,
 SLICE_IMAGES = "slice_images"
 #: and the 95 % Wilson interval ``[low, high]`` of that accuracy
 PARTIAL_INTERVAL = "partial_accuracy_interval"

@@ -11,7 +11,7 @@ from stitch_nas.errors import ConfigError
 from stitch_nas.report import wilson_interval
 from stitch_nas.search import StitchObjective, evaluate_config
 from stitch_nas.search._fidelity import FidelityGate, SliceStop, current_front
-from stitch_nas.stitching import Measurement
+from stitch_nas.stitching import Measurement, measure
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -67,12 +67,52 @@ def test_no_front_never_prunes_and_over_budget_does():
         _gate([[0.0, 1e12]], budgets={"macs": 500.0}).check(_costs(), 45, 45)
 
 
-def test_the_slice_is_a_fixed_shuffle_not_the_head_of_the_split():
-    first, rest = _gate([]).slices(300)
-    again, _ = _gate([]).slices(300)
-    assert len(first) == 45 and len(rest) == 255 and first.equal(again)
-    assert sorted(first.tolist() + rest.tolist()) == list(range(300))
-    assert first.max() > 200  # not the first 45 images
+def test_the_slices_are_a_fixed_shuffle_not_the_head_of_the_split():
+    parts = _gate([]).slices(300)
+    again = _gate([]).slices(300)
+    # 15 %, then 45 % (threefold, at most half the split), then the whole split
+    assert [len(p) for p in parts] == [45, 90, 165]
+    assert all(p.equal(q) for p, q in zip(parts, again, strict=True))
+    assert sorted(i for p in parts for i in p.tolist()) == list(range(300))
+    assert parts[0].max() > 200  # not the first 45 images
+
+
+@pytest.mark.parametrize(
+    ("fidelity", "sizes"), [(0.05, [50, 100, 300, 550]), (0.2, [200, 800]), (0.5, [500, 500])]
+)
+def test_slices_grow_threefold_up_to_half_the_split(fidelity, sizes):
+    gate = FidelityGate(fidelity=fidelity, objectives=NAMES, front=[], budgets={})
+    assert [len(p) for p in gate.slices(1000)] == sizes
+
+
+class _Recorder:
+    """A screen that records what it is shown and stops at its ``stop_at``-th check."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.seen: list[tuple[int, int]] = []
+        self.stop_at = stop_at
+
+    def slices(self, n):
+        return _gate([]).slices(n)
+
+    def check(self, costs, correct, images):
+        self.seen.append((correct, images))
+        if len(self.seen) == self.stop_at:
+            raise SliceStop("stop", {attrs.SLICE_IMAGES: images})
+
+
+def test_each_slice_is_judged_on_everything_scored_so_far(ctx):
+    config = _configs(ctx)[2]
+    n = len(ctx.labels("val"))
+    _, plain = measure(ctx, config)
+    screen = _Recorder()
+    _, screened = measure(ctx, config, screen=screen)
+    sizes = [len(p) for p in _gate([]).slices(n)]
+    assert [images for _, images in screen.seen] == [sizes[0], sizes[0] + sizes[1]]
+    assert screened.accuracy == plain.accuracy
+    with pytest.raises(SliceStop) as stop:  # a config dropped at the second slice
+        measure(ctx, config, screen=_Recorder(stop_at=2))
+    assert stop.value.record[attrs.SLICE_IMAGES] == sizes[0] + sizes[1]
 
 
 def test_accuracy_with_the_gate_equals_accuracy_without(ctx):

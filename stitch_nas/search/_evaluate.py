@@ -40,7 +40,7 @@ class TrialOutcome:
         measurement: ``Measurement.to_dict()`` when complete.
         cka: the config's CKA score when it was computed.
         reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
-        partial: what the first slice measured when multi-fidelity evaluation pruned it.
+        partial: what the slices measured when multi-fidelity evaluation pruned it.
         probe: the least-squares version's probe accuracy, when it was measured.
     """
 

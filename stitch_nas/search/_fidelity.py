@@ -3,20 +3,27 @@
 Optuna cannot prune a multi-objective trial (``report``/``should_prune`` are single-objective;
 its RFC, optuna#3450, is open), so the objective gates itself, with one rule:
 
-    A new config is first scored on a slice of the validation split: ``fidelity`` of its images
-    (default 15 %), the first ones of one seeded shuffle of the split, so the slice is a fair
-    sample even of a class-ordered split and every config sees the same images. From its k
-    right out of m, the 95 % Wilson interval of its accuracy is computed, and each objective is
-    taken at its best over that interval (accuracy at the upper end; the costs, MACs and
-    parameters, are known before any accuracy pass). If the study has a front (its
-    non-dominated feasible COMPLETE trials, plus the zoo's own models within the budgets when
-    the study records them) and a point of it dominates that optimistic point, or the config is
-    over a budget, the trial is PRUNED with the slice's accuracy, its size and the interval as
-    user attributes. Otherwise the rest of the split is scored: the accuracy is over the whole
-    split, the same correct images as without the gate. Until a trial of the study completes,
-    nothing is pruned (the zoo alone never prunes), so a search always measures a network.
-    The gate needs a slice of at least ``MIN_SLICE_IMAGES`` images (1,334 validation images
-    at 15 %); a smaller split is scored whole.
+    A new config is scored on growing slices of the validation split, each the first images
+    of one seeded shuffle of the split (so a slice is a fair sample even of a class-ordered
+    split, and every config sees the same images): ``fidelity`` of its images (default 15 %),
+    then three times as many, and so on while a slice is at most half the split (15 %, 45 %),
+    then the whole split. After each slice, from its k right out of m, the 95 % Wilson
+    interval of its accuracy is computed, and each objective is taken at its best over that
+    interval (accuracy at the upper end; the costs, MACs and parameters, are known before any
+    accuracy pass). If the study has a front (its non-dominated feasible COMPLETE trials, plus
+    the zoo's own models within the budgets when the study records them) and a point of it
+    dominates that optimistic point, or the config is over a budget, the trial is PRUNED with
+    the slice's accuracy, its size and the interval as user attributes. Otherwise the next
+    slice is scored; the accuracy of a config that reaches the end is over the whole split, the
+    same correct images as without the gate. Until a trial of the study completes, nothing is
+    pruned (the zoo alone never prunes), so a search always measures a network. The gate needs
+    a first slice of at least ``MIN_SLICE_IMAGES`` images (1,334 validation images at 15 %); a
+    smaller split is scored whole.
+
+Slices grow threefold so that a config the first slice could not judge (its interval still
+reaches the front) is judged again, on an interval about 1.7 times narrower, before the rest of
+the split is spent on it. Each slice extends the last, so a config that completes costs what it
+costs without the gate.
 
 On a small slice the interval is too wide (about +-0.15 at 45 images) to drop more than
 hopeless configs, yet every trial it prunes changes what the sampler learns from: on the
@@ -85,6 +92,10 @@ __all__ = [
 DEFAULT_FIDELITY = 0.15
 #: the smallest slice the gate works on (95 % interval about +-0.07 at accuracy 0.5)
 MIN_SLICE_IMAGES = 200
+#: each slice of the split is this many times the last ...
+SLICE_GROWTH = 3
+#: ... while it is at most this share of the split; then the whole split is scored
+MAX_SLICE_SHARE = 0.5
 _SEED = 0  # one fixed shuffle: every config is scored first on the same images
 
 #: a front: one objective vector per point, in the study's objective order
@@ -92,7 +103,7 @@ Front = list[list[float]]
 
 
 class SliceStop(StitchNASError):
-    """The first slice showed the config cannot reach the front: prune it."""
+    """A slice showed the config cannot reach the front: prune it."""
 
     def __init__(self, reason: str, record: dict[str, Any]) -> None:
         super().__init__(reason)
@@ -128,11 +139,17 @@ class FidelityGate:
     front: Sequence[Sequence[float]]
     budgets: Mapping[str, float]
 
-    def slices(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def slices(self, n: int) -> list[torch.Tensor]:
+        """The rule's slices of a split of ``n``, as the images each adds to the last (sorted
+        indices; together, every image once)."""
         order = torch.randperm(n, generator=torch.Generator().manual_seed(_SEED))
-        m = slice_size(n, self.fidelity)
+        ends, share = [], self.fidelity
+        while share <= MAX_SLICE_SHARE:
+            ends.append(slice_size(n, share))
+            share *= SLICE_GROWTH
+        bounds = [0, *sorted(set(ends) - {n}), n]
         # sorted: rows are read from the cache (or a memory map) in split order
-        return order[:m].sort().values, order[m:].sort().values
+        return [order[a:b].sort().values for a, b in zip(bounds, bounds[1:], strict=False)]
 
     def check(self, costs: Measurement, correct: int, images: int) -> None:
         from stitch_nas.report import wilson_interval  # the report's face is heavy: on use
@@ -170,7 +187,7 @@ def screen_before_training(gate: FidelityGate, ctx: StitchContext, net: Stitched
     costs = Measurement(
         accuracy=math.nan, macs=network_macs(ctx, net), params=count_params_of([net]), cka=math.nan
     )
-    first, _ = gate.slices(len(ctx.labels("val")))
+    first = gate.slices(len(ctx.labels("val")))[0]
     correct, seen = count_correct(ctx, net, "val", fit_net_head(ctx, net), first)
     try:
         gate.check(costs, correct, seen)

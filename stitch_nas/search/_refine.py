@@ -17,7 +17,7 @@ distillation from the destination model). A refined trial records the trial it r
 training (``._fidelity``), because it was chosen to be trained, and training is what lifts a
 least-squares stitch the front dominates past it (``fattorib_resnet20[input:bn] ->
 zlatasm_resnet20[layer1.1:output]``: 0.746 least squares, 0.892 with a distilled ``conv3x3``).
-Its trained network still meets the gate on its own first slice, and it joins the front only
+Its trained network still meets the gate on its own slices, and it joins the front only
 where its validation accuracy earns it.
 
 On the real CIFAR-10 zoo a block-skipping stitch, ``fattorib_resnet20[input:second_block.

@@ -240,15 +240,17 @@ def reproduces(ctx: StitchContext, measured: float, recorded: float) -> bool:
 
 
 class Screen(Protocol):
-    """A gate between a first slice of the split and the rest (multi-fidelity evaluation;
+    """A gate between growing slices of the split (multi-fidelity evaluation;
     :mod:`stitch_nas.search._fidelity` holds the rule)."""
 
-    def slices(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The images scored first and the rest, as sorted indices into a split of ``n``."""
+    def slices(self, n: int) -> list[torch.Tensor]:
+        """The images scored in turn, as sorted indices into a split of ``n`` (together, every
+        image once)."""
         ...
 
     def check(self, costs: Measurement, correct: int, images: int) -> None:
-        """Raise to stop after the first slice (``costs``: everything but the accuracy)."""
+        """Raise to stop after a slice (``correct`` of the ``images`` scored so far; ``costs``:
+        everything but the accuracy)."""
         ...
 
 
@@ -289,15 +291,15 @@ def measure(
 ) -> tuple[StitchedNet, Measurement]:
     """Build ``config`` and measure it on ``split``.
 
-    With ``screen``, the accuracy pass scores the screen's first slice, lets it stop the
-    measurement (it raises), then scores the rest: the same correct images as one pass.
+    With ``screen``, the accuracy pass scores the screen's slices in turn and lets it stop the
+    measurement (it raises) before each further one: the same correct images as one pass.
     ``net``: ``config`` already built (by the probe-accuracy proxy), which took ``fit_seconds``.
     """
     start = time.perf_counter() - fit_seconds
     if net is None or net.config != config or fuse:
         net = build(ctx, config, fuse=fuse)
     fitted = time.perf_counter()
-    # the costs come first: a screen weighs the first slice's accuracy against them
+    # the costs come first: a screen weighs each slice's accuracy against them
     result = Measurement(
         accuracy=math.nan,
         macs=network_macs(ctx, net),
@@ -313,11 +315,12 @@ def measure(
     if screen is None:
         correct, seen = count_correct(ctx, net, split, head)
     else:
-        first, rest = screen.slices(len(ctx.labels(split)))
-        correct, seen = count_correct(ctx, net, split, head, first)
-        screen.check(result, correct, seen)
-        more, extra = count_correct(ctx, net, split, head, rest)
-        correct, seen = correct + more, seen + extra
+        correct = seen = 0
+        for i, part in enumerate(screen.slices(len(ctx.labels(split)))):
+            if i:  # the screen judges what has been scored before each further slice
+                screen.check(result, correct, seen)
+            more, extra = count_correct(ctx, net, split, head, part)
+            correct, seen = correct + more, seen + extra
     result.accuracy = _mean(correct, seen)
     result.eval_seconds = time.perf_counter() - counted
     return net, result
