@@ -143,7 +143,7 @@ class FidelityGate:
         """The rule's slices of a split of ``n``, as the images each adds to the last (sorted
         indices; together, every image once)."""
         order = torch.randperm(n, generator=torch.Generator().manual_seed(_SEED))
-        ends, share = [], self.fidelity
+        ends, share = [slice_size(n, self.fidelity)], self.fidelity * SLICE_GROWTH
         while share <= MAX_SLICE_SHARE:
             ends.append(slice_size(n, share))
             share *= SLICE_GROWTH
