@@ -5,7 +5,7 @@
                                [--forward-configs N] [--repeat R]
 
 Each size runs in a fresh subprocess (so its peak RSS is its own) with the library's default
-settings (cache budget 15 % of the machine's memory, float16 storage, no spill folder, the
+settings (cache budget 10 % of the machine's memory, float16 storage, no spill folder, the
 automatic batch size: 256, fewer for large inputs) and random-init weights: cost is the point, not
 accuracy. The synthetic images are uint8, as a torchvision data set keeps them. Start-up does
 what a search does once per model before its trials (a Ray worker does it explicitly; the CLI's
@@ -384,7 +384,7 @@ def main() -> None:
     results[args.setting + ("_folder" if args.folder else "")] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": args.threads,
-        "defaults": "cache budget 15 % of RAM, float16 storage, no spill folder, batch auto",
+        "defaults": "cache budget 10 % of RAM, float16 storage, no spill folder, batch auto",
         "repeats": args.repeat,
         "sizes": [_summary([run[i] for run in runs]) for i in range(len(sizes))],  # type: ignore[arg-type]
         "runs": runs,

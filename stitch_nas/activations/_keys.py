@@ -91,9 +91,11 @@ def weights_fingerprint(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-#: fraction of the machine's physical memory the cache may hold by default: with the frozen
-#: models and one batch of working memory beside it, a search stays within about a quarter
-DEFAULT_MEMORY_FRACTION = 0.15
+#: fraction of the machine's physical memory the cache may hold by default. The rest of a search
+#: (the frozen models, one trial's working memory, torch itself) took 2.6 GB beside a full
+#: 3.5 GiB cache at ImageNet size (``benchmarks/scale.py``): with 10 % the whole search stays
+#: within about a quarter of a 24 GB machine
+DEFAULT_MEMORY_FRACTION = 0.10
 
 #: storage dtypes of cached activations (numpy has no bfloat16, so spill files could not hold it)
 STORAGE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
