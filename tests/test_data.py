@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -181,14 +182,17 @@ def test_torchvision_errors(tmp_path: Path) -> None:
 # --- fixed splits: .npz arrays and split folders -----------------------------------------
 
 
-def _write_npz(path: Path, n: int, *, seed: int = 0, layout: str = "nhwc") -> None:
+def _write_npz(
+    path: Path, n: int, *, seed: int = 0, layout: str = "nhwc", compressed: bool = True
+) -> None:
     rng = np.random.default_rng(seed)
     y = np.repeat(np.arange(4), n // 4)  # class-major, like realzoo's files
     x = rng.integers(0, 256, size=(n, 8, 8, 3), dtype=np.uint8)
     x[..., 0] = 60 * y[:, None, None]  # the class is visible in the first channel
     if layout == "nchw":
         x = x.transpose(0, 3, 1, 2)
-    np.savez(path, images=x, labels=y.astype(np.int64), extra=np.arange(n))
+    save = np.savez_compressed if compressed else np.savez
+    save(path, images=x, labels=y.astype(np.int64), extra=np.arange(n))
 
 
 def _npz_splits(root: Path) -> dict:
@@ -221,7 +225,9 @@ def test_npz_fixed_splits_are_shuffled_disjoint_runs(tmp_path: Path) -> None:
     # uint8 files stay uint8 in memory: a quarter of float32 at the stored size
     assert isinstance(kept.probe.x, ArrayImages) and kept.probe.x.pixels.dtype == torch.uint8
     floats = tmp_path / "floats.npz"
-    np.savez(floats, images=x.astype(np.float32) / 255, labels=np.zeros(100, dtype=np.int64))
+    np.savez_compressed(
+        floats, images=x.astype(np.float32) / 255, labels=np.zeros(100, dtype=np.int64)
+    )
     splits = {k: {**v, "file": str(floats)} for k, v in _npz_splits(tmp_path).items()}
     as_floats = load_npz_splits(splits, x_key="images", y_key="labels")
     assert isinstance(as_floats.probe.x, torch.Tensor)
@@ -239,6 +245,58 @@ def test_npz_fixed_splits_are_shuffled_disjoint_runs(tmp_path: Path) -> None:
         load_npz_splits(_npz_splits(tmp_path))
     with pytest.raises(DataError, match=r"2 label names for labels up to 3"):
         load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", label_names="ab")
+
+
+def test_uncompressed_npz_is_read_in_place_as_loaded(tmp_path: Path) -> None:
+    """np.savez files are read in place, a batch of rows at a time: same images as the
+    loaded (compressed) file, also as floats, after pickling (a Ray worker) and resized."""
+    import pickle
+
+    from stitch_nas.data import load_npz_splits
+    from stitch_nas.data._npz_files import NpzFileImages
+
+    for compressed, folder in ((True, tmp_path / "zipped"), (False, tmp_path / "mapped")):
+        folder.mkdir()
+        _write_npz(folder / "train.npz", 100, compressed=compressed)
+        _write_npz(folder / "test.npz", 80, seed=1, layout="nchw", compressed=compressed)
+    x = np.load(tmp_path / "mapped" / "train.npz")["images"]
+    np.savez(tmp_path / "mapped" / "floats.npz", images=x / 255.0, labels=np.zeros(100, int))
+    np.savez(tmp_path / "mapped" / "grey.npz", images=x[..., 0], labels=np.zeros(100, int))
+    for size in (None, 12):
+        loaded = load_npz_splits(_npz_splits(tmp_path / "zipped"), x_key="images",
+                                 y_key="labels", size=size)  # fmt: skip
+        mapped = load_npz_splits(_npz_splits(tmp_path / "mapped"), x_key="images",
+                                 y_key="labels", size=size)  # fmt: skip
+        for name, split in mapped.splits().items():
+            assert isinstance(split.x, NpzFileImages), name
+            assert split.x.shape == loaded.splits()[name].x.shape
+            assert torch.equal(split.read(), loaded.splits()[name].read())
+            index = torch.tensor([1, 5, 7])
+            assert torch.equal(
+                torch.cat(list(split.batches(2, index))), loaded.splits()[name].read(index)
+            )
+        sent = pickle.loads(pickle.dumps(mapped.val.x))
+        assert sent._stream is None and torch.equal(torch.cat(list(sent.batches(16))),
+                                                   mapped.val.read())  # fmt: skip
+    mapped = load_npz_splits(_npz_splits(tmp_path / "mapped"), x_key="images", y_key="labels")
+    files = {k: {**v, "file": str(tmp_path / "mapped" / "floats.npz")}
+             for k, v in _npz_splits(tmp_path).items()}  # fmt: skip
+    floats = load_npz_splits(files, x_key="images", y_key="labels")
+    assert isinstance(floats.probe.x, NpzFileImages)
+    assert torch.allclose(floats.probe.read(), mapped.probe.read())
+    grey = load_npz_splits({k: {**v, "file": str(tmp_path / "mapped" / "grey.npz")}
+                            for k, v in files.items()}, x_key="images", y_key="labels")  # fmt: skip
+    assert torch.equal(grey.probe.read()[:, 1], mapped.probe.read()[:, 0])
+    # the fingerprint follows the file's metadata, not a read of its pixels
+    before = mapped.fingerprint()
+    again = load_npz_splits(_npz_splits(tmp_path / "mapped"), x_key="images", y_key="labels")
+    assert again.fingerprint() == before
+    os.utime(tmp_path / "mapped" / "test.npz", ns=(1, 1))
+    touched = load_npz_splits(_npz_splits(tmp_path / "mapped"), x_key="images", y_key="labels")
+    assert touched.fingerprint() != before
+    np.savez(tmp_path / "mapped" / "floats.npz", images=x * 1.0, labels=np.zeros(100, int))
+    with pytest.raises(DataError, match=r"floats.npz:images holds floats in \[0, 255\]"):
+        load_npz_splits(files, x_key="images", y_key="labels")
 
 
 def test_split_folders_keep_their_splits(tmp_path: Path) -> None:

@@ -5,6 +5,10 @@ so a data set's own separation (a train file, a test file) is kept. Files stored
 order (all of class 0, then class 1, ...) must be shuffled before a prefix is taken: with a
 ``seed`` every file is permuted once by ``numpy.random.default_rng(seed)``, and the splits of
 one file are disjoint runs of that one permutation.
+
+An image array stored uncompressed (``numpy.savez``) is read in place, a batch of rows
+at a time (:mod:`stitch_nas.data._npz_files`); a compressed one (``numpy.savez_compressed``) is
+loaded whole: square uint8 images stay uint8, others become one float32 tensor.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from stitch_nas.errors import DataError
 
+from ._npz_files import NpzFileImages, npz_array_place
 from ._sources import ArrayImages, resize_images
 from ._splits import DataSplits, Split
 
@@ -74,6 +79,28 @@ def _images(x: np.ndarray, what: str, size: int | None) -> torch.Tensor | ArrayI
     return images if size is None else resize_images(images, size)
 
 
+def _in_place(
+    file: str,
+    key: str,
+    place: tuple[int, np.dtype, tuple[int, ...]],
+    rows: np.ndarray,
+    size: int | None,
+) -> NpzFileImages:
+    """One split's images read from the file in batches (layouts as :func:`_images`)."""
+    _, dtype, shape = place
+    what = f"{file}:{key}"
+    channels_last = len(shape) == 4 and shape[-1] in (1, 3) and shape[1] not in (1, 3)
+    channels = 1 if len(shape) == 3 else shape[-1] if channels_last else shape[1]
+    if len(shape) not in (3, 4) or channels not in (1, 3):
+        raise DataError(
+            f"{what} has shape {shape}; store images as (N, H, W, C), (N, C, H, W) or "
+            "(N, H, W) with 1 or 3 channels"
+        )
+    if dtype != np.uint8 and not np.issubdtype(dtype, np.floating):
+        raise DataError(f"{what} has dtype {dtype}; store uint8 or float images")
+    return NpzFileImages(file, key, place, rows, size, channels_last)
+
+
 def _labels(y: np.ndarray, what: str) -> torch.Tensor:
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
         raise DataError(
@@ -111,7 +138,7 @@ def load_npz_splits(
     missing = [s for s in _SPLITS if s not in splits]
     if missing:
         raise DataError(f"npz splits lack {missing[0]!r}; give all of {', '.join(_SPLITS)}")
-    arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    arrays: dict[str, tuple[np.ndarray | None, np.ndarray, np.ndarray, Any]] = {}
     parts: dict[str, Split] = {}
     top = -1
     for split in _SPLITS:
@@ -119,7 +146,7 @@ def load_npz_splits(
         file = str(Path(spec["file"]).expanduser())
         if file not in arrays:
             arrays[file] = _read(file, x_key, y_key, seed)
-        x, y, order = arrays[file]
+        x, y, order, place = arrays[file]
         start = int(spec.get("start") or 0)
         stop = len(y) if spec.get("count") is None else start + int(spec["count"])
         if not 0 <= start < stop <= len(y):
@@ -127,7 +154,12 @@ def load_npz_splits(
                 f"split {split} takes rows {start}..{stop - 1} of {file} ({len(y)} rows)"
             )
         rows = np.sort(order[start:stop])  # keep the stored order within a split
-        images = _images(x[rows], f"{file}:{x_key}", size)
+        if x is None:
+            images: torch.Tensor | ArrayImages | NpzFileImages = _in_place(
+                file, x_key, place, rows, size
+            )
+        else:
+            images = _images(x[rows], f"{file}:{x_key}", size)
         labels = _labels(y[rows], f"{file}:{y_key}")
         top = max(top, int(labels.max()))
         parts[split] = Split(images, labels)
@@ -154,7 +186,8 @@ def load_npz_splits(
 
 def _read(
     file: str, x_key: str, y_key: str, seed: int | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Any]:
+    """Images (None when read in place), labels, the seeded row order and where the images are."""
     try:
         with np.load(file, allow_pickle=False) as archive:
             if x_key not in archive or y_key not in archive:
@@ -162,10 +195,12 @@ def _read(
                     f"{file} has arrays {', '.join(archive.files)}; it needs {x_key!r} and "
                     f"{y_key!r} (set data.x_key / data.y_key)"
                 )
-            x, y = archive[x_key], archive[y_key]
+            place = npz_array_place(file, x_key)
+            x, y = (None if place else archive[x_key]), archive[y_key]
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read {file} ({exc}); pass an .npz file of arrays") from exc
-    if len(x) != len(y):
-        raise DataError(f"{file} has {len(x)} images but {len(y)} labels; match them")
+    images = place[2][0] if place else len(x)  # type: ignore[arg-type]
+    if images != len(y):
+        raise DataError(f"{file} has {images} images but {len(y)} labels; match them")
     order = np.arange(len(y)) if seed is None else np.random.default_rng(seed).permutation(len(y))
-    return x, y, order
+    return x, y, order, place
