@@ -2,7 +2,7 @@
 
     python benchmarks/scale.py [--setting cifar|imagenet] [--sizes 1250,2500,5000]
                                [--models 11] [--trials 10] [--threads 2]
-                               [--forward-configs N] [--repeat R]
+                               [--forward-configs N] [--repeat R] [--cache-gb X]
 
 Each size runs in a fresh subprocess (so its peak RSS is its own) with the library's default
 settings (cache budget 10 % of the machine's memory, float16 storage, no spill folder, the
@@ -17,7 +17,9 @@ validation) with the median over ``--forward-configs`` configs ("cold": the tria
 first-fragment activation on the validation split was not cached yet, "warm": the same config
 measured again), and trials per hour. With ``--repeat R`` every size runs R times, in turn;
 ``sizes`` holds each figure's median with its range (``<figure>_range``) and ``runs`` each run.
-Writes benchmarks/results/scale.json (one entry per setting, merged with what is there).
+``--cache-gb X`` sets the cache's budget instead of the default (stored under
+``<setting>_cacheXgb``): a budget the cache reaches at the smallest size bounds the peak at every
+size. Writes benchmarks/results/scale.json (one entry per setting, merged with what is there).
 
     python benchmarks/scale.py --setting imagenet --folder DIR [--folder-images 20000] --sizes 500
 
@@ -220,8 +222,9 @@ def run_size(
     trials: int,
     folder: Path | None = None,
     forward_configs: int = 0,
+    cache_gb: float | None = None,
 ) -> dict:
-    from stitch_nas.activations import StitchContext
+    from stitch_nas.activations import ActivationCache, StitchContext
     from stitch_nas.data import ArrayImages, DataSplits, Split, load_split_folders
     from stitch_nas.stitching import build, fragment_macs, measure
     from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
@@ -256,7 +259,7 @@ def run_size(
             )
         )
     start = time.perf_counter()
-    ctx = StitchContext(zoo, data)
+    ctx = StitchContext(zoo, data, cache=ActivationCache(memory_gb=cache_gb))
     for name in names:  # once per model, as a search's start-up (a Ray worker's) does
         fragment_macs(ctx, name, None, None)  # trace the model, fill its MAC table
         for _ in ctx.activation_batches(name, None, "probe"):  # the probe at every cut
@@ -352,12 +355,21 @@ def main() -> None:
         "forward pass (0: a third of --trials, at least 3)"
     )  # fmt: skip
     parser.add_argument("--repeat", type=int, default=1, help="runs of every size, in turn")
+    parser.add_argument(
+        "--cache-gb", type=float, default=None, help="cache budget in GiB (default: the library's)"
+    )
     parser.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.one is not None:
         row = run_size(
-            args.setting, args.one, args.models, args.trials, args.folder, args.forward_configs
+            args.setting,
+            args.one,
+            args.models,
+            args.trials,
+            args.folder,
+            args.forward_configs,
+            args.cache_gb,
         )
         print(json.dumps(row))
         return
@@ -372,6 +384,8 @@ def main() -> None:
             command += ["--models", str(args.models), "--trials", str(args.trials)]
             command += ["--threads", str(args.threads)]
             command += ["--forward-configs", str(args.forward_configs)]
+            if args.cache_gb is not None:
+                command += ["--cache-gb", str(args.cache_gb)]
             if args.folder is not None:
                 classes = 10 if args.setting == "cifar" else 1000
                 side = int(SETTINGS[args.setting]["side"])  # type: ignore[call-overload]
@@ -381,10 +395,14 @@ def main() -> None:
             runs[-1].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(json.dumps(runs[-1][-1]), flush=True)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results[args.setting + ("_folder" if args.folder else "")] = {
+    key = args.setting + ("_folder" if args.folder else "")
+    budget = "10 % of RAM" if args.cache_gb is None else f"{args.cache_gb:g} GiB (--cache-gb)"
+    if args.cache_gb is not None:
+        key += f"_cache{args.cache_gb:g}gb"
+    results[key] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "threads": args.threads,
-        "defaults": "cache budget 10 % of RAM, float16 storage, no spill folder, batch auto",
+        "defaults": f"cache budget {budget}, float16 storage, no spill folder, batch auto",
         "repeats": args.repeat,
         "sizes": [_summary([run[i] for run in runs]) for i in range(len(sizes))],  # type: ignore[arg-type]
         "runs": runs,
