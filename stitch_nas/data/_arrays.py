@@ -24,7 +24,7 @@ import torch
 from stitch_nas.errors import DataError
 
 from ._npz_files import NpzFileImages, npz_array_place
-from ._sources import ArrayImages, resize_images
+from ._sources import ArrayImages, channels_first, is_channels_last, resize_images
 from ._splits import DataSplits, Split
 
 __all__ = ["load_npz_splits", "images_to_tensor"]
@@ -34,24 +34,10 @@ logger = logging.getLogger(__name__)
 _SPLITS = ("train", "probe", "val", "test")
 
 
-def _channels_first(x: np.ndarray, what: str) -> np.ndarray:
-    """``(N, H, W, C)``, ``(N, C, H, W)`` or ``(N, H, W)`` images as ``(N, C, H, W)``."""
-    if x.ndim == 3:
-        x = x[:, None]
-    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
-        x = x.transpose(0, 3, 1, 2)
-    if x.ndim != 4 or x.shape[1] not in (1, 3):
-        raise DataError(
-            f"{what} has shape {x.shape}; store images as (N, H, W, C), (N, C, H, W) or "
-            "(N, H, W) with 1 or 3 channels"
-        )
-    return x
-
-
 def images_to_tensor(x: np.ndarray, what: str) -> torch.Tensor:
     """``(N, H, W, C)``, ``(N, C, H, W)`` or ``(N, H, W)`` images (uint8, or floats in
     ``[0, 1]``) as float32 ``(N, 3, H, W)`` in ``[0, 1]``; grey images are repeated to RGB."""
-    x = _channels_first(x, what)
+    x = channels_first(x, what)
     if x.dtype == np.uint8:
         t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
     elif np.issubdtype(x.dtype, np.floating):
@@ -71,7 +57,7 @@ def _images(x: np.ndarray, what: str, size: int | None) -> torch.Tensor | ArrayI
     """One split's images: square uint8 images stay uint8 (4 times smaller than float32 at
     the stored size, and at any output size), made float32 one batch at a time; other images
     become one float32 tensor."""
-    x = _channels_first(x, what)
+    x = channels_first(x, what)
     if x.dtype == np.uint8 and (size is not None or x.shape[2] == x.shape[3]):
         pixels = torch.from_numpy(np.ascontiguousarray(x))
         return ArrayImages(pixels, size or x.shape[3])
@@ -89,13 +75,7 @@ def _in_place(
     """One split's images read from the file in batches (layouts as :func:`_images`)."""
     _, dtype, shape = place
     what = f"{file}:{key}"
-    channels_last = len(shape) == 4 and shape[-1] in (1, 3) and shape[1] not in (1, 3)
-    channels = 1 if len(shape) == 3 else shape[-1] if channels_last else shape[1]
-    if len(shape) not in (3, 4) or channels not in (1, 3):
-        raise DataError(
-            f"{what} has shape {shape}; store images as (N, H, W, C), (N, C, H, W) or "
-            "(N, H, W) with 1 or 3 channels"
-        )
+    channels_last = is_channels_last(shape, what)
     if dtype != np.uint8 and not np.issubdtype(dtype, np.floating):
         raise DataError(f"{what} has dtype {dtype}; store uint8 or float images")
     return NpzFileImages(file, key, place, rows, size, channels_last)

@@ -27,7 +27,7 @@ import torch
 
 from stitch_nas.errors import DataError
 
-from ._sources import resize_images
+from ._sources import channels_first, resize_images
 
 __all__ = ["NpzFileImages", "npz_array_place"]
 
@@ -135,11 +135,7 @@ class NpzFileImages:
 
     def _read(self, rows: np.ndarray) -> torch.Tensor:
         """The stored images ``rows`` as a ``(n, C, H, W)`` tensor of the stored dtype."""
-        raw = self._rows(rows)
-        if raw.ndim == 3:
-            raw = raw[:, None]
-        elif self.channels_last:
-            raw = raw.transpose(0, 3, 1, 2)
+        raw = channels_first(self._rows(rows), f"{self.file}:{self.key}")
         return torch.from_numpy(np.ascontiguousarray(raw))
 
     def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:

@@ -16,10 +16,13 @@ import hashlib
 from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ArrayImages", "ImageSource", "resize_images"]
+from stitch_nas.errors import DataError
+
+__all__ = ["ArrayImages", "ImageSource", "channels_first", "is_channels_last", "resize_images"]
 
 _CHUNK = 4096  # images resized per call, to bound peak memory on large data sets
 
@@ -34,6 +37,28 @@ def resize_images(x: torch.Tensor, size: int) -> torch.Tensor:
         for chunk in x.split(_CHUNK)
     ]
     return torch.cat(out).clamp_(0.0, 1.0)
+
+
+def is_channels_last(shape: tuple[int, ...], what: str) -> bool:
+    """Whether images of ``shape`` are ``(N, H, W, C)``; else ``(N, C, H, W)`` or ``(N, H, W)``.
+
+    Raises:
+        DataError: no such layout with 1 or 3 channels.
+    """
+    last = len(shape) == 4 and shape[-1] in (1, 3) and shape[1] not in (1, 3)
+    if not (len(shape) == 3 or (len(shape) == 4 and (shape[-1] if last else shape[1]) in (1, 3))):
+        raise DataError(
+            f"{what} has shape {tuple(shape)}; store images as (N, H, W, C), (N, C, H, W) or "
+            "(N, H, W) with 1 or 3 channels"
+        )
+    return last
+
+
+def channels_first(x: np.ndarray, what: str) -> np.ndarray:
+    """``(N, H, W, C)``, ``(N, C, H, W)`` or ``(N, H, W)`` images as ``(N, C, H, W)``."""
+    if is_channels_last(x.shape, what):
+        return x.transpose(0, 3, 1, 2)
+    return x[:, None] if x.ndim == 3 else x
 
 
 @runtime_checkable
