@@ -162,3 +162,40 @@ def test_the_front_and_exports_list_a_network_once(configs):
     assert [t.number for t in pareto_trials(study)] == [0, 2]
     assert [t.number for t in select_trials(study, "pareto")] == [0, 2]
     assert [t.number for t in select_trials(study, [1, 0, 3, 4])] == [0, 3]
+
+
+def test_a_driver_knows_its_own_trials_between_reads_of_the_study(ctx, configs):
+    """The Ray driver reads the study at most once per max_age_s: its own sent and finished
+    configs are recognised from its notes, another driver's only at the next read."""
+    from stitch_nas.search import TrialOutcome
+
+    objective = _objective(ctx, configs, 3)
+    study = optuna.create_study(directions=objective.directions)
+    age = 3600.0  # no read after the first one
+
+    def ask(pick: int) -> tuple[optuna.Trial, StitchConfig]:
+        _enqueue(study, pick)
+        trial = study.ask()
+        return trial, objective.sample(trial)
+
+    first, config = ask(0)
+    assert objective.duplicate(first, config, max_age_s=age) is None
+    again, _ = ask(0)
+    reason = objective.duplicate(again, config, max_age_s=age)
+    assert reason == "duplicate of trial 0, still running"
+    study.tell(again, state=PRUNED)
+    measured = {"accuracy": 0.75, "macs": 10, "params": 5, "cka": 0.9}
+    state, values = objective.finish(first, config, TrialOutcome("complete", measured))
+    study.tell(first, values)
+    third, _ = ask(0)
+    assert objective.duplicate(third, config, max_age_s=age) == "duplicate of trial 0"
+    assert third.user_attrs["accuracy"] == 0.75
+    study.tell(third, state=PRUNED)
+
+    other = study.ask()  # another driver sends config 1
+    other.set_user_attr(attrs.CONFIG, configs[1].to_dict())
+    mine, config1 = ask(1)
+    assert objective.duplicate(mine, config1, max_age_s=age) is None  # not read yet
+    late, _ = ask(1)
+    repeat = objective.duplicate(late, config1)  # max_age_s=0: read now
+    assert repeat == f"duplicate of trial {other.number}, still running"

@@ -8,7 +8,8 @@ back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with the 
 as the local executor (:meth:`StitchObjective.finish`) and tells the study. TPE's constant liar
 handles the trials still in flight. A config evaluated before or in flight (here or in another
 driver on the study) is told PRUNED at once as a repeat and does not count
-(:meth:`StitchObjective.duplicate`).
+(:meth:`StitchObjective.duplicate`); the driver knows its own trials at once and reads other
+drivers' at most once a second.
 
 A stitch of a jointly trained SN-Net is trained once here, on the driver, when the first such
 config is sampled, and its weights reach the workers through the object store
@@ -18,7 +19,7 @@ Failures are isolated: a trial that raises or returns NaN is recorded FAIL with 
 worker that dies (killed, out of memory) fails only its trial and is replaced. A run stops with
 an error when ``max_failures_in_a_row`` trials fail in a row, rather than spin.
 
-The driver writes each trial's user attributes in one transaction, twice per trial (the config
+The driver writes each trial's user attributes in one write, twice per trial (the config
 when it is sent, the measurement when it is back), and records Optuna heartbeats for the trials
 in flight when the storage has them (a killed driver's trials then become FAIL for the others).
 Each finished trial records the Ray node it ran on (``ray_node``).
@@ -53,6 +54,9 @@ logger = logging.getLogger(__name__)
 #: trial user attribute: the Ray node id the trial ran on
 RAY_NODE = "ray_node"
 _TrialState = optuna.trial.TrialState
+# the driver reads what other drivers sent at most this often: with cheap trials it asks many
+# times a second, and each read is an Optuna query over every running trial (see ._seen)
+_SEEN_MAX_AGE_S = 1.0
 
 
 @dataclass
@@ -189,7 +193,7 @@ class RayExecutor:
                     except BaseException:  # a broken space is the user's error, as locally
                         study.tell(trial, state=_TrialState.FAIL)
                         raise
-                    repeat = objective.duplicate(view, config)
+                    repeat = objective.duplicate(view, config, max_age_s=_SEEN_MAX_AGE_S)
                     buffered.flush()
                     if repeat is not None:  # evaluated before: no worker, and it does not count
                         study.tell(trial, state=_TrialState.PRUNED)

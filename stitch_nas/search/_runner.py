@@ -185,7 +185,9 @@ class StitchObjective:
         options = {**self.evaluation_options(), "gate_training": gate_training}
         return evaluate_config(self.ctx, config, **options, front=front)
 
-    def duplicate(self, trial: optuna.Trial, config: StitchConfig) -> str | None:
+    def duplicate(
+        self, trial: optuna.Trial, config: StitchConfig, *, max_age_s: float = 0.0
+    ) -> str | None:
         """Why ``config`` is not evaluated (the trial's prune reason), or None: a new config.
 
         A config that the study evaluated before (in this driver, before ``--resume``, or in
@@ -198,13 +200,17 @@ class StitchObjective:
         ranks a pruned trial among its poor ones, so it moves on to configs it has not
         proposed instead of proposing the same one again. :attr:`repeats` counts repeats in a
         row; the runners stop at ``max_repeats`` (:meth:`exhausted`).
+
+        ``max_age_s``: read the study again only when the last read is older (other drivers'
+        configs may then be missed for that long; see :mod:`._seen`).
         """
-        self._seen.refresh(trial.study, current=trial.number)
+        self._seen.refresh(trial.study, current=trial.number, max_age_s=max_age_s)
         earlier = self._seen.get(config.stable_hash())
         if earlier is not None and earlier.reference is not None and not self._stands_in(earlier):
             earlier = None
         if earlier is None:
             self.repeats = 0
+            self._seen.note(trial.number, optuna.trial.TrialState.RUNNING, trial.user_attrs)
             return None
         self.repeats += 1
         if earlier.reference is not None:
@@ -249,6 +255,13 @@ class StitchObjective:
         This is the one place where both executors do the trial bookkeeping: CKA, prune and
         fail reasons, measurements as user attributes, budget constraints.
         """
+        state, values = self._record_outcome(trial, outcome)
+        self._seen.note(trial.number, state, trial.user_attrs)  # known before the next read
+        return state, values
+
+    def _record_outcome(
+        self, trial: optuna.Trial, outcome: TrialOutcome
+    ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None]:
         if outcome.cka is not None:
             trial.set_user_attr(attrs.CKA, outcome.cka)
         if outcome.probe is not None:
