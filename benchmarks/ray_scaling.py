@@ -12,7 +12,9 @@ MAC tables and activations filled). Rates count the trials that ran on a worker 
 duplicates are answered by the driver and reported apart) over the search time, start-up
 excluded; start-up (sharing the activations, starting the actors) is reported separately. The
 worker settings alternate ``--repeat`` times, so the ratio's spread shows how much the machine's
-load moved; the 1, 5 and 15 minute load averages are recorded before and after.
+load moved; the 1, 5 and 15 minute load averages are recorded before and after, and each row
+records how many of the machine's cores were busy during its search (``cores_busy``, from
+/proc/stat: the driver, the workers and Ray's own processes together).
 
 Trials here are cheap (least-squares stitches of the digits zoo, ~60 ms each on one core), and
 the driver's own work per trial (Optuna's ask and tell on SQLite, sampling, the repeat check:
@@ -71,6 +73,32 @@ RESULTS = Path(__file__).parent / "results" / "ray_scaling.json"
 TWO_NODE_RESULTS = Path(__file__).parent / "results" / "ray_two_node.json"
 
 
+def _busy_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole machine so far, in clock ticks; None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class _TimedExecutor(RayExecutor):
+    """A RayExecutor that records how many of the machine's cores were busy while it searched
+    (start-up excluded): with ~40 ms trials, the ratio is bounded by how full two cores get."""
+
+    cores_busy: float | None = None
+
+    def _drive(self, *args, **kwargs):
+        before = _busy_jiffies()
+        counts = super()._drive(*args, **kwargs)
+        after = _busy_jiffies()
+        if before is not None and after is not None and after[1] > before[1]:
+            share = (after[0] - before[0]) / (after[1] - before[1])
+            self.cores_busy = round(share * (os.cpu_count() or 1), 2)
+        return counts
+
+
 def _space_options(steps: int) -> dict:
     """The space's options: least squares (0), or a linear adapter trained ``steps`` steps."""
     return {"adapter": "linear", "adapter_options": {"steps": steps}} if steps else {}
@@ -117,7 +145,7 @@ def _ray(
 ) -> dict:
     objective = StitchObjective(ctx, cka_threshold=0.3, space_options=_space_options(steps))
     study = _study(objective, seed, journal)
-    executor = RayExecutor(workers=workers, address=address)
+    executor = _TimedExecutor(workers=workers, address=address)
     run_search(objective, study, trials, executor=executor)
     run = executor.last_run
     ran = run["complete"] + run["pruned"] + run["failed"]
@@ -139,6 +167,8 @@ def _ray(
         ),
         # repeats are answered by the driver alone, so a worker's trial carries their cost too
         "driver_cpu_ms_per_worker_trial": round(1000 * run["driver_cpu_seconds"] / max(1, ran), 1),
+        # the whole machine's busy cores over the search (driver, workers, Ray's own processes)
+        "cores_busy": executor.cores_busy,
         "trials_per_node": nodes,
     }
 
@@ -233,7 +263,7 @@ def main() -> None:
                     f"({row['ran']} trials on workers in {row['search_seconds']} s, "
                     f"start-up {row['startup_seconds']} s, driver CPU "
                     f"{row['driver_cpu_ms_per_worker_trial']} ms per worker trial, "
-                    f"{row['duplicates']} repeats, load {_load()})"
+                    f"{row['duplicates']} repeats, {row['cores_busy']} cores busy, load {_load()})"
                 )
             base = rows[0]["trials_per_minute"]
             for row in rows:
