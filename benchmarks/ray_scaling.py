@@ -28,6 +28,11 @@ Studies live where a search's do by default, ``DIR/study.db`` (SQLite with Optun
 writes ray_scaling_journal.json. Optuna's ask and tell on SQLite run ~35 queries per trial, ~15
 ms of the driver's CPU here, where the journal file appends a line.
 
+As a reference without Ray, the same search also runs as 1 and 2 local drivers joined on one
+study (forked processes with the warm context, each asking and telling for itself, sampler
+seeds ``seed + i``), the way ``stitch-nas search --join`` runs several drivers: its 2 : 1 ratio
+shows what the two cores allow when no part of the search is serial (``--no-joined`` skips it).
+
 ``--two-node`` starts a two-node Ray cluster on this machine instead (Ray's own test helper
 ``ray.cluster_utils.Cluster``: a head and a second node of one CPU each, loopback only), runs
 the search with two workers joined to it by address, and reports how many trials ran on each
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -173,6 +179,74 @@ def _ray(
     }
 
 
+def _joined_driver(
+    ctx: StitchContext,
+    folder: str,
+    storage: str | None,
+    seed: int,
+    trials: int,
+    steps: int,
+    barrier: multiprocessing.synchronize.Barrier,
+) -> None:
+    torch.set_num_threads(1)
+    objective = StitchObjective(ctx, cka_threshold=0.3, space_options=_space_options(steps))
+    study = create_study(objective, folder, sampler="random", seed=seed, storage=storage, join=True)
+    barrier.wait()
+    run_search(objective, study, trials)
+
+
+def _joined(
+    ctx: StitchContext, trials: int, seed: int, drivers: int, steps: int, journal: bool
+) -> dict:
+    """``drivers`` forked local drivers joined on one fresh study, until it holds ``trials``."""
+    folder = tempfile.mkdtemp()
+    storage = str(Path(folder) / "study.log") if journal else None
+    objective = StitchObjective(ctx, cka_threshold=0.3, space_options=_space_options(steps))
+    study = create_study(objective, folder, sampler="random", seed=seed, storage=storage, join=True)
+    run_search(objective, study, 1)  # the references and one trial, as the other settings
+    fork = multiprocessing.get_context("fork")  # the children inherit the warm context
+    barrier = fork.Barrier(drivers + 1)
+    processes = [
+        fork.Process(
+            target=_joined_driver,
+            args=(ctx, folder, storage, seed + i, trials, steps, barrier),
+        )
+        for i in range(drivers)
+    ]
+    for process in processes:
+        process.start()
+    barrier.wait()
+    before, start = _busy_jiffies(), time.perf_counter()
+    for process in processes:
+        process.join()
+    seconds, after = time.perf_counter() - start, _busy_jiffies()
+    cores = None
+    if before is not None and after is not None and after[1] > before[1]:
+        cores = round((after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1), 2)
+    repeats = sum(
+        "duplicate_of" in t.user_attrs or "reference_of" in t.user_attrs for t in study.trials
+    )
+    ran = len(study.trials) - 1 - repeats
+    return {
+        "drivers": drivers,
+        "seconds": round(seconds, 2),
+        "ran": ran,
+        "duplicates": repeats,
+        "trials_per_minute": round(60 * ran / seconds, 1),
+        "cores_busy": cores,
+        "exit_codes": [process.exitcode for process in processes],
+    }
+
+
+def _ratio_summary(ratios: list[float]) -> dict:
+    return {
+        "ratio_last_to_first": ratios,
+        "median": round(statistics.median(ratios), 2),
+        "min": min(ratios),
+        "max": max(ratios),
+    }
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -226,6 +300,9 @@ def main() -> None:
     parser.add_argument("--two-node", action="store_true", help="the two-node cluster run")
     parser.add_argument("--no-local", action="store_true", help="skip the local reference")
     parser.add_argument(
+        "--no-joined", action="store_true", help="skip the joined local drivers reference"
+    )
+    parser.add_argument(
         "--trained-steps", type=int, default=0, help="train a linear adapter N steps per trial"
     )
     parser.add_argument(
@@ -242,12 +319,34 @@ def main() -> None:
     load_before = _load()
     journal = args.storage == "journal"
     local = None
+    threads = torch.get_num_threads()
     if not args.no_local:
-        threads = torch.get_num_threads()
         torch.set_num_threads(1)  # as a worker with one CPU: oversubscribed threads distort timing
         local = _local(ctx, args.trials, args.seed, args.trained_steps, journal)
         torch.set_num_threads(threads)
         print(f"local executor: {local['trials_per_minute']:,.0f} trials/min")
+    joined: dict | None = None
+    if not args.no_local and not args.no_joined:  # before Ray starts: it does not survive a fork
+        torch.set_num_threads(1)  # forked with one thread, as the drivers run
+        joined_rounds = []
+        for _ in range(args.repeat):
+            rows = []
+            for drivers in args.workers:
+                row = _joined(ctx, args.trials, args.seed, drivers, args.trained_steps, journal)
+                rows.append(row)
+                print(
+                    f"joined local drivers, {drivers}: {row['trials_per_minute']:,.0f} trials/min "
+                    f"({row['ran']} trials in {row['seconds']} s, {row['duplicates']} repeats, "
+                    f"{row['cores_busy']} cores busy, exit codes {row['exit_codes']})"
+                )
+            joined_rounds.append(rows)
+        ratios = [
+            round(rows[-1]["trials_per_minute"] / rows[0]["trials_per_minute"], 2)
+            for rows in joined_rounds
+        ]
+        joined = {"rounds": joined_rounds, "ratio": _ratio_summary(ratios)}
+        torch.set_num_threads(threads)
+        print(f"joined local drivers, ratio per round: {ratios}")
     ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
     rounds: list[list[dict]] = []
     try:
@@ -274,12 +373,7 @@ def main() -> None:
     ratios = [rows[-1]["speedup_over_first"] for rows in rounds]
     summary = {}
     if len(args.workers) > 1:
-        summary = {
-            "ratio_last_to_first_workers": ratios,
-            "median": round(statistics.median(ratios), 2),
-            "min": min(ratios),
-            "max": max(ratios),
-        }
+        summary = _ratio_summary(ratios)
         print(
             f"ratio {args.workers[-1]} : {args.workers[0]} workers over {len(ratios)} rounds: "
             f"median {summary['median']:.2f} (min {summary['min']:.2f}, max {summary['max']:.2f})"
@@ -295,6 +389,7 @@ def main() -> None:
         "storage": "journal file" if journal else "study.db (SQLite, heartbeat)",
         "space_options": _space_options(args.trained_steps),
         "local": local,
+        "joined_local_drivers": joined,
         "ray_rounds": rounds,
         "ratio": summary,
         "note": "trials/min counts trials run on workers (duplicates excluded) over search "
