@@ -32,6 +32,10 @@ As a reference without Ray, the same search also runs as 1 and 2 local drivers j
 study (forked processes with the warm context, each asking and telling for itself, sampler
 seeds ``seed + i``), the way ``stitch-nas search --join`` runs several drivers: its 2 : 1 ratio
 shows what the two cores allow when no part of the search is serial (``--no-joined`` skips it).
+They are forked after the local reference ran the same seed and inherit its cache: the
+validation activations it used (Ray's workers receive every probe and validation activation)
+and, with ``--trained-steps``, the train-split activations it computed (Ray's workers compute
+those themselves), so compare their rates with each other rather than with the other settings.
 
 ``--two-node`` starts a two-node Ray cluster on this machine instead (Ray's own test helper
 ``ray.cluster_utils.Cluster``: a head and a second node of one CPU each, loopback only), runs
