@@ -292,3 +292,33 @@ def test_a_taken_study_name_is_refused_before_the_zoo_is_built(capsys, tmp_path)
     bad.write_text("search: {device: gpu}\n")
     code, _, err = _run(capsys, "search", str(bad), "--out", str(tmp_path / "q"))
     assert code == 2 and "search.device 'gpu': use cpu, cuda, cuda:N or mps" in err
+
+
+def test_report_and_export_read_a_study_kept_in_a_journal_file(
+    capsys, tmp_path, mini_zoo, mini_zoo_dir
+):
+    """A search run with --storage keeps its study there; report and export read it back."""
+    out, journal = tmp_path / "run", tmp_path / "study.log"
+    argv = ["--out", str(out), "--cache-dir", str(mini_zoo_dir), "--no-progress"]
+    code, _, err = _run(
+        capsys, "demo", *argv, "--trials", "6", "--no-export", "--storage", str(journal)
+    )
+    assert code == 0, err
+    assert not (out / "study.db").exists()
+    code, _, err = _run(capsys, "report", str(out), "--no-test")
+    assert code == 2 and "--storage" in err  # the folder alone does not hold the study
+    code, stdout, err = _run(capsys, "report", str(out), "--no-test", "--storage", str(journal))
+    assert code == 0 and "hypervolume" in stdout, err
+    code, stdout, err = _run(
+        capsys, "export", str(out), "--storage", str(journal), "--format", "safetensors"
+    )
+    assert code == 0 and "exported" in stdout, err
+    assert any(p.name.startswith("trial_") for p in (out / "models").iterdir())
+    code, _, err = _run(
+        capsys, "report", str(out), "--storage", str(journal), "--study-name", "other"
+    )
+    assert code == 2 and "no study named 'other'" in err and "'run'" in err
+    missing = tmp_path / "typo.log"
+    code, _, err = _run(capsys, "export", str(out), "--storage", str(missing))
+    assert code == 2 and "typo.log" in err and len(err.strip().splitlines()) == 1
+    assert not missing.exists()  # never created by reading

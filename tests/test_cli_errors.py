@@ -183,6 +183,17 @@ CASES = [
         lambda out: (out.mkdir(), (out / "study.db").write_bytes(b"")),
     ),
     Case(
+        "report: --storage beside a folder that does not exist",
+        lambda tmp, out: ["report", str(out), "--storage", str(tmp / "study.log")],
+        "does not exist",
+    ),
+    Case(
+        "export: --storage to a journal file that does not exist",
+        lambda tmp, out: ["export", str(out), "--storage", str(tmp / "typo.log")],
+        "typo.log",
+        lambda out: out.mkdir(),
+    ),
+    Case(
         "export: unknown format",
         lambda tmp, out: ["export", str(out), "--format", "tflite"],
         "tflite",

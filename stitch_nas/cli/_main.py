@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not measure front networks and zoo models that lack test figures",
     )
+    _study_location(report)
 
     export = sub.add_parser(
         "export", formatter_class=_Help, help="export networks of a search folder to DIR/models"
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--elastic", action="store_true", help="also write one elastic package")
     export.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _quiet(export)
+    _study_location(export)
 
     zoo = sub.add_parser("zoo", formatter_class=_Help, help="list or build the embedded mini zoo")
     zoo.add_argument("action", choices=["list", "build"])
@@ -102,6 +104,16 @@ def _quiet(parser: argparse.ArgumentParser) -> None:
     # also after the command (stitch-nas demo -q); SUPPRESS keeps a -q given before it
     parser.add_argument(
         "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars"
+    )
+
+
+def _study_location(parser: argparse.ArgumentParser) -> None:
+    """Where the study of a search run with ``--storage`` is: report and export read it there."""
+    parser.add_argument(
+        "--storage", default=None, help="the --storage the search used (default: DIR/study.db)"
+    )
+    parser.add_argument(
+        "--study-name", default=None, help="the study's name (default: the folder's name)"
     )
 
 
@@ -248,7 +260,7 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> int:
     from ._preflight import check_folder, check_formats
 
-    check_folder(Path(args.dir))
+    check_folder(Path(args.dir), args.storage)
     trials = trial_numbers(args.trials)
     formats = check_formats(args.format)
     from ._pipeline import export_folder  # torch loads from here on
@@ -260,6 +272,8 @@ def _export(args: argparse.Namespace) -> int:
         formats=formats,
         elastic=args.elastic,
         progress=not (args.no_progress or args.quiet),
+        storage=args.storage,
+        study_name=args.study_name,
     )
     print(summary.describe())
     return 0
@@ -268,11 +282,18 @@ def _export(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from ._preflight import check_folder
 
-    check_folder(Path(args.dir))
+    check_folder(Path(args.dir), args.storage)
     from ._pipeline import report_folder  # torch loads from here on
 
     _quiet_optuna(args)
-    print(report_folder(Path(args.dir), test=not args.no_test, echo=print).table())
+    report = report_folder(
+        Path(args.dir),
+        test=not args.no_test,
+        echo=print,
+        storage=args.storage,
+        study_name=args.study_name,
+    )
+    print(report.table())
     return 0
 
 

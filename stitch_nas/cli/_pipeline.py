@@ -200,15 +200,19 @@ def report_folder(
     test: bool = True,
     progress: bool = True,
     echo: Callable[[str], Any] = logger.info,
+    storage: str | None = None,
+    study_name: str | None = None,
 ):
-    """Rewrite and return the report of the study stored in ``out_dir``.
+    """Rewrite and return the report of the search in ``out_dir``.
 
     With ``test``, front networks and zoo models that have no test figure yet are measured on
     the test split first (the zoo and data are rebuilt from the study's settings for that).
+    ``storage`` and ``study_name``: where the study is when the search ran with ``--storage``
+    (:func:`~stitch_nas.search.load_folder_study`).
     """
     from stitch_nas.report import holdout_missing, measure_holdout, write_report
 
-    study = load_folder_study(out_dir)
+    study = load_folder_study(out_dir, storage=storage, study_name=study_name)
     if test and any(holdout_missing(study)):
         ctx, settings = _rebuild(study, out_dir, progress)
         echo(measure_holdout(study, ctx, fuse=settings.search.fuse).describe())
@@ -236,13 +240,16 @@ def export_folder(
     formats: Sequence[str] = FORMATS,
     elastic: bool = False,
     progress: bool = True,
+    storage: str | None = None,
+    study_name: str | None = None,
 ) -> ExportSummary:
     """Export trials of the search in ``out_dir`` to ``out_dir/models``.
 
     The zoo and data are rebuilt from the settings the search stored in its study, so the
     exported networks are the ones it measured (the export checks their accuracy again).
+    ``storage`` and ``study_name``: as for :func:`report_folder`.
     """
-    study = load_folder_study(out_dir)
+    study = load_folder_study(out_dir, storage=storage, study_name=study_name)
     ctx, settings = _rebuild(study, out_dir, progress)
     return export_study(
         study,

@@ -192,14 +192,22 @@ def check_study_file(db: Path) -> list[str]:
         ) from None
 
 
-def check_folder(out_dir: Path) -> None:
-    """``out_dir`` holds one readable study (``report`` and ``export`` read nothing else first)."""
+def check_folder(out_dir: Path, storage: str | None = None) -> None:
+    """``out_dir`` holds one readable study (``report`` and ``export`` read nothing else first);
+    with ``storage`` (the search's ``--storage``) it is a folder, and the study is read there."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{str(out)!r} is a file; give a folder written by demo or search")
+    if storage is not None:
+        if not out.is_dir():
+            raise ConfigError(f"{out} does not exist; give the folder the search wrote (--out)")
+        return
     db = out / "study.db"
     if not db.is_file():
-        raise ConfigError(f"{out} holds no study ({db} is missing); run a search there first")
+        raise ConfigError(
+            f"{out} holds no study ({db} is missing); run a search there first, or pass the "
+            "--storage the search used"
+        )
     names = check_study_file(db)
     if len(names) != 1:
         raise ConfigError(

@@ -215,18 +215,59 @@ def fail_stale_running(study: optuna.Study, storage: optuna.storages.BaseStorage
         logger.info("marked stale running trial %d as FAIL", frozen.number)
 
 
-def load_folder_study(out_dir: str | Path) -> optuna.Study:
-    """The study a search wrote to ``out_dir/study.db`` (the only one there)."""
-    db = Path(out_dir) / "study.db"
-    if not db.is_file():
-        raise ConfigError(f"{out_dir} holds no study ({db} is missing); run a search there first")
-    storage = f"sqlite:///{db}"
-    names = optuna.get_all_study_names(storage)
-    if len(names) != 1:
+def load_folder_study(
+    out_dir: str | Path, *, storage: str | None = None, study_name: str | None = None
+) -> optuna.Study:
+    """The study of the search into ``out_dir``.
+
+    Without ``storage``: the study in ``out_dir/study.db`` (the only one there, or
+    ``study_name``). With ``storage``, the URL or journal file the search was given: the study
+    named ``study_name``, by default the folder's name as the search named it.
+
+    Raises:
+        ConfigError: no such study, or ``storage`` does not exist (it is never created here).
+    """
+    if storage is None:
+        db = Path(out_dir) / "study.db"
+        if not db.is_file():
+            raise ConfigError(
+                f"{out_dir} holds no study ({db} is missing); run a search there first, or "
+                "pass the --storage the search used"
+            )
+        where, backend = str(db), open_storage(f"sqlite:///{db}")
+    else:
+        _check_storage_exists(storage)
+        where, backend = storage, open_storage(storage)
+    names = optuna.get_all_study_names(backend)
+    if storage is None and study_name is None:
+        if len(names) != 1:
+            raise ConfigError(
+                f"{where} holds {len(names)} studies ({', '.join(names)}); a search folder "
+                "holds one"
+            )
+        study_name = names[0]
+    name = study_name or default_study_name(out_dir)
+    if name not in names:
+        known = ", ".join(repr(n) for n in names) or "none"
         raise ConfigError(
-            f"{db} holds {len(names)} studies ({', '.join(names)}); a search folder holds one"
+            f"{where} holds no study named {name!r} (it holds {known}); pass the --study-name "
+            "the search used"
         )
-    return optuna.load_study(study_name=names[0], storage=storage)
+    return optuna.load_study(study_name=name, storage=backend)
+
+
+def _check_storage_exists(storage: str) -> None:
+    """Refuse a journal file or SQLite file that does not exist: opening it would create it."""
+    if "://" not in storage:
+        path = Path(storage)
+    elif storage.startswith("sqlite:///"):
+        path = Path(storage[len("sqlite:///") :])
+    else:  # a server: whether the study is there is read from it
+        return
+    if not path.is_file():
+        raise ConfigError(
+            f"storage {storage!r}: {path} does not exist; pass the --storage the search used"
+        )
 
 
 def completed_count(study: optuna.Study) -> int:
