@@ -247,6 +247,29 @@ def test_npz_fixed_splits_are_shuffled_disjoint_runs(tmp_path: Path) -> None:
         load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", label_names="ab")
 
 
+def test_a_compressed_npz_too_large_to_load_whole_is_refused_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compressed array is loaded whole: over half the machine's memory it is refused with
+    the fix (save it uncompressed), over 1 GiB it is loaded with a warning; an uncompressed file
+    of the same size streams, so it passes."""
+    from stitch_nas.data import _arrays, load_npz_splits
+
+    for compressed, folder in ((True, tmp_path / "zipped"), (False, tmp_path / "stored")):
+        folder.mkdir()
+        _write_npz(folder / "train.npz", 100, compressed=compressed)
+        _write_npz(folder / "test.npz", 80, seed=1, compressed=compressed)
+    monkeypatch.setattr(_arrays, "machine_memory_bytes", lambda: 2 * 100 * 8 * 8 * 3)
+    with pytest.raises(DataError, match=r"train.npz: array 'images' .* numpy.savez"):
+        load_npz_splits(_npz_splits(tmp_path / "zipped"), x_key="images", y_key="labels")
+    load_npz_splits(_npz_splits(tmp_path / "stored"), x_key="images", y_key="labels")
+    monkeypatch.setattr(_arrays, "machine_memory_bytes", lambda: 2**40)
+    monkeypatch.setattr(_arrays, "_WARN_WHOLE_BYTES", 1000)
+    with caplog.at_level("WARNING", logger="stitch_nas.data._arrays"):
+        load_npz_splits(_npz_splits(tmp_path / "zipped"), x_key="images", y_key="labels")
+    assert "is compressed, so it is loaded whole" in caplog.text
+
+
 def test_uncompressed_npz_is_read_in_place_as_loaded(tmp_path: Path) -> None:
     """np.savez files are read in place, a batch of rows at a time: same images as the
     loaded (compressed) file, also as floats, after pickling (a Ray worker) and resized."""

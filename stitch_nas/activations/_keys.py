@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
 from stitch_nas.errors import ConfigError
+from stitch_nas.machine import machine_memory_bytes
 
 __all__ = [
     "DEFAULT_MEMORY_FRACTION",
@@ -99,14 +99,6 @@ DEFAULT_MEMORY_FRACTION = 0.10
 
 #: storage dtypes of cached activations (numpy has no bfloat16, so spill files could not hold it)
 STORAGE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
-
-
-def machine_memory_bytes() -> int:
-    """Physical memory of this machine in bytes (0 where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, OSError, ValueError):
-        return 0
 
 
 def default_memory_gb() -> float:

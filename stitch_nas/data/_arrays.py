@@ -8,12 +8,15 @@ one file are disjoint runs of that one permutation.
 
 An image array stored uncompressed (``numpy.savez``) is read in place, a batch of rows
 at a time (:mod:`stitch_nas.data._npz_files`); a compressed one (``numpy.savez_compressed``) is
-loaded whole: square uint8 images stay uint8, others become one float32 tensor.
+loaded whole: square uint8 images stay uint8, others become one float32 tensor. A compressed
+array larger than half the machine's memory is refused before it is read (saved uncompressed
+it streams), and one over 1 GiB is loaded with a warning that says so.
 """
 
 from __future__ import annotations
 
 import logging
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ import numpy as np
 import torch
 
 from stitch_nas.errors import DataError
+from stitch_nas.machine import machine_memory_bytes
 
 from ._npz_files import NpzFileImages, npz_array_place
 from ._sources import ArrayImages, channels_first, is_channels_last, resize_images
@@ -164,6 +168,34 @@ def load_npz_splits(
     return DataSplits(parts["train"], parts["probe"], parts["val"], parts["test"], names, name)
 
 
+_WARN_WHOLE_BYTES = 2**30
+
+
+def _check_whole_fits(file: str, key: str) -> None:
+    """Refuse an array that cannot be read in place (compressed) and would take more than half
+    this machine's memory whole, before reading it; warn above 1 GiB."""
+    try:
+        with zipfile.ZipFile(file) as archive:
+            size = archive.getinfo(key + ".npy").file_size
+    except (zipfile.BadZipFile, KeyError):  # np.load reports what is wrong with the file
+        return
+    total = machine_memory_bytes()
+    if total and size > total // 2:
+        raise DataError(
+            f"{file}: array {key!r} is {size / 2**30:.1f} GiB uncompressed, more than half of "
+            f"this machine's {total / 2**30:.1f} GiB, and a compressed .npz is loaded whole; save "
+            "it with numpy.savez (uncompressed) to have it read batch by batch"
+        )
+    if size > _WARN_WHOLE_BYTES:
+        logger.warning(
+            "%s: array %r (%.1f GiB uncompressed) is compressed, so it is loaded whole; saved "
+            "with numpy.savez it would be read batch by batch",
+            file,
+            key,
+            size / 2**30,
+        )
+
+
 def _read(
     file: str, x_key: str, y_key: str, seed: int | None
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Any]:
@@ -176,6 +208,8 @@ def _read(
                     f"{y_key!r} (set data.x_key / data.y_key)"
                 )
             place = npz_array_place(file, x_key)
+            if place is None:
+                _check_whole_fits(file, x_key)
             x, y = (None if place else archive[x_key]), archive[y_key]
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read {file} ({exc}); pass an .npz file of arrays") from exc
