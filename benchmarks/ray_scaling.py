@@ -93,6 +93,14 @@ def _busy_jiffies() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
+def _cores_busy(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """How many of the machine's cores were busy between two :func:`_busy_jiffies` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return round(share * (os.cpu_count() or 1), 2)
+
+
 class _TimedExecutor(RayExecutor):
     """A RayExecutor that records how many of the machine's cores were busy while it searched
     (start-up excluded): with ~40 ms trials, the ratio is bounded by how full two cores get."""
@@ -102,10 +110,7 @@ class _TimedExecutor(RayExecutor):
     def _drive(self, *args, **kwargs):
         before = _busy_jiffies()
         counts = super()._drive(*args, **kwargs)
-        after = _busy_jiffies()
-        if before is not None and after is not None and after[1] > before[1]:
-            share = (after[0] - before[0]) / (after[1] - before[1])
-            self.cores_busy = round(share * (os.cpu_count() or 1), 2)
+        self.cores_busy = _cores_busy(before, _busy_jiffies())
         return counts
 
 
@@ -223,10 +228,7 @@ def _joined(
     before, start = _busy_jiffies(), time.perf_counter()
     for process in processes:
         process.join()
-    seconds, after = time.perf_counter() - start, _busy_jiffies()
-    cores = None
-    if before is not None and after is not None and after[1] > before[1]:
-        cores = round((after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1), 2)
+    seconds, cores = time.perf_counter() - start, _cores_busy(before, _busy_jiffies())
     repeats = sum(
         "duplicate_of" in t.user_attrs or "reference_of" in t.user_attrs for t in study.trials
     )

@@ -205,12 +205,13 @@ class StitchObjective:
         configs may then be missed for that long; see :mod:`._seen`).
         """
         self._seen.refresh(trial.study, current=trial.number, max_age_s=max_age_s)
-        earlier = self._seen.get(config.stable_hash())
+        key = config.stable_hash()
+        earlier = self._seen.get(key)
         if earlier is not None and earlier.reference is not None and not self._stands_in(earlier):
             earlier = None
         if earlier is None:
             self.repeats = 0
-            self._seen.note(trial.number, optuna.trial.TrialState.RUNNING, trial.user_attrs)
+            self._seen.note(trial.number, key, optuna.trial.TrialState.RUNNING)
             return None
         self.repeats += 1
         if earlier.reference is not None:
@@ -256,7 +257,8 @@ class StitchObjective:
         fail reasons, measurements as user attributes, budget constraints.
         """
         state, values = self._record_outcome(trial, outcome)
-        self._seen.note(trial.number, state, trial.user_attrs)  # known before the next read
+        # known before the study is read again
+        self._seen.note(trial.number, config.stable_hash(), state, trial.user_attrs)
         return state, values
 
     def _record_outcome(

@@ -101,37 +101,39 @@ class SeenConfigs:
         states = (_State.COMPLETE, _State.PRUNED, _State.RUNNING)
         for trial in study.get_trials(deepcopy=False, states=states):
             if trial.state == _State.RUNNING:
-                if trial.number != current and (key := _key(trial)) is not None:
+                key = _key(trial.user_attrs, trial.number)
+                if trial.number != current and key is not None:
                     self._running.setdefault(key, Earlier(trial.number, running=True))
                 continue
             if trial.number in self._read:
                 continue
             self._read.add(trial.number)
-            self._add_finished(trial.number, trial.state, trial.user_attrs)
+            ua = trial.user_attrs
+            if attrs.DUPLICATE_OF in ua or attrs.REFERENCE_OF in ua:  # a copy, not a source
+                continue
+            if (key := _key(ua, trial.number)) is not None:
+                self._add_finished(key, trial.number, trial.state, ua)
 
-    def note(self, number: int, state: optuna.trial.TrialState, user_attrs: dict[str, Any]) -> None:
-        """This driver's own trial ``number``: sent (RUNNING, with its config attribute) or
-        finished in ``state`` with these attributes, known before the study is read again."""
-        key = _key_of(user_attrs, number)
-        if key is None:
-            return
+    def note(
+        self,
+        number: int,
+        key: str,
+        state: optuna.trial.TrialState,
+        user_attrs: dict[str, Any] | None = None,
+    ) -> None:
+        """This driver's own trial ``number`` of the config whose hash is ``key``: sent
+        (RUNNING), or finished in ``state`` with ``user_attrs``; known before the next read."""
         if state == _State.RUNNING:
             self._running.setdefault(key, Earlier(number, running=True))
             return
         if self._running.get(key, Earlier()).number == number:
             del self._running[key]
-        self._add_finished(number, state, user_attrs)
+        if state in (_State.COMPLETE, _State.PRUNED):  # a failed config may be tried again
+            self._add_finished(key, number, state, user_attrs or {})
 
     def _add_finished(
-        self, number: int, state: optuna.trial.TrialState, ua: dict[str, Any]
+        self, key: str, number: int, state: optuna.trial.TrialState, ua: dict[str, Any]
     ) -> None:
-        if state not in (_State.COMPLETE, _State.PRUNED):  # a failed config may be tried again
-            return
-        if attrs.DUPLICATE_OF in ua or attrs.REFERENCE_OF in ua:  # a copy, not a source
-            return
-        key = _key_of(ua, number)
-        if key is None:
-            return
         if state == _State.PRUNED:
             reason = ua.get(attrs.PRUNE_REASON) or "pruned"
             earlier = Earlier(number, reason=str(reason))
@@ -155,11 +157,7 @@ def _rank(earlier: Earlier) -> tuple[bool, int]:
     return earlier.reason is not None, earlier.number or 0
 
 
-def _key(trial: optuna.trial.FrozenTrial) -> str | None:
-    return _key_of(trial.user_attrs, trial.number)
-
-
-def _key_of(user_attrs: dict[str, Any], number: int) -> str | None:
+def _key(user_attrs: dict[str, Any], number: int) -> str | None:
     data = user_attrs.get(attrs.CONFIG)
     if not isinstance(data, dict):  # failed before its config was sampled, or not ours
         return None
