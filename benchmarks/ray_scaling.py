@@ -4,6 +4,7 @@
     python benchmarks/ray_scaling.py --trained-steps 30 [--trials 60]
     python benchmarks/ray_scaling.py --two-node [--trials 60]
     python benchmarks/ray_scaling.py --storage journal
+    python benchmarks/ray_scaling.py --modes workers
 
 Each setting runs a fresh study (random sampler, same seed, CKA threshold 0.3) on one local Ray
 started with as many CPUs as the largest worker count; the local executor is timed on the same
@@ -22,6 +23,12 @@ the driver's own work per trial (Optuna's ask and tell on SQLite, sampling, the 
 ratio measures how much the driver costs as much as how workers scale. ``--trained-steps N``
 times trials that train a ``linear`` adapter for N steps instead (~0.3 s at 30 steps, still
 far cheaper than a trial on a real zoo), written to ray_scaling_stepsN.json.
+
+Both Ray modes run in each round (``--modes``): ``driver``, where the driver asks the study for
+every trial and tells every result while the workers evaluate, and ``workers``, where each
+worker asks and tells a study it opens itself and the driver only watches (the default for a
+study in a file on one machine). In the workers mode a worker with one CPU also pays Optuna's
+ask and tell itself, so compare the modes' 2-worker rates as well as their ratios.
 
 Studies live where a search's do by default, ``DIR/study.db`` (SQLite with Optuna's heartbeat);
 ``--storage journal`` puts them in a journal file (``--storage DIR/study.log``) instead and
@@ -157,10 +164,11 @@ def _ray(
     address: str | None = None,
     steps: int = 0,
     journal: bool = False,
+    mode: str = "auto",
 ) -> dict:
     objective = StitchObjective(ctx, cka_threshold=0.3, space_options=_space_options(steps))
     study = _study(objective, seed, journal)
-    executor = _TimedExecutor(workers=workers, address=address)
+    executor = _TimedExecutor(workers=workers, address=address, mode=mode)
     run_search(objective, study, trials, executor=executor)
     run = executor.last_run
     ran = run["complete"] + run["pruned"] + run["failed"]
@@ -170,6 +178,7 @@ def _ray(
         if node is not None:
             nodes[node] = nodes.get(node, 0) + 1
     return {
+        "mode": run["mode"],
         "workers": workers,
         "startup_seconds": round(run["startup_seconds"], 2),
         "search_seconds": round(run["search_seconds"], 2),
@@ -314,6 +323,13 @@ def main() -> None:
     parser.add_argument(
         "--storage", choices=["sqlite", "journal"], default="sqlite", help="where studies live"
     )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["driver", "workers"],
+        default=["driver", "workers"],
+        help="the Ray modes to time, each in every round",
+    )
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -354,36 +370,47 @@ def main() -> None:
         torch.set_num_threads(threads)
         print(f"joined local drivers, ratio per round: {ratios}")
     ray.init(num_cpus=max(args.workers), include_dashboard=False, log_to_driver=False)
-    rounds: list[list[dict]] = []
+    rounds: dict[str, list[list[dict]]] = {mode: [] for mode in args.modes}
     try:
         for _ in range(args.repeat):
-            rows = []
-            for workers in args.workers:
-                row = _ray(
-                    ctx, args.trials, args.seed, workers, steps=args.trained_steps, journal=journal
-                )
-                rows.append(row)
-                print(
-                    f"ray, {workers} worker(s): {row['trials_per_minute']:,.0f} trials/min "
-                    f"({row['ran']} trials on workers in {row['search_seconds']} s, "
-                    f"start-up {row['startup_seconds']} s, driver CPU "
-                    f"{row['driver_cpu_ms_per_worker_trial']} ms per worker trial, "
-                    f"{row['duplicates']} repeats, {row['cores_busy']} cores busy, load {_load()})"
-                )
-            base = rows[0]["trials_per_minute"]
-            for row in rows:
-                row["speedup_over_first"] = round(row["trials_per_minute"] / base, 2)
-            rounds.append(rows)
+            for mode in args.modes:
+                rows = []
+                for workers in args.workers:
+                    row = _ray(
+                        ctx,
+                        args.trials,
+                        args.seed,
+                        workers,
+                        steps=args.trained_steps,
+                        journal=journal,
+                        mode=mode,
+                    )
+                    rows.append(row)
+                    print(
+                        f"ray {mode} mode, {workers} worker(s): "
+                        f"{row['trials_per_minute']:,.0f} trials/min ({row['ran']} trials on "
+                        f"workers in {row['search_seconds']} s, start-up "
+                        f"{row['startup_seconds']} s, driver CPU "
+                        f"{row['driver_cpu_ms_per_worker_trial']} ms per worker trial, "
+                        f"{row['duplicates']} repeats, {row['cores_busy']} cores busy, "
+                        f"load {_load()})"
+                    )
+                base = rows[0]["trials_per_minute"]
+                for row in rows:
+                    row["speedup_over_first"] = round(row["trials_per_minute"] / base, 2)
+                rounds[mode].append(rows)
     finally:
         ray.shutdown()
-    ratios = [rows[-1]["speedup_over_first"] for rows in rounds]
     summary = {}
     if len(args.workers) > 1:
-        summary = _ratio_summary(ratios)
-        print(
-            f"ratio {args.workers[-1]} : {args.workers[0]} workers over {len(ratios)} rounds: "
-            f"median {summary['median']:.2f} (min {summary['min']:.2f}, max {summary['max']:.2f})"
-        )
+        for mode, mode_rounds in rounds.items():
+            ratios = [rows[-1]["speedup_over_first"] for rows in mode_rounds]
+            summary[mode] = _ratio_summary(ratios)
+            print(
+                f"{mode} mode, ratio {args.workers[-1]} : {args.workers[0]} workers over "
+                f"{len(ratios)} rounds: median {summary[mode]['median']:.2f} "
+                f"(min {summary[mode]['min']:.2f}, max {summary[mode]['max']:.2f})"
+            )
     result = {
         "machine": {
             **_machine(),

@@ -22,6 +22,8 @@ __all__ = [
     "PARTIAL_INTERVAL",
     "PROBE_ACCURACY",
     "PRUNE_REASON",
+    "RAY_NODE",
+    "RAY_WORKER",
     "REFERENCES",
     "REFERENCE_OF",
     "REFINES",
@@ -63,6 +65,11 @@ PARTIAL_ACCURACY = "partial_accuracy"
 SLICE_IMAGES = "slice_images"
 #: and the 95 % Wilson interval ``[low, high]`` of that accuracy
 PARTIAL_INTERVAL = "partial_accuracy_interval"
+#: a trial run on Ray: the id of the Ray node it ran on
+RAY_NODE = "ray_node"
+#: ... and, where a Ray worker asked the study for it itself, that worker's id in its search
+#: (``<run>-<slot>-<start>``): a dead worker's trials are failed by it
+RAY_WORKER = "ray_worker"
 # The measured figures are stored under the field names of ``stitch_nas.Measurement``.
 
 # --- on the study ---

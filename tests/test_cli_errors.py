@@ -171,6 +171,11 @@ CASES = [
     Case("bad trials (YAML)", _search("search: {trials: 0}\n"), "trials=0"),
     Case("bad cache_memory_gb", _search("search: {cache_memory_gb: -1}\n"), "cache_memory_gb"),
     Case(
+        "unknown ray_mode",
+        _search("search: {executor: ray, ray_mode: workerz}\n"),
+        "ray_mode='workerz'",
+    ),
+    Case(
         "report: garbage study.db",
         lambda tmp, out: ["report", str(out)],
         "study.db",
@@ -334,12 +339,13 @@ def test_the_corrected_command_runs_into_the_same_out(tmp_path, capsys, mini_zoo
 def test_the_torch_free_copies_agree_with_the_library():
     from stitch_nas.cli import _preflight
     from stitch_nas.export import FORMATS
-    from stitch_nas.search import EXECUTORS, SAMPLERS
+    from stitch_nas.search import EXECUTORS, RAY_MODES, SAMPLERS
     from stitch_nas.search._runner import BUDGET_KEYS
 
     assert _preflight.SAMPLERS == SAMPLERS
     assert _preflight.EXPORT_FORMATS == tuple(FORMATS)
     assert _preflight.EXECUTORS == EXECUTORS
+    assert _preflight.RAY_MODES == RAY_MODES
     assert _preflight.BUDGET_KEYS == BUDGET_KEYS
 
 

@@ -30,6 +30,7 @@ from stitch_nas.search import (
     RAY_NODE,
     RayExecutor,
     StitchObjective,
+    StudyWorker,
     TrialOutcome,
     completed_count,
     create_study,
@@ -71,7 +72,9 @@ def test_ray_trials_match_the_local_executor(ray_session, ctx, tmp_path):
     run_search(remote_objective, remote, 6, executor=executor)
 
     assert completed_count(remote) == 6, _states(remote)
+    assert executor.last_run["mode"] == "workers"  # a study in a file, Ray on this machine
     assert executor.last_run["complete"] + executor.last_run["pruned"] >= 1
+    assert sum(executor.last_run["trials_per_node"].values()) == 6
     # every worker read its activations from the object store and computed none itself
     for stats in executor.last_run["worker_cache"]:
         assert stats["shared_fetches"] > 0 and stats["misses"] == 0, stats
@@ -146,6 +149,69 @@ def test_an_snnet_that_cannot_train_fails_its_trials_with_the_reason(ray_session
         run_search(objective, study, 3, executor=executor)
     assert _states(study) == ["FAIL", "FAIL"]
     assert all("SN-Net" in t.user_attrs["fail_reason"] for t in study.trials)
+
+
+def test_a_worker_that_dies_in_workers_mode_fails_only_its_trial(ray_session, ctx, tmp_path):
+    died = tmp_path / "died"
+
+    class DiesOnce(StudyWorker):  # defined here: Ray ships it by value, with ``died``
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            evaluate = StitchObjective.evaluate
+
+            def dies_once(objective, *rest, **options):
+                if not died.exists():  # the first evaluation of the search, in any worker
+                    died.write_text("")
+                    os._exit(17)  # as the OOM killer would end it
+                return evaluate(objective, *rest, **options)
+
+            StitchObjective.evaluate = dies_once
+
+    objective = StitchObjective(ctx)
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=4)
+    executor = RayExecutor(workers=2, mode="workers", worker_class=DiesOnce)
+    run_search(objective, study, 5, executor=executor)
+
+    assert completed_count(study) == 5, _states(study)
+    failed = [t for t in study.trials if t.state == Fail]
+    assert len(failed) == 1 and failed[0].user_attrs["fail_reason"].startswith("worker died")
+    assert executor.last_run["failed"] == 1 and executor.last_run["worker_restarts"] == 1
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    node = ray.get_runtime_context().get_node_id()
+    workers = {t.user_attrs["ray_worker"] for t in study.trials}
+    assert len(workers) >= 2 and all(t.user_attrs[RAY_NODE] == node for t in study.trials)
+
+
+def test_in_workers_mode_too_many_failed_trials_stop_the_search(ray_session, tmp_path):
+    ctx = tiny_context()  # every trial fails: its SN-Net cannot train at this learning rate
+    options = {"joint": {"steps": 5, "lr": 1e30}}
+    objective = StitchObjective(ctx, space="snnet", space_options=options)
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=0)
+    executor = RayExecutor(workers=1, max_failures_in_a_row=2, mode="workers")
+    with pytest.raises(errors.StitchNASError, match="the last 2 trials all failed"):
+        run_search(objective, study, 3, executor=executor)
+    assert _states(study) == ["FAIL", "FAIL"]
+    assert all("SN-Net" in t.user_attrs["fail_reason"] for t in study.trials)
+
+
+def test_the_ray_mode_follows_where_the_study_lives(ctx, tmp_path):
+    objective = StitchObjective(ctx)
+    on_file = create_study(objective, tmp_path / "run")
+    in_memory = optuna.create_study(directions=objective.directions)
+    assert RayExecutor().mode_for(objective, on_file) == "workers"
+    assert RayExecutor().mode_for(objective, in_memory) == "driver"
+    # a cluster's other nodes may not see this machine's file
+    assert RayExecutor(address="auto").mode_for(objective, on_file) == "driver"
+    assert RayExecutor(mode="driver").mode_for(objective, on_file) == "driver"
+    assert RayExecutor(worker_class=FaultyWorker).mode_for(objective, on_file) == "driver"
+    joint = StitchObjective(ctx, space="snnet", space_options={"joint": True})
+    assert RayExecutor().mode_for(joint, on_file) == "driver"  # its SN-Net is trained once
+    with pytest.raises(errors.ConfigError, match="needs a study that every worker can open"):
+        RayExecutor(mode="workers").mode_for(objective, in_memory)
+    with pytest.raises(errors.ConfigError, match="unknown Ray mode 'both'"):
+        RayExecutor(mode="both")
+    with pytest.raises(errors.ConfigError, match="derived from StudyWorker"):
+        RayExecutor(mode="workers", worker_class=FaultyWorker)
 
 
 def test_a_nan_result_is_recorded_as_failed_with_its_reason(ctx):

@@ -40,11 +40,12 @@ __all__ = [
     "undo_new",
 ]
 
-# stitch_nas.search.SAMPLERS / BUDGET_KEYS / EXECUTORS, repeated here to stay torch-free
-# (tests/test_cli_errors.py checks they agree)
+# stitch_nas.search.SAMPLERS / BUDGET_KEYS / EXECUTORS / RAY_MODES, repeated here to stay
+# torch-free (tests/test_cli_errors.py checks they agree)
 SAMPLERS = ("tpe", "nsga2", "random")
 BUDGET_KEYS = ("macs", "params")
 EXECUTORS = ("local", "ray")
+RAY_MODES = ("auto", "driver", "workers")
 EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")  # stitch_nas.export.FORMATS
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,10 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
     if search.gpus_per_worker < 0 and search.gpus_per_worker != -1:
         raise ConfigError(
             f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
+        )
+    if search.ray_mode not in RAY_MODES:  # torch-free copy of search.RAY_MODES
+        raise ConfigError(
+            f"search.ray_mode={search.ray_mode!r} is unknown; use one of {', '.join(RAY_MODES)}"
         )
     if not 0.0 <= search.probe_threshold <= 10.0:
         raise ConfigError(

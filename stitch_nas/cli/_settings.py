@@ -79,6 +79,8 @@ class SearchSettings:
     ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = -1.0  #: -1: share the visible GPUs when device is CUDA, else 0
+    #: who asks the study for trials: "driver", "workers" (each opens the study), or "auto"
+    ray_mode: str = "auto"
     storage: str | None = None  #: Optuna RDB URL (e.g. PostgreSQL) instead of DIR/study.db
     study_name: str | None = None  #: None: the output folder's name
     heartbeat_s: int = 60  #: Optuna heartbeat of RDB storages; dead drivers' trials FAIL after 2x

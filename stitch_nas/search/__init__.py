@@ -11,7 +11,7 @@ from ._loop import (
     measure_references,
     run_search,
 )
-from ._ray_executor import RAY_NODE, RayExecutor
+from ._ray_executor import RAY_MODES, RAY_NODE, RayExecutor, StudyWorker
 from ._ray_shared import (
     SharedActivationCache,
     SharedContext,
@@ -51,6 +51,7 @@ __all__ = [
     "CONFIG_KEY",
     "EXECUTORS",
     "Executor",
+    "RAY_MODES",
     "RAY_NODE",
     "RayExecutor",
     "LEGACY_STUDY_NAME",
@@ -61,6 +62,7 @@ __all__ = [
     "StitchOptunaSearch",
     "StitchTuneSpace",
     "TrialOutcome",
+    "StudyWorker",
     "TrialWorker",
     "check_budget_reachable",
     "check_study",

@@ -191,5 +191,6 @@ def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
             address=search.ray_address,
             cpus_per_worker=search.cpus_per_worker,
             gpus_per_worker=gpus,
+            mode=search.ray_mode,
         )
     raise ConfigError(f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}")

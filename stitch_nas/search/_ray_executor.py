@@ -23,6 +23,12 @@ The driver writes each trial's user attributes in one write, twice per trial (th
 when it is sent, the measurement when it is back), and records Optuna heartbeats for the trials
 in flight when the storage has them (a killed driver's trials then become FAIL for the others).
 Each finished trial records the Ray node it ran on (``ray_node``).
+
+That is ``mode="driver"``. With ``mode="workers"`` the workers ask and tell the study themselves
+and the driver only watches (:mod:`._ray_study_workers`): no process is a bottleneck, but every
+worker must reach the study's storage. ``mode="auto"`` (the default) picks the workers mode where
+that holds and nothing is lost by it: a study on a database server, or on a file while Ray runs on
+this machine only, and a space without a jointly trained SN-Net (shipped once in driver mode).
 """
 
 from __future__ import annotations
@@ -42,21 +48,30 @@ from stitch_nas.errors import ConfigError, StitchNASError
 
 from ._fidelity import gates_training
 from ._ray_shared import SNNetShipper, import_ray, share_context
+from ._ray_study_workers import StudyWorker, StudyWorkerRun
 from ._ray_workers import TrialWorker, _Pending, _Pool
 from ._runner import StitchObjective, TrialOutcome
-from ._storage import BufferedTrial, heartbeat_of
+from ._storage import (
+    DEFAULT_HEARTBEAT_S,
+    BufferedTrial,
+    heartbeat_of,
+    is_file_storage,
+    storage_url_of,
+)
 from ._studies import completed_count
 
-__all__ = ["RAY_NODE", "RayExecutor", "TrialWorker"]
+__all__ = ["RAY_MODES", "RAY_NODE", "RayExecutor", "StudyWorker", "TrialWorker"]
 
 logger = logging.getLogger(__name__)
 
 #: trial user attribute: the Ray node id the trial ran on
-RAY_NODE = "ray_node"
+RAY_NODE = attrs.RAY_NODE
 _TrialState = optuna.trial.TrialState
 # the driver reads what other drivers sent at most this often: with cheap trials it asks many
 # times a second, and each read is an Optuna query over every running trial (see ._seen)
 _SEEN_MAX_AGE_S = 1.0
+#: who asks the study for trials and tells it results: see the module docstring
+RAY_MODES = ("auto", "driver", "workers")
 
 
 @dataclass
@@ -72,8 +87,10 @@ class RayExecutor:
             CUDA, the visible GPUs shared out (at most 1 each), else 0.
         max_failures_in_a_row: Stop with an error after this many consecutive failed trials;
             None: ``max(10, 2 * workers)``.
-        worker_class: The actor body; a subclass of :class:`TrialWorker` (tests inject
-            faults this way).
+        mode: ``"driver"``: the driver asks and tells, workers evaluate; ``"workers"``: each
+            worker asks and tells a study it opens itself; ``"auto"``: see the module docstring.
+        worker_class: The actor body; a subclass of :class:`TrialWorker`, or of
+            :class:`StudyWorker` for the workers mode (tests inject faults this way).
         last_run: Figures of the latest :meth:`run` (trials, seconds, restarts, trials per
             Ray node...).
     """
@@ -83,7 +100,8 @@ class RayExecutor:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float | None = None
     max_failures_in_a_row: int | None = None
-    worker_class: type[TrialWorker] = TrialWorker
+    mode: str = "auto"
+    worker_class: type[TrialWorker] = StudyWorker
     last_run: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,11 +111,39 @@ class RayExecutor:
             raise ConfigError(f"cpus_per_worker must be > 0, got {self.cpus_per_worker!r}")
         if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
             raise ConfigError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker!r}")
+        if self.mode not in RAY_MODES:
+            raise ConfigError(f"unknown Ray mode {self.mode!r}; use one of {', '.join(RAY_MODES)}")
+        if self.mode == "workers" and not issubclass(self.worker_class, StudyWorker):
+            raise ConfigError("mode='workers' needs a worker_class derived from StudyWorker")
+
+    def mode_for(self, objective: StitchObjective, study: optuna.Study) -> str:
+        """The mode a search of ``objective`` on ``study`` runs in: ``"driver"`` or ``"workers"``.
+
+        Raises:
+            ConfigError: ``mode="workers"`` on a study no worker can open (in memory, or a
+                user's own study object).
+        """
+        url = storage_url_of(study)
+        if self.mode == "driver":
+            return "driver"
+        if self.mode == "workers":
+            if url is None:
+                raise ConfigError(
+                    "Ray mode 'workers' needs a study that every worker can open (DIR/study.db, "
+                    "--storage URL or journal file); this one was not opened from one; use "
+                    "mode 'driver'"
+                )
+            return "workers"
+        shared = url is not None and (self.address is None or not is_file_storage(url))
+        studies = issubclass(self.worker_class, StudyWorker)
+        joint = bool(objective.space_options.get("joint"))  # an SN-Net trained once, shipped
+        return "workers" if shared and studies and not joint else "driver"
 
     def run(
         self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
     ) -> optuna.Study:
         """Run until ``study`` holds ``n_trials`` finished (complete or pruned) networks."""
+        mode = self.mode_for(objective, study)  # a bad mode fails before Ray starts
         ray = import_ray()
         started = self._init_ray(ray)
         pool: _Pool | None = None
@@ -112,11 +158,16 @@ class RayExecutor:
                 self.worker_class,
             )
             pool.start(self.workers)
+            session = None
+            if mode == "workers":  # each worker opens the study: start-up, like the pool's
+                session = self._session(ray, objective, study, pool)
+                session.open()
             ready, cpu = time.perf_counter(), time.process_time()
-            counts = self._drive(ray, objective, study, n_trials, pool, progress)
+            counts = self._drive(ray, objective, study, n_trials, pool, progress, session)
             end = time.perf_counter()
             self.last_run = {
                 **counts,
+                "mode": mode,
                 "workers": self.workers,
                 "startup_seconds": ready - start,
                 "search_seconds": end - ready,
@@ -162,10 +213,43 @@ class RayExecutor:
         n_trials: int,
         pool: _Pool,
         progress: bool,
-    ) -> dict[str, int]:
+        session: StudyWorkerRun | None = None,
+    ) -> dict[str, Any]:
+        """Run the search's trials on ``pool`` (in the workers mode: ``session``'s); what ran,
+        by outcome and by node."""
+        if session is not None:
+            return session.drive(n_trials, progress)
+        return self._drive_trials(ray, objective, study, n_trials, pool, progress, self._limit())
+
+    def _limit(self) -> int:
+        return self.max_failures_in_a_row or max(10, 2 * self.workers)
+
+    def _session(
+        self, ray: Any, objective: StitchObjective, study: optuna.Study, pool: _Pool
+    ) -> StudyWorkerRun:
+        beat = heartbeat_of(study)
+        return StudyWorkerRun(
+            ray,
+            pool,
+            objective,
+            study,
+            storage=cast(str, storage_url_of(study)),
+            heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else round(beat.interval),
+            max_failures_in_a_row=self._limit(),
+        )
+
+    def _drive_trials(
+        self,
+        ray: Any,
+        objective: StitchObjective,
+        study: optuna.Study,
+        n_trials: int,
+        pool: _Pool,
+        progress: bool,
+        limit: int,
+    ) -> dict[str, Any]:
         from tqdm.auto import tqdm
 
-        limit = self.max_failures_in_a_row or max(10, 2 * self.workers)
         counts: dict[str, Any] = {"complete": 0, "pruned": 0, "failed": 0, "duplicates": 0}
         nodes: dict[str, int] = {}
         in_flight: dict[Any, _Pending] = {}

@@ -112,8 +112,28 @@ class StitchObjective:
             raise ConfigError(f"max_repeats must be an integer >= 1, got {max_repeats!r}")
         self.max_repeats = max_repeats
         self.repeats = 0  # proposals in a row that repeated an evaluated config
+        #: user attributes every trial records with its config (a Ray worker's node and id)
+        self.trial_attrs: dict[str, Any] = {}
+        #: how old the repeat check's read of other drivers' trials may be (:meth:`duplicate`)
+        self.seen_max_age_s = 0.0
         self._seen = SeenConfigs()  # read from the study, so --resume and --join share it
         self._named = False  # metric names checked on the study of the first trial
+
+    def portable(self) -> dict[str, Any]:
+        """This objective's settings without its context, for another process to rebuild it
+        on its own context (:meth:`on_context`): a Ray worker that runs trials itself."""
+        skip = ("ctx", "_seen", "repeats", "trial_attrs", "seen_max_age_s", "_named")
+        return {k: v for k, v in vars(self).items() if k not in skip}
+
+    @classmethod
+    def on_context(cls, portable: dict[str, Any], ctx: StitchContext) -> StitchObjective:
+        """The objective :meth:`portable` describes, on ``ctx``, with nothing seen yet."""
+        objective = cls.__new__(cls)
+        vars(objective).update(portable)
+        objective.ctx, objective.repeats, objective.trial_attrs = ctx, 0, {}
+        objective.seen_max_age_s = 0.0
+        objective._seen, objective._named = SeenConfigs(), False
+        return objective
 
     def sample(self, trial: optuna.Trial) -> StitchConfig:
         given = trial.user_attrs.get(attrs.CONFIG)  # enqueued with its config (._refine)
@@ -124,6 +144,8 @@ class StitchObjective:
         trial.set_user_attr(attrs.CONFIG, config.to_dict())
         trial.set_user_attr(attrs.DESCRIBE, config.describe())
         trial.set_user_attr(attrs.MODELS, list(config.models))
+        for key, value in self.trial_attrs.items():
+            trial.set_user_attr(key, value)
         return config
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, ...]:
@@ -151,7 +173,7 @@ class StitchObjective:
     def _run(
         self, trial: optuna.Trial, config: StitchConfig
     ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None, str | None]:
-        repeat = self.duplicate(trial, config)
+        repeat = self.duplicate(trial, config, max_age_s=self.seen_max_age_s)
         if repeat is not None:
             return optuna.trial.TrialState.PRUNED, None, repeat
         front = self.front(trial.study, config)

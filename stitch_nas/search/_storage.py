@@ -28,13 +28,16 @@ from typing import Any, cast
 import optuna
 from optuna.trial import TrialState
 
+from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 
 __all__ = [
     "BufferedTrial",
     "DEFAULT_HEARTBEAT_S",
     "Heartbeat",
+    "fail_running",
     "open_storage",
+    "storage_url_of",
     "write_user_attrs",
 ]
 
@@ -44,6 +47,10 @@ DEFAULT_HEARTBEAT_S = 60
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
 # storages this package opened, by study: the ones write_user_attrs may batch on
 _RDB_OF_STUDY: weakref.WeakKeyDictionary[optuna.Study, optuna.storages.RDBStorage] = (
+    weakref.WeakKeyDictionary()
+)
+# ... each one's storage and the URL another process opens it by (Ray workers that drive)
+_OPENED: weakref.WeakKeyDictionary[optuna.Study, tuple[optuna.storages.BaseStorage, str | None]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -133,10 +140,59 @@ def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
     storage.engine.dispose()
 
 
-def remember_storage(study: optuna.Study, storage: optuna.storages.BaseStorage) -> None:
-    """Note that ``study`` runs on ``storage``, opened here (lets writes be batched)."""
+def remember_storage(
+    study: optuna.Study, storage: optuna.storages.BaseStorage, url: str | None = None
+) -> None:
+    """Note that ``study`` runs on ``storage``, opened here from ``url`` (lets writes be
+    batched, and other processes open the same study: :func:`storage_url_of`)."""
     if isinstance(storage, optuna.storages.RDBStorage):
         _RDB_OF_STUDY[study] = storage
+    _OPENED[study] = (storage, None if url is None else _absolute(url))
+
+
+def storage_url_of(study: optuna.Study) -> str | None:
+    """The URL (or journal file) ``study`` was opened from here, file paths made absolute;
+    None for a study this package did not open (in memory, or a user's own)."""
+    opened = _OPENED.get(study)
+    return None if opened is None else opened[1]
+
+
+def is_file_storage(url: str) -> bool:
+    """Whether ``url`` is a file on this machine (SQLite or journal), not a database server."""
+    return "://" not in url or url.startswith("sqlite:")
+
+
+def _absolute(url: str) -> str:
+    """A file storage's path made absolute, so a process in another folder opens the same file."""
+    if "://" not in url:
+        return str(Path(url).resolve())
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return "sqlite:///" + str(Path(url[len("sqlite:///") :]).resolve())
+    return url
+
+
+def fail_running(study: optuna.Study, reason: str, worker: str | None = None) -> list[int]:
+    """Mark the study's RUNNING trials FAIL with ``reason``: all of them, or only those whose
+    ``ray_worker`` attribute is ``worker``. Only for trials whose process is known to be gone.
+
+    Returns:
+        The numbers of the trials marked.
+    """
+    opened = _OPENED.get(study)
+    if opened is None:
+        raise ConfigError("fail_running needs a study opened by stitch_nas (create_study)")
+    storage = opened[0]
+    study_id = storage.get_study_id_from_name(study.study_name)
+    marked = []
+    for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if worker is not None and frozen.user_attrs.get(attrs.RAY_WORKER) != worker:
+            continue
+        # a Trial handle on the stored trial, to record why before it is told FAIL
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
+        optuna.Trial(study, trial_id).set_user_attr(attrs.FAIL_REASON, reason)
+        study.tell(frozen.number, state=TrialState.FAIL, skip_if_finished=True)
+        marked.append(frozen.number)
+    return marked
 
 
 def heartbeat_of(study: optuna.Study) -> Heartbeat | None:

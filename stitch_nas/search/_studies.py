@@ -23,7 +23,13 @@ import optuna
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 
-from ._storage import DEFAULT_HEARTBEAT_S, heartbeat_of, open_storage, remember_storage
+from ._storage import (
+    DEFAULT_HEARTBEAT_S,
+    fail_running,
+    heartbeat_of,
+    open_storage,
+    remember_storage,
+)
 
 if TYPE_CHECKING:  # the objective only lends its names and directions; no import cycle
     from ._runner import StitchObjective
@@ -115,7 +121,7 @@ def create_study(
         sampler=make_sampler(sampler, seed),
         load_if_exists=resume or join,  # join: two drivers may create it at once
     )
-    remember_storage(study, backend)
+    remember_storage(study, backend, storage or f"sqlite:///{Path(out_dir) / 'study.db'}")
     if resume and not join:
         fail_stale_running(study, backend)
     elif join and (beat := heartbeat_of(study)) is not None:
@@ -204,15 +210,9 @@ def fail_stale_running(study: optuna.Study, storage: optuna.storages.BaseStorage
         study: The study.
         storage: The storage ``study`` was created on.
     """
-    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    study_id = storage.get_study_id_from_name(study.study_name)
-    for frozen in running:
-        # a Trial handle on the stored trial, to record why before it is told FAIL
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
-        trial = optuna.Trial(study, trial_id)
-        trial.set_user_attr(attrs.FAIL_REASON, "driver stopped mid-trial")
-        study.tell(frozen.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        logger.info("marked stale running trial %d as FAIL", frozen.number)
+    remember_storage(study, storage)
+    for number in fail_running(study, "driver stopped mid-trial"):
+        logger.info("marked stale running trial %d as FAIL", number)
 
 
 def load_folder_study(
