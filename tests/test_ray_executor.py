@@ -200,6 +200,9 @@ def test_the_ray_mode_follows_where_the_study_lives(ctx, tmp_path):
     in_memory = optuna.create_study(directions=objective.directions)
     assert RayExecutor().mode_for(objective, on_file) == "workers"
     assert RayExecutor().mode_for(objective, in_memory) == "driver"
+    journal = create_study(objective, tmp_path / "j", storage=str(tmp_path / "study.log"))
+    assert RayExecutor().mode_for(objective, journal) == "driver"  # its ask and tell are cheap
+    assert RayExecutor(mode="workers").mode_for(objective, journal) == "workers"
     # a cluster's other nodes may not see this machine's file
     assert RayExecutor(address="auto").mode_for(objective, on_file) == "driver"
     assert RayExecutor(mode="driver").mode_for(objective, on_file) == "driver"

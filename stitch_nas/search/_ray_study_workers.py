@@ -8,7 +8,8 @@ runs a driver: sample, repeat check, multi-fidelity gate, fit, measure, record, 
 only starts the workers, shows progress and handles a worker that dies.
 
 - **Storage.** Every worker must open the same study: a database server, or a file (SQLite,
-  journal) that every node reads; ``mode="auto"`` picks this mode only where that holds.
+  journal) that every node reads; ``mode="auto"`` picks this mode only where that holds, and
+  not on a journal file, where the driver's own ask and tell are cheap.
 - **Samplers.** Each worker has a copy of the study's sampler, reseeded from the operating system,
   so workers propose different configs (a seeded search on several workers is not reproducible
   in either mode). TPE's constant liar sees the other workers' running trials in the study.
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 _TrialState = optuna.trial.TrialState
 # how long a worker waits, when the running trials may reach the total, before it looks again
-_WAIT_S = 0.2
+_WAIT_S = 0.05
 # how often a worker reads the study's progress, and other workers' configs, when not near the end
 _READ_EVERY_S = 1.0
 
