@@ -10,12 +10,14 @@ Each setting runs a fresh study (random sampler, same seed, CKA threshold 0.3) o
 started with as many CPUs as the largest worker count; the local executor is timed on the same
 searches for reference, with one torch thread and the same warm-up as a worker (models traced,
 MAC tables and activations filled). Rates count the trials that ran on a worker (sampled
-duplicates are answered by the driver and reported apart) over the search time, start-up
-excluded; start-up (sharing the activations, starting the actors) is reported separately. The
-worker settings alternate ``--repeat`` times, so the ratio's spread shows how much the machine's
-load moved; the 1, 5 and 15 minute load averages are recorded before and after, and each row
-records how many of the machine's cores were busy during its search (``cores_busy``, from
-/proc/stat: the driver, the workers and Ray's own processes together).
+repeats, answered without a fit, are reported apart) over the search time; start-up (sharing
+the activations, starting the actors, each worker opening the study) is reported separately.
+Each row also counts the distinct configs its trials measured, and the ratio is given in those
+too: in the workers mode a config another worker sampled within the last second may be
+measured twice. The worker settings alternate ``--repeat`` times, so the ratio's spread shows
+how much the machine's load moved; the 1, 5 and 15 minute load averages are recorded before
+and after, and each row records how many of the machine's cores were busy during its search
+(``cores_busy``, from /proc/stat: the driver, the workers and Ray's own processes together).
 
 Trials here are cheap (least-squares stitches of the digits zoo, ~60 ms each on one core), and
 the driver's own work per trial (Optuna's ask and tell on SQLite, sampling, the repeat check:
@@ -173,10 +175,14 @@ def _ray(
     run = executor.last_run
     ran = run["complete"] + run["pruned"] + run["failed"]
     nodes: dict[str, int] = {}
+    networks = set()  # the configs measured: two workers may measure one config twice
     for trial in study.trials:
         node = trial.user_attrs.get(RAY_NODE)
         if node is not None:
             nodes[node] = nodes.get(node, 0) + 1
+        repeat = "duplicate_of" in trial.user_attrs or "reference_of" in trial.user_attrs
+        if node is not None and not repeat and trial.state != optuna.trial.TrialState.RUNNING:
+            networks.add(json.dumps(trial.user_attrs["config"], sort_keys=True))
     return {
         "mode": run["mode"],
         "workers": workers,
@@ -186,6 +192,8 @@ def _ray(
         "duplicates": run["duplicates"],
         "failed": run["failed"],
         "trials_per_minute": round(60 * ran / run["search_seconds"], 1),
+        "distinct_networks": len(networks),
+        "distinct_networks_per_minute": round(60 * len(networks) / run["search_seconds"], 1),
         "driver_cpu_ms_per_trial": round(
             1000 * run["driver_cpu_seconds"] / max(1, len(study.trials)), 1
         ),
@@ -396,8 +404,12 @@ def main() -> None:
                         f"load {_load()})"
                     )
                 base = rows[0]["trials_per_minute"]
+                distinct = rows[0]["distinct_networks_per_minute"]
                 for row in rows:
                     row["speedup_over_first"] = round(row["trials_per_minute"] / base, 2)
+                    row["distinct_speedup_over_first"] = round(
+                        row["distinct_networks_per_minute"] / distinct, 2
+                    )
                 rounds[mode].append(rows)
     finally:
         ray.shutdown()
@@ -405,11 +417,14 @@ def main() -> None:
     if len(args.workers) > 1:
         for mode, mode_rounds in rounds.items():
             ratios = [rows[-1]["speedup_over_first"] for rows in mode_rounds]
+            distinct = [rows[-1]["distinct_speedup_over_first"] for rows in mode_rounds]
             summary[mode] = _ratio_summary(ratios)
+            summary[mode]["distinct_networks"] = _ratio_summary(distinct)
             print(
                 f"{mode} mode, ratio {args.workers[-1]} : {args.workers[0]} workers over "
                 f"{len(ratios)} rounds: median {summary[mode]['median']:.2f} "
-                f"(min {summary[mode]['min']:.2f}, max {summary[mode]['max']:.2f})"
+                f"(min {summary[mode]['min']:.2f}, max {summary[mode]['max']:.2f}); "
+                f"in distinct networks: {distinct}"
             )
     result = {
         "machine": {
@@ -425,8 +440,10 @@ def main() -> None:
         "joined_local_drivers": joined,
         "ray_rounds": rounds,
         "ratio": summary,
-        "note": "trials/min counts trials run on workers (duplicates excluded) over search "
-        "time; start-up (object store fill, actor start) excluded and reported apart",
+        "note": "trials/min counts trials run on workers (recognised repeats excluded) over "
+        "search time; distinct_networks counts their distinct configs (a config two workers "
+        "sampled within the repeat check's second is measured twice); start-up (object store "
+        "fill, actor start, each worker opening the study) excluded and reported apart",
     }
     out = RESULTS.with_name(f"ray_scaling_steps{args.trained_steps}.json")
     if not args.trained_steps:

@@ -199,6 +199,8 @@ def test_the_ray_mode_follows_where_the_study_lives(ctx, tmp_path):
     on_file = create_study(objective, tmp_path / "run")
     in_memory = optuna.create_study(directions=objective.directions)
     assert RayExecutor().mode_for(objective, on_file) == "workers"
+    resumed = create_study(objective, tmp_path / "run", resume=True)
+    assert RayExecutor().mode_for(objective, resumed) == "workers"
     assert RayExecutor().mode_for(objective, in_memory) == "driver"
     journal = create_study(objective, tmp_path / "j", storage=str(tmp_path / "study.log"))
     assert RayExecutor().mode_for(objective, journal) == "driver"  # its ask and tell are cheap

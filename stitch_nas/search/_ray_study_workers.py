@@ -10,9 +10,11 @@ only starts the workers, shows progress and handles a worker that dies.
 - **Storage.** Every worker must open the same study: a database server, or a file (SQLite,
   journal) that every node reads; ``mode="auto"`` picks this mode only where that holds, and
   not on a journal file, where the driver's own ask and tell are cheap.
-- **Samplers.** Each worker has a copy of the study's sampler, reseeded from the operating system,
-  so workers propose different configs (a seeded search on several workers is not reproducible
-  in either mode). TPE's constant liar sees the other workers' running trials in the study.
+- **Samplers.** Each worker has a copy of the study's sampler. The search's first worker keeps
+  its seeded state, so a search on one worker proposes what the local executor would; every
+  other worker reseeds its copy from the operating system, so workers propose different configs
+  (a seeded search on several workers is not reproducible in either mode). TPE's constant liar
+  sees the other workers' running trials in the study.
 - **The total.** A worker starts a trial only while finished plus running trials of this search
   stay below the requested total, so the study reaches it without running over, except when
   two workers ask in the same instant (then by one).
@@ -66,15 +68,18 @@ class StudyWorker(TrialWorker):
         sampler: optuna.samplers.BaseSampler,
         objective: dict[str, Any],
         worker_id: str,
+        reseed: bool = True,
     ) -> None:
         """Open the study this worker will run trials of (part of the search's start-up).
 
         ``objective``: :meth:`StitchObjective.portable` of the driver's; ``worker_id``:
         ``<run>-<slot>-<start>``, recorded on each trial, whose ``<run>`` prefix marks the
-        search's own running trials.
+        search's own running trials; ``reseed``: reseed the copy of the driver's sampler from
+        the operating system (every worker but the search's first).
         """
         backend = open_storage(storage, heartbeat_s=heartbeat_s)
-        sampler.reseed_rng()  # a copy of the driver's: would propose what the others propose
+        if reseed:  # a copy of the driver's: would propose what another worker proposes
+            sampler.reseed_rng()
         self.study = optuna.load_study(study_name=study_name, storage=backend, sampler=sampler)
         remember_storage(self.study, backend, storage)
         self.objective = StitchObjective.on_context(objective, self.ctx)
@@ -194,7 +199,8 @@ class StudyWorkerRun:
         self._ids: dict[int, str] = {}  # slot -> the id of the worker there now
 
     def _open(self, slot: int) -> Any:
-        worker_id = self._ids[slot] = f"{self.run}-{slot}-{next(self._starts)}"
+        start = next(self._starts)
+        worker_id = self._ids[slot] = f"{self.run}-{slot}-{start}"
         return self.pool.actors[slot].open_study.remote(
             self.storage,
             self.study.study_name,
@@ -202,6 +208,7 @@ class StudyWorkerRun:
             self.study.sampler,
             self._portable,
             worker_id,
+            start > 0,  # the first worker samples as the driver would have: one is seeded
         )
 
     def open(self) -> None:

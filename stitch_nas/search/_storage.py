@@ -171,17 +171,29 @@ def _absolute(url: str) -> str:
     return url
 
 
-def fail_running(study: optuna.Study, reason: str, worker: str | None = None) -> list[int]:
+def fail_running(
+    study: optuna.Study,
+    reason: str,
+    worker: str | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> list[int]:
     """Mark the study's RUNNING trials FAIL with ``reason``: all of them, or only those whose
     ``ray_worker`` attribute is ``worker``. Only for trials whose process is known to be gone.
+
+    Args:
+        study: The study.
+        reason: Recorded as each trial's ``fail_reason``.
+        worker: Only this Ray worker's trials; None: every running trial.
+        storage: The storage ``study`` was created on; None: the one it was opened on here.
 
     Returns:
         The numbers of the trials marked.
     """
-    opened = _OPENED.get(study)
-    if opened is None:
-        raise ConfigError("fail_running needs a study opened by stitch_nas (create_study)")
-    storage = opened[0]
+    if storage is None:
+        opened = _OPENED.get(study)
+        if opened is None:
+            raise ConfigError("fail_running needs the study's storage (it was not opened here)")
+        storage = opened[0]
     study_id = storage.get_study_id_from_name(study.study_name)
     marked = []
     for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

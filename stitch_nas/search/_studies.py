@@ -210,8 +210,7 @@ def fail_stale_running(study: optuna.Study, storage: optuna.storages.BaseStorage
         study: The study.
         storage: The storage ``study`` was created on.
     """
-    remember_storage(study, storage)
-    for number in fail_running(study, "driver stopped mid-trial"):
+    for number in fail_running(study, "driver stopped mid-trial", storage=storage):
         logger.info("marked stale running trial %d as FAIL", number)
 
 
