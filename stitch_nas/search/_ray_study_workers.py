@@ -16,8 +16,8 @@ only starts the workers, shows progress and handles a worker that dies.
   (a seeded search on several workers is not reproducible in either mode). TPE's constant liar
   sees the other workers' running trials in the study.
 - **The total.** A worker starts a trial only while finished plus running trials of this search
-  stay below the requested total, so the study reaches it without running over, except when
-  two workers ask in the same instant (then by one).
+  stay below the requested total, so the study reaches it without running over, except by a
+  trial or so when workers ask at nearly the same instant.
 - **Failures.** Each trial records its worker (``ray_worker``, ``<run>-<slot>-<start>``) and its
   node (``ray_node``). A worker that dies has its running trial marked FAIL by the driver at
   once, on any storage, and is replaced; a worker that sees ``max_failures_in_a_row`` of its
@@ -133,13 +133,16 @@ class _Tally:
 
     def __init__(self, study: optuna.Study, run: str) -> None:
         self.study, self.run = study, run
-        self.own = 0  # trials this worker ran since the last read (repeats too: a lower bound)
+        # trials this worker ran since the last read; repeats too, so it may overcount, which
+        # only makes a read exact sooner: a worker stops or waits on exact reads alone
+        self.own = 0
         self._finished, self._running, self._at = 0, 0, -math.inf
         self._first: tuple[float, int] | None = None  # (time, finished) at the first read
         self._step = math.inf  # finished trials a second may add; unknown until a second passed
 
     def read(self, n_trials: int) -> tuple[int, int]:
-        """(finished, running): exact near ``n_trials``, else finished may be an undercount."""
+        """(finished, running): read exactly when a second of the study's progress could reach
+        ``n_trials`` from the last read, else estimated."""
         estimate = self._finished + self.own
         near = estimate + self._running + self._step >= n_trials
         if not near and time.monotonic() - self._at < _READ_EVERY_S:
