@@ -1,5 +1,6 @@
 """Studies as Optuna users run them: names, resume and join, optuna-dashboard, journal files,
-and several drivers on one PostgreSQL server, one of them killed mid-trial.
+several drivers on one PostgreSQL server, one of them killed mid-trial, and Ray workers that
+open a PostgreSQL study themselves.
 
 The PostgreSQL fixture starts a throwaway server (PostgreSQL's own ``initdb`` and ``pg_ctl``)
 in a temporary folder, listening on 127.0.0.1 at a free port and on a unix socket in that
@@ -321,3 +322,24 @@ def test_two_drivers_on_postgresql_survive_one_killed_mid_trial(postgres, tmp_pa
     assert "config" in killed[0].user_attrs  # it was sampled and under way when killed
     assert not [t for t in after.trials if t.state == Running]
     storage.engine.dispose()
+
+
+def test_ray_workers_open_a_postgresql_study_themselves(postgres, ctx, tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    from stitch_nas.search import RayExecutor
+
+    objective = StitchObjective(ctx)
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=0, storage=postgres)
+    executor = RayExecutor(workers=2)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        run_search(objective, study, 4, executor=executor)
+    finally:
+        ray.shutdown()
+
+    assert executor.last_run["mode"] == "workers"  # a database server every worker reaches
+    assert completed_count(study) == 4, [t.state.name for t in study.trials]
+    ran = [t for t in study.trials if t.state != Running and "ray_worker" in t.user_attrs]
+    assert len(ran) >= 4 and not [t for t in study.trials if t.state == Running]
+    assert sum(executor.last_run["trials_per_node"].values()) >= 4
