@@ -219,6 +219,46 @@ def test_the_ray_mode_follows_where_the_study_lives(ctx, tmp_path):
         RayExecutor(mode="workers", worker_class=FaultyWorker)
 
 
+USER_ARCH = """
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.conv2 = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.conv2(self.conv1(x))).flatten(1))
+"""
+
+
+def test_a_model_class_from_a_module_path_folder_reaches_the_workers(ray_session, tmp_path):
+    from stitch_nas.activations import StitchContext
+    from stitch_nas.data import load_digits_splits
+    from stitch_nas.zoo import from_module, import_factory, user_code_modules
+    from tests._tiny import LABELS, SPEC, tiny_zoo
+
+    folder = tmp_path / "archs"  # on this process's sys.path only, as module_path puts it
+    folder.mkdir()
+    (folder / "stitch_nas_test_user_arch.py").write_text(USER_ARCH)
+    factory = import_factory("stitch_nas_test_user_arch:SmallCNN", str(folder))
+    assert "stitch_nas_test_user_arch" in [m.__name__ for m in user_code_modules()]
+    zoo = tiny_zoo(("resnet",))
+    torch.manual_seed(0)
+    zoo.add(from_module("mine", factory().eval(), input_spec=SPEC, label_names=LABELS))
+    ctx = StitchContext(zoo, load_digits_splits(probe_size=64))
+    objective = StitchObjective(ctx)
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=0)
+    # the workers unpickle the zoo: without the module shipped by value they cannot start
+    run_search(objective, study, 3, executor=RayExecutor(workers=1))
+    assert completed_count(study) == 3, _states(study)
+    assert not [t for t in study.trials if t.state == Fail]
+
+
 def test_a_nan_result_is_recorded_as_failed_with_its_reason(ctx):
     objective = StitchObjective(ctx)
     study = optuna.create_study(directions=objective.directions)

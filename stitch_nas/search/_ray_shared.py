@@ -1,7 +1,8 @@
 """A StitchContext shared with Ray workers through the object store.
 
-The driver puts the zoo and the data in the object store once, and every cached activation (each
-model at each cut on the probe and validation splits) as its own numpy array. Workers rebuild a
+The driver puts the zoo and the data in the object store once (the code of a model class
+imported from a ``module_path`` folder goes with it, by value), and every cached activation
+(each model at each cut on the probe and validation splits) as its own numpy array. Workers rebuild a
 :class:`~stitch_nas.activations.StitchContext` whose cache reads those arrays zero-copy from the
 node's shared memory, so N workers hold one copy of the activations per machine, not N, and no
 trial recomputes a frozen prefix. Used by both the Ray executor and the Ray Tune trainable.
@@ -25,6 +26,7 @@ from stitch_nas.activations import ActivationCache, ActivationKey, StitchContext
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import MissingDependencyError
 from stitch_nas.snnet import has_snnet, install_snnet, joint_specs, snnet_state, trained_snnet
+from stitch_nas.zoo import user_code_modules
 
 __all__ = [
     "SNNetShipper",
@@ -183,7 +185,13 @@ def share_context(
     Returns:
         The handle to send to workers.
     """
-    store = put if put is not None else import_ray().put
+    ray = import_ray()
+    from ray import cloudpickle  # what Ray pickles with
+
+    store = put if put is not None else ray.put
+    # a model class from a module_path folder: workers cannot import it, so it travels along
+    for module in user_code_modules():
+        cloudpickle.register_pickle_by_value(module)
     with models_on_cpu(ctx):
         bundle = store((ctx.zoo, ctx.data))
     refs: dict[str, Any] = {}

@@ -31,6 +31,7 @@ from ._sources import (
 )
 from ._yaml import (
     import_factory,
+    user_code_modules,
 )
 
 __all__ = [
@@ -52,4 +53,5 @@ __all__ = [
     "import_factory",
     "load_mini_zoo",
     "load_state_dict_file",
+    "user_code_modules",
 ]

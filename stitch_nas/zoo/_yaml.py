@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -24,7 +26,16 @@ from stitch_nas.fragments import declare_blocks
 from ._entry import InputSpec, ZooEntry
 from ._sources import from_module, from_timm, from_torchvision
 
-__all__ = ["import_factory", "module_entry", "timm_entry", "torchvision_entry"]
+__all__ = [
+    "import_factory",
+    "module_entry",
+    "timm_entry",
+    "torchvision_entry",
+    "user_code_modules",
+]
+
+# the module_path folders import_factory put on sys.path, resolved
+_USER_FOLDERS: set[Path] = set()
 
 
 def _side(size: int | Sequence[int]) -> tuple[int, int]:
@@ -98,6 +109,7 @@ def import_factory(spec: str, module_path: str | Sequence[str] | None = None) ->
     for folder in reversed(folders):
         if folder not in sys.path:
             sys.path.insert(0, folder)
+        _USER_FOLDERS.add(Path(folder).resolve())
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -113,6 +125,20 @@ def import_factory(spec: str, module_path: str | Sequence[str] | None = None) ->
     if not callable(obj):
         raise ConfigError(f"{spec!r} is a {type(obj).__name__}, not a class or function")
     return obj
+
+
+def user_code_modules() -> list[ModuleType]:
+    """The imported modules whose files lie in a ``module_path`` folder.
+
+    Another process (a Ray worker) lacks those folders on its ``sys.path`` and could not import
+    them to unpickle a model, so the Ray side ships them with the models, by value.
+    """
+    modules = []
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and any(Path(file).resolve().is_relative_to(f) for f in _USER_FOLDERS):
+            modules.append(module)
+    return modules
 
 
 def module_entry(item: dict[str, Any], data_labels: Sequence[str]) -> ZooEntry:
