@@ -1,7 +1,10 @@
 """A trial's user attributes written at once: one transaction on SQLite, one append on a journal
-file, one by one elsewhere; read back the same everywhere, and refused on a finished trial."""
+file, one by one elsewhere; read back the same everywhere, and refused on a finished trial. And
+on an SQLite file, one process at a time asks, so no two take the same enqueued trial."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import optuna
 import pytest
@@ -60,3 +63,46 @@ def test_a_finished_trial_refuses_attributes_written_at_once(kind, tmp_path):
     study.tell(trial, [0.5, 1.0])
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         write_user_attrs(trial, VALUES)
+
+
+def _pop_enqueued(url: str, name: str, barrier, out: str) -> None:
+    """In a forked process: open the study as stitch_nas does, then take enqueued trials."""
+    storage = open_storage(url)
+    study = optuna.load_study(study_name=name, storage=storage)
+    remember_storage(study, storage, url)
+    barrier.wait()
+    numbers = []
+    while True:
+        trial = study.ask()
+        if trial.number >= 40:  # past the enqueued ones
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            break
+        numbers.append(trial.number)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+    with open(out, "w") as handle:
+        handle.write(" ".join(map(str, numbers)))
+
+
+def test_two_processes_never_take_one_enqueued_trial_on_sqlite(tmp_path):
+    import multiprocessing
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(storage=open_storage(url), directions=["maximize"])
+    for i in range(40):
+        study.enqueue_trial({}, user_attrs={"seed": i})
+    fork = multiprocessing.get_context("fork")
+    barrier = fork.Barrier(2)
+    outs = [str(tmp_path / f"popped{i}.txt") for i in range(2)]
+    processes = [
+        fork.Process(target=_pop_enqueued, args=(url, study.study_name, barrier, out))
+        for out in outs
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+    assert [p.exitcode for p in processes] == [0, 0]
+    popped = [int(n) for out in outs for n in Path(out).read_text().split()]
+    # Optuna's SELECT ... FOR UPDATE is a no-op on SQLite: without one ask at a time, both
+    # processes took some enqueued trials
+    assert sorted(popped) == list(range(40))

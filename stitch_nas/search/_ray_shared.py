@@ -2,10 +2,11 @@
 
 The driver puts the zoo and the data in the object store once (the code of a model class
 imported from a ``module_path`` folder goes with it, by value), and every cached activation
-(each model at each cut on the probe and validation splits) as its own numpy array. Workers rebuild a
-:class:`~stitch_nas.activations.StitchContext` whose cache reads those arrays zero-copy from the
-node's shared memory, so N workers hold one copy of the activations per machine, not N, and no
-trial recomputes a frozen prefix. Used by both the Ray executor and the Ray Tune trainable.
+(each model at each cut on the probe and validation splits) as its own numpy array. Workers
+rebuild a :class:`~stitch_nas.activations.StitchContext` whose cache reads those arrays
+zero-copy from the node's shared memory, so N workers hold one copy of the activations per
+machine, not N, and no trial recomputes a frozen prefix. Used by both the Ray executor and the
+Ray Tune trainable.
 """
 
 from __future__ import annotations

@@ -15,9 +15,11 @@ The driver writes a trial's user attributes in one transaction, or one journal a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
+import tempfile
 import time
 import warnings
 import weakref
@@ -148,6 +150,32 @@ def remember_storage(
     if isinstance(storage, optuna.storages.RDBStorage):
         _RDB_OF_STUDY[study] = storage
     _OPENED[study] = (storage, None if url is None else _absolute(url))
+    if url is not None and url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        _one_ask_at_a_time(study, Path(url[len("sqlite:///") :]))
+
+
+def _one_ask_at_a_time(study: optuna.Study, db: Path) -> None:
+    """Let one process at a time ask ``study``, on an SQLite file, for a trial.
+
+    An ask first takes a trial enqueued as WAITING (a seed, a refinement) by setting it
+    RUNNING. Optuna guards that with ``SELECT ... FOR UPDATE``, which SQLite ignores, so two
+    processes asking at once (Ray workers, joined drivers) both took the same trial and both
+    ran it. An exclusive lock on a file named after the database, in the temporary folder
+    (every process on the machine sees it; an SQLite file is shared by one machine only),
+    is held for the ask.
+    """
+    import fcntl  # POSIX: Ray and several drivers on one SQLite file run there
+
+    digest = hashlib.sha256(str(db.resolve()).encode()).hexdigest()[:16]
+    lock = Path(tempfile.gettempdir()) / f"stitch_nas-ask-{digest}.lock"
+    ask = study.ask
+
+    def ask_alone(fixed_distributions: Any = None) -> optuna.Trial:
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+            return ask(fixed_distributions)
+
+    setattr(study, "ask", ask_alone)  # noqa: B010 - this study object's asks only
 
 
 def storage_url_of(study: optuna.Study) -> str | None:
