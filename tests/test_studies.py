@@ -217,7 +217,9 @@ def postgres() -> Iterator[str]:
     as_user: list[str] = []
     root = Path(tempfile.mkdtemp(prefix="stitch_nas_pg_"))
     if os.geteuid() == 0:  # initdb refuses root: the server runs as nobody
-        runuser = shutil.which("runuser")
+        # runuser lives in sbin, which a non-login PATH (a CI runner's) may leave out
+        search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+        runuser = shutil.which("runuser", path=search)
         if runuser is None:
             shutil.rmtree(root)
             pytest.skip("running as root and runuser is missing: initdb cannot run as root")
