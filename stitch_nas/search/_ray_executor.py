@@ -209,22 +209,6 @@ class RayExecutor:
             gpus = min(1.0, torch.cuda.device_count() / self.workers) if cuda else 0.0
         return {"num_cpus": self.cpus_per_worker, "num_gpus": gpus}
 
-    def _drive(
-        self,
-        ray: Any,
-        objective: StitchObjective,
-        study: optuna.Study,
-        n_trials: int,
-        pool: _Pool,
-        progress: bool,
-        session: StudyWorkerRun | None = None,
-    ) -> dict[str, Any]:
-        """Run the search's trials on ``pool`` (in the workers mode: ``session``'s); what ran,
-        by outcome and by node."""
-        if session is not None:
-            return session.drive(n_trials, progress)
-        return self._drive_trials(ray, objective, study, n_trials, pool, progress, self._limit())
-
     def _limit(self) -> int:
         return self.max_failures_in_a_row or max(10, 2 * self.workers)
 
@@ -242,7 +226,7 @@ class RayExecutor:
             max_failures_in_a_row=self._limit(),
         )
 
-    def _drive_trials(
+    def _drive(
         self,
         ray: Any,
         objective: StitchObjective,
@@ -250,10 +234,15 @@ class RayExecutor:
         n_trials: int,
         pool: _Pool,
         progress: bool,
-        limit: int,
+        session: StudyWorkerRun | None = None,
     ) -> dict[str, Any]:
+        """Run the search's trials on ``pool`` (in the workers mode: ``session``'s); what ran,
+        by outcome and by node."""
+        if session is not None:
+            return session.drive(n_trials, progress)
         from tqdm.auto import tqdm
 
+        limit = self._limit()
         counts: dict[str, Any] = {"complete": 0, "pruned": 0, "failed": 0, "duplicates": 0}
         nodes: dict[str, int] = {}
         in_flight: dict[Any, _Pending] = {}

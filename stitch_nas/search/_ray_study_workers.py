@@ -44,7 +44,7 @@ from stitch_nas.errors import StitchNASError
 from ._ray_workers import TrialWorker, _first_line, _Pool
 from ._runner import StitchObjective
 from ._storage import fail_running, open_storage, remember_storage
-from ._studies import completed_count
+from ._studies import completed_count, is_repeat
 
 __all__ = ["StudyWorker", "StudyWorkerRun"]
 
@@ -98,8 +98,7 @@ class StudyWorker(TrialWorker):
         def stop_on_failures(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
             nonlocal failed_in_a_row
             if trial.state != _TrialState.FAIL:
-                repeat = attrs.DUPLICATE_OF in trial.user_attrs
-                failed_in_a_row = failed_in_a_row if repeat else 0
+                failed_in_a_row = failed_in_a_row if is_repeat(trial) else 0
                 return
             failed_in_a_row += 1
             reason = trial.user_attrs.get(attrs.FAIL_REASON, "no reason recorded")
@@ -149,7 +148,7 @@ class _Tally:
             return estimate, self._running
         states = (_TrialState.COMPLETE, _TrialState.PRUNED, _TrialState.RUNNING)
         trials = self.study.get_trials(deepcopy=False, states=states)
-        finished = sum(t.state != _TrialState.RUNNING and not _repeat(t) for t in trials)
+        finished = sum(t.state != _TrialState.RUNNING and not is_repeat(t) for t in trials)
         running = sum(
             t.state == _TrialState.RUNNING
             and str(t.user_attrs.get(attrs.RAY_WORKER, "")).startswith(self.run)
@@ -163,10 +162,6 @@ class _Tally:
             self._step = math.ceil(rate * _READ_EVERY_S) + 1
         self._finished, self._running, self._at, self.own = finished, running, now, 0
         return finished, running
-
-
-def _repeat(trial: optuna.trial.FrozenTrial) -> bool:
-    return attrs.DUPLICATE_OF in trial.user_attrs or attrs.REFERENCE_OF in trial.user_attrs
 
 
 class StudyWorkerRun:
@@ -292,7 +287,7 @@ def _counts(study: optuna.Study, run: str) -> dict[str, Any]:
     for trial in study.get_trials(deepcopy=False):
         if not str(trial.user_attrs.get(attrs.RAY_WORKER, "")).startswith(run):
             continue
-        repeat = _repeat(trial)
+        repeat = is_repeat(trial)
         key = "duplicates" if repeat else _COUNT_KEY.get(trial.state)
         if key is None:  # still running: another driver's worker cannot be; ours are done
             continue

@@ -42,6 +42,7 @@ __all__ = [
     "create_study",
     "default_study_name",
     "fail_stale_running",
+    "is_repeat",
     "load_folder_study",
     "make_sampler",
     "set_metric_names",
@@ -269,10 +270,14 @@ def _check_storage_exists(storage: str) -> None:
         )
 
 
+def is_repeat(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether ``trial`` repeated an earlier config (``duplicate_of``) or a zoo reference
+    (``reference_of``): PRUNED at once, it evaluated no network of its own."""
+    return attrs.DUPLICATE_OF in trial.user_attrs or attrs.REFERENCE_OF in trial.user_attrs
+
+
 def completed_count(study: optuna.Study) -> int:
-    """Finished (COMPLETE or PRUNED) trials that evaluated a network of their own: a repeat of
-    an earlier config (``duplicate_of``) or of a zoo reference (``reference_of``) is not one."""
+    """Finished (COMPLETE or PRUNED) trials that evaluated a network of their own, i.e. not a
+    repeat (:func:`is_repeat`)."""
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    repeats = (attrs.DUPLICATE_OF, attrs.REFERENCE_OF)
-    trials = study.get_trials(deepcopy=False, states=states)
-    return sum(not any(k in t.user_attrs for k in repeats) for t in trials)
+    return sum(not is_repeat(t) for t in study.get_trials(deepcopy=False, states=states))
