@@ -5,7 +5,7 @@
                                [--forward-configs N] [--repeat R] [--cache-gb X]
 
 Each size runs in a fresh subprocess (so its peak RSS is its own) with the library's default
-settings (cache budget 10 % of the machine's memory, float16 storage, no spill folder, the
+settings (cache budget 5 % of the machine's memory, float16 storage, no spill folder, the
 automatic batch size: 256, fewer for large inputs) and random-init weights: cost is the point, not
 accuracy. The synthetic images are uint8, as a torchvision data set keeps them. Start-up does
 what a search does once per model before its trials (a Ray worker does it explicitly; the CLI's
@@ -48,6 +48,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+
+from stitch_nas.activations import DEFAULT_MEMORY_FRACTION
 
 RESULTS = Path(__file__).parent / "results" / "scale.json"
 SETTINGS = {
@@ -396,7 +398,8 @@ def main() -> None:
             print(json.dumps(runs[-1][-1]), flush=True)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     key = args.setting + ("_folder" if args.folder else "")
-    budget = "10 % of RAM" if args.cache_gb is None else f"{args.cache_gb:g} GiB (--cache-gb)"
+    default = f"{DEFAULT_MEMORY_FRACTION:.0%} of RAM".replace("%", " %")
+    budget = default if args.cache_gb is None else f"{args.cache_gb:g} GiB (--cache-gb)"
     if args.cache_gb is not None:
         key += f"_cache{args.cache_gb:g}gb"
     results[key] = {

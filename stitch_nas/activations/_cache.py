@@ -68,7 +68,7 @@ class ActivationCache:
 
     Args:
         memory_gb: In-memory budget in GiB (``memory_gb * 2**30`` bytes); 0 keeps nothing in
-            memory. None: :func:`default_memory_gb` (10 % of the machine's memory). A tensor
+            memory. None: :func:`default_memory_gb` (5 % of the machine's memory). A tensor
             larger than the budget is returned (and spilled) but not kept.
         spill_dir: Folder for evicted entries, created if missing; None drops evicted entries,
             which are then recomputed when asked for again.

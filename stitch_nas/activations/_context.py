@@ -44,7 +44,7 @@ class StitchContext:
             so the work beside the cache stays bounded at any input size.
         ridge: relative ridge term of least-squares stitches.
         cka_rows: "flatten" (per-position features, Kornblith) or "pooled" rows for CKA.
-        cache: where activations live; default: ``ActivationCache()``, 10 % of the machine's
+        cache: where activations live; default: ``ActivationCache()``, 5 % of the machine's
             memory, float16 storage, no spill folder. Pass ``ActivationCache(memory_gb=...,
             spill_dir=..., dtype=...)`` to set the budget, spill to disk or share activations
             between worker processes. A budget (other than 0, which caches nothing in memory)

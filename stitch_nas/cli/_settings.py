@@ -71,7 +71,7 @@ class SearchSettings:
     budgets: dict = field(default_factory=dict)
     fuse: bool = False
     device: str = "cpu"
-    cache_memory_gb: float | None = None  #: None: 10 % of this machine's memory
+    cache_memory_gb: float | None = None  #: None: 5 % of this machine's memory
     cache_dir: str | None = None
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
     executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
