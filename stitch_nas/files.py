@@ -18,7 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_file", "atomic_folder", "atomic_write", "sha256_file"]
+__all__ = ["atomic_file", "atomic_folder", "atomic_write", "default_cache_dir", "sha256_file"]
+
+
+def default_cache_dir() -> Path:
+    """Return ``$STITCH_NAS_CACHE`` if set, else ``~/.cache/stitch_nas``: where the mini zoo's
+    weights and unpacked ``.npz`` arrays are kept between runs."""
+    env = os.environ.get("STITCH_NAS_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "stitch_nas"
 
 
 @contextmanager

@@ -247,27 +247,89 @@ def test_npz_fixed_splits_are_shuffled_disjoint_runs(tmp_path: Path) -> None:
         load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", label_names="ab")
 
 
-def test_a_compressed_npz_too_large_to_load_whole_is_refused_before_reading(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_a_large_compressed_npz_is_unpacked_once_and_read_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A compressed array is loaded whole: over half the machine's memory it is refused with
-    the fix (save it uncompressed), over 1 GiB it is loaded with a warning; an uncompressed file
-    of the same size streams, so it passes."""
-    from stitch_nas.data import _arrays, load_npz_splits
+    """A compressed array over UNPACK_BYTES is unpacked to the cache folder once and read in
+    place from there: the same images as loading it whole, the user's file named in messages
+    and the fingerprint, the copy reused, and unpacked again where a process lacks it."""
+    import pickle
 
-    for compressed, folder in ((True, tmp_path / "zipped"), (False, tmp_path / "stored")):
-        folder.mkdir()
-        _write_npz(folder / "train.npz", 100, compressed=compressed)
-        _write_npz(folder / "test.npz", 80, seed=1, compressed=compressed)
-    monkeypatch.setattr(_arrays, "machine_memory_bytes", lambda: 2 * 100 * 8 * 8 * 3)
-    with pytest.raises(DataError, match=r"train.npz: array 'images' .* numpy.savez"):
-        load_npz_splits(_npz_splits(tmp_path / "zipped"), x_key="images", y_key="labels")
-    load_npz_splits(_npz_splits(tmp_path / "stored"), x_key="images", y_key="labels")
-    monkeypatch.setattr(_arrays, "machine_memory_bytes", lambda: 2**40)
-    monkeypatch.setattr(_arrays, "_WARN_WHOLE_BYTES", 1000)
-    with caplog.at_level("WARNING", logger="stitch_nas.data._arrays"):
-        load_npz_splits(_npz_splits(tmp_path / "zipped"), x_key="images", y_key="labels")
-    assert "is compressed, so it is loaded whole" in caplog.text
+    from stitch_nas.data import _npz_unpack, load_npz_splits
+    from stitch_nas.data._npz_files import NpzFileImages
+
+    _write_npz(tmp_path / "train.npz", 100)
+    _write_npz(tmp_path / "test.npz", 80, seed=1, layout="nchw")
+    whole = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", size=16)
+    monkeypatch.setenv("STITCH_NAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_npz_unpack, "UNPACK_BYTES", 1000)
+    monkeypatch.setattr("stitch_nas.data._arrays.UNPACK_BYTES", 1000)
+    data = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", size=16)
+    unpacked = sorted((tmp_path / "cache" / "npz").glob("*.npy"))
+    assert len(unpacked) == 2  # one per file; no temporary file left
+    assert not list((tmp_path / "cache" / "npz").glob(".*"))
+    for name, split in data.splits().items():
+        assert isinstance(split.x, NpzFileImages) and split.x.source.endswith(".npz")
+        assert torch.equal(split.read(), whole.splits()[name].read()), name
+    stamps = [p.stat().st_mtime_ns for p in unpacked]
+    again = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", size=16)
+    assert [p.stat().st_mtime_ns for p in unpacked] == stamps  # reused, not unpacked again
+    assert again.fingerprint() == data.fingerprint()
+    # a Ray worker on another node has no copy: it unpacks one on first use
+    sent = pickle.loads(pickle.dumps(data.val.x))
+    for path in unpacked:
+        path.unlink()
+    assert torch.equal(torch.cat(list(sent.batches(7))), whole.val.read())
+    # a rewritten source is a new file: new copy, new fingerprint
+    _write_npz(tmp_path / "test.npz", 80, seed=2, layout="nchw")
+    rewritten = load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels", size=16)
+    assert rewritten.fingerprint() != data.fingerprint()
+
+
+def test_unpacking_a_compressed_npz_without_room_fails_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too little disk: a one-line DataError with the fixes, before anything is written; a disk
+    that fills during the unpacking leaves no partial file."""
+    import collections
+
+    from stitch_nas.data import _npz_unpack, load_npz_splits
+
+    _write_npz(tmp_path / "train.npz", 100)
+    _write_npz(tmp_path / "test.npz", 80, seed=1)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("STITCH_NAS_CACHE", str(cache))
+    monkeypatch.setattr("stitch_nas.data._arrays.UNPACK_BYTES", 1000)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(_npz_unpack.shutil, "disk_usage", lambda _: usage(10**9, 10**9, 100))
+    with pytest.raises(DataError, match=r"train.npz:images .* STITCH_NAS_CACHE .* numpy.savez"):
+        load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels")
+    assert not list((cache / "npz").iterdir())
+    monkeypatch.setattr(_npz_unpack.shutil, "disk_usage", lambda _: usage(10**9, 0, 10**9))
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_npz_unpack, "_CHUNK", 100)
+    monkeypatch.setattr("tqdm.auto.tqdm.update", full)
+    with pytest.raises(DataError, match=r"No space left on device.* free space there"):
+        load_npz_splits(_npz_splits(tmp_path), x_key="images", y_key="labels")
+    assert not list((cache / "npz").iterdir())  # the temporary file is gone too
+
+
+def test_a_fortran_order_compressed_npz_is_refused_before_unpacking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stitch_nas.data import load_npz_splits
+
+    x = np.asfortranarray(np.zeros((100, 8, 8, 3), dtype=np.uint8))
+    np.savez_compressed(tmp_path / "f.npz", images=x, labels=np.arange(100) % 4)
+    splits = {k: {**v, "file": str(tmp_path / "f.npz")} for k, v in _npz_splits(tmp_path).items()}
+    monkeypatch.setenv("STITCH_NAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("stitch_nas.data._arrays.UNPACK_BYTES", 1000)
+    with pytest.raises(DataError, match=r"f.npz:images .*Fortran order.*ascontiguousarray"):
+        load_npz_splits(splits, x_key="images", y_key="labels")
+    assert not (tmp_path / "cache" / "npz").exists()
 
 
 def test_uncompressed_npz_is_read_in_place_as_loaded(tmp_path: Path) -> None:

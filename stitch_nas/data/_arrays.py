@@ -7,16 +7,15 @@ order (all of class 0, then class 1, ...) must be shuffled before a prefix is ta
 one file are disjoint runs of that one permutation.
 
 An image array stored uncompressed (``numpy.savez``) is read in place, a batch of rows
-at a time (:mod:`stitch_nas.data._npz_files`); a compressed one (``numpy.savez_compressed``) is
-loaded whole: square uint8 images stay uint8, others become one float32 tensor. A compressed
-array larger than half the machine's memory is refused before it is read (saved uncompressed
-it streams), and one over 1 GiB is loaded with a warning that says so.
+at a time (:mod:`stitch_nas.data._npz_files`). A compressed one (``numpy.savez_compressed``) up
+to 512 MiB uncompressed is loaded whole (square uint8 images stay uint8, others become one
+float32 tensor); a larger one is unpacked to disk once and read in place from there
+(:mod:`stitch_nas.data._npz_unpack`), so no file's size sets the memory a search needs.
 """
 
 from __future__ import annotations
 
 import logging
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,9 @@ import numpy as np
 import torch
 
 from stitch_nas.errors import DataError
-from stitch_nas.machine import machine_memory_bytes
 
-from ._npz_files import NpzFileImages, npz_array_place
+from ._npz_files import NpzFileImages, npy_header, npz_array_place
+from ._npz_unpack import UNPACK_BYTES, compressed_size, unpack_array
 from ._sources import ArrayImages, channels_first, is_channels_last, resize_images
 from ._splits import DataSplits, Split
 
@@ -69,20 +68,21 @@ def _images(x: np.ndarray, what: str, size: int | None) -> torch.Tensor | ArrayI
     return images if size is None else resize_images(images, size)
 
 
+#: where a file's images are read in place: (the file read, the compressed .npz it was
+#: unpacked from or None, (offset, dtype, shape))
+_Place = tuple[str, str | None, tuple[int, np.dtype, tuple[int, ...]]]
+
+
 def _in_place(
-    file: str,
-    key: str,
-    place: tuple[int, np.dtype, tuple[int, ...]],
-    rows: np.ndarray,
-    size: int | None,
+    file: str, key: str, place: _Place, rows: np.ndarray, size: int | None
 ) -> NpzFileImages:
     """One split's images read from the file in batches (layouts as :func:`_images`)."""
-    _, dtype, shape = place
+    read_from, unpacked_from, (_, dtype, shape) = place
     what = f"{file}:{key}"
     channels_last = is_channels_last(shape, what)
     if dtype != np.uint8 and not np.issubdtype(dtype, np.floating):
         raise DataError(f"{what} has dtype {dtype}; store uint8 or float images")
-    return NpzFileImages(file, key, place, rows, size, channels_last)
+    return NpzFileImages(read_from, key, place[2], rows, size, channels_last, unpacked_from)
 
 
 def _labels(y: np.ndarray, what: str) -> torch.Tensor:
@@ -168,37 +168,9 @@ def load_npz_splits(
     return DataSplits(parts["train"], parts["probe"], parts["val"], parts["test"], names, name)
 
 
-_WARN_WHOLE_BYTES = 2**30
-
-
-def _check_whole_fits(file: str, key: str) -> None:
-    """Refuse an array that cannot be read in place (compressed) and would take more than half
-    this machine's memory whole, before reading it; warn above 1 GiB."""
-    try:
-        with zipfile.ZipFile(file) as archive:
-            size = archive.getinfo(key + ".npy").file_size
-    except (zipfile.BadZipFile, KeyError):  # np.load reports what is wrong with the file
-        return
-    total = machine_memory_bytes()
-    if total and size > total // 2:
-        raise DataError(
-            f"{file}: array {key!r} is {size / 2**30:.1f} GiB uncompressed, more than half of "
-            f"this machine's {total / 2**30:.1f} GiB, and a compressed .npz is loaded whole; save "
-            "it with numpy.savez (uncompressed) to have it read batch by batch"
-        )
-    if size > _WARN_WHOLE_BYTES:
-        logger.warning(
-            "%s: array %r (%.1f GiB uncompressed) is compressed, so it is loaded whole; saved "
-            "with numpy.savez it would be read batch by batch",
-            file,
-            key,
-            size / 2**30,
-        )
-
-
 def _read(
     file: str, x_key: str, y_key: str, seed: int | None
-) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, Any]:
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, _Place | None]:
     """Images (None when read in place), labels, the seeded row order and where the images are."""
     try:
         with np.load(file, allow_pickle=False) as archive:
@@ -207,14 +179,28 @@ def _read(
                     f"{file} has arrays {', '.join(archive.files)}; it needs {x_key!r} and "
                     f"{y_key!r} (set data.x_key / data.y_key)"
                 )
-            place = npz_array_place(file, x_key)
-            if place is None:
-                _check_whole_fits(file, x_key)
+            place = _place(file, x_key)
             x, y = (None if place else archive[x_key]), archive[y_key]
+    except DataError:
+        raise
     except (OSError, ValueError) as exc:
         raise DataError(f"cannot read {file} ({exc}); pass an .npz file of arrays") from exc
-    images = place[2][0] if place else len(x)  # type: ignore[arg-type]
+    images = place[2][2][0] if place else len(x)  # type: ignore[arg-type]
     if images != len(y):
         raise DataError(f"{file} has {images} images but {len(y)} labels; match them")
     order = np.arange(len(y)) if seed is None else np.random.default_rng(seed).permutation(len(y))
     return x, y, order, place
+
+
+def _place(file: str, key: str) -> _Place | None:
+    """Where array ``key`` of ``file`` is read in place: the file itself if stored
+    uncompressed, an unpacked copy if compressed and over :data:`UNPACK_BYTES`; else None."""
+    place = npz_array_place(file, key)
+    if place is not None:
+        return file, None, place
+    if (compressed_size(file, key) or 0) <= UNPACK_BYTES:
+        return None
+    unpacked = unpack_array(file, key)
+    with open(unpacked, "rb") as stream:
+        dtype, shape, _ = npy_header(stream)  # type: ignore[misc]  # unpack_array checked it
+        return str(unpacked), file, (stream.tell(), dtype, shape)

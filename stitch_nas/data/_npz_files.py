@@ -5,7 +5,8 @@ bytes sit at a fixed offset of the ``.npz`` file and each image is a run of byte
 50,000 ImageNet images at 224x224 as uint8 are 7.5 GB (30 GB as float32), of which a batch at a
 time is read and converted. The rows are read with ``seek`` and ``readinto`` rather than a
 memory map, whose pages would count towards the process's resident memory once touched.
-``numpy.savez_compressed`` files cannot be read so; they are loaded whole, as before.
+``numpy.savez_compressed`` files cannot be read so: small arrays are loaded whole, large ones are
+unpacked to disk once and read in place from there (:mod:`._npz_unpack`).
 
 The fingerprint (the on-disk activation cache's key) covers the file's absolute path, size and
 modification time, the array's name, dtype and shape, the rows and the output size, not the
@@ -29,7 +30,7 @@ from stitch_nas.errors import DataError
 
 from ._sources import channels_first, resize_images
 
-__all__ = ["NpzFileImages", "npz_array_place"]
+__all__ = ["NpzFileImages", "npy_header", "npz_array_place"]
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra length
 _RANGE_CHUNK = 1024  # rows read at once when checking that float images are in [0, 1]
@@ -53,16 +54,23 @@ def npz_array_place(file: str, key: str) -> tuple[int, np.dtype, tuple[int, ...]
         if signature != b"PK\x03\x04":
             return None
         stream.seek(info.header_offset + 30 + name_length + extra_length)
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
-        else:
+        header = npy_header(stream)
+        if header is None or header[2] or header[0].hasobject:
             return None
-        if fortran or dtype.hasobject:
-            return None
-        return stream.tell(), dtype, tuple(shape)
+        return stream.tell(), header[0], header[1]
+
+
+def npy_header(stream: Any) -> tuple[np.dtype, tuple[int, ...], bool] | None:
+    """``(dtype, shape, fortran_order)`` from the ``.npy`` header at the stream's position,
+    leaving the stream at the first byte of data; None for a format version numpy may add."""
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        return None
+    return dtype, tuple(shape), bool(fortran)
 
 
 class NpzFileImages:
@@ -76,6 +84,9 @@ class NpzFileImages:
         rows: The rows of the array this split holds, sorted.
         size: Side the images are resized to; None keeps the stored size.
         channels_last: The array is ``(N, H, W, C)``; otherwise ``(N, C, H, W)`` or ``(N, H, W)``.
+        unpacked_from: The compressed ``.npz`` that ``file`` was unpacked from
+            (:mod:`._npz_unpack`): messages and the fingerprint name it, and a process that lacks
+            ``file`` (a Ray worker on another node) unpacks it again on first use.
 
     Raises:
         DataError: float images outside ``[0, 1]`` (checked now, a chunk of rows at a time).
@@ -89,8 +100,12 @@ class NpzFileImages:
         rows: np.ndarray,
         size: int | None,
         channels_last: bool,
+        unpacked_from: str | None = None,
     ) -> None:
         self.file, self.key = os.path.abspath(file), key
+        self.unpacked_from = os.path.abspath(unpacked_from) if unpacked_from else None
+        # what messages and the fingerprint name: the user's file, not our unpacked copy of it
+        self.source = self.unpacked_from or self.file
         self.offset, self.dtype, self.stored_shape = place
         self.rows, self.size, self.channels_last = (
             np.asarray(rows, dtype=np.int64),
@@ -98,7 +113,7 @@ class NpzFileImages:
             channels_last,
         )
         self._stream: io.BufferedReader | None = None
-        stat = os.stat(self.file)
+        stat = os.stat(self.source)
         self._stat = (stat.st_size, stat.st_mtime_ns)
         if np.issubdtype(self.dtype, np.floating):
             self._check_range()
@@ -123,19 +138,24 @@ class NpzFileImages:
     def _rows(self, rows: np.ndarray) -> np.ndarray:
         """The stored images ``rows`` as an array of the stored shape, read from the file."""
         if self._stream is None:  # opened on first use, also in a process this was sent to
+            if self.unpacked_from and not os.path.isfile(self.file):  # another node's cache
+                from ._npz_unpack import unpack_array
+
+                self.file = str(unpack_array(self.unpacked_from, self.key, progress=False))
             self._stream = open(self.file, "rb")  # noqa: SIM115 - kept open for every batch
         out = np.empty((len(rows), *self.stored_shape[1:]), dtype=self.dtype)
         size = out[:1].nbytes
         for i, row in enumerate(rows):
             self._stream.seek(self.offset + int(row) * size)
             if self._stream.readinto(memoryview(out[i]).cast("B")) != size:
+                fix = "delete it to unpack it again" if self.unpacked_from else "write it again"
                 raise DataError(f"{self.file} ends inside image {row} of {self.key!r}; the file "
-                                "is truncated: write it again")  # fmt: skip
+                                f"is truncated: {fix}")  # fmt: skip
         return out if out.dtype.isnative else out.astype(out.dtype.newbyteorder("="))
 
     def _read(self, rows: np.ndarray) -> torch.Tensor:
         """The stored images ``rows`` as a ``(n, C, H, W)`` tensor of the stored dtype."""
-        raw = channels_first(self._rows(rows), f"{self.file}:{self.key}")
+        raw = channels_first(self._rows(rows), f"{self.source}:{self.key}")
         return torch.from_numpy(np.ascontiguousarray(raw))
 
     def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
@@ -154,12 +174,12 @@ class NpzFileImages:
             low, high = min(low, float(chunk.min())), max(high, float(chunk.max()))
         if low < 0.0 or high > 1.0:
             raise DataError(
-                f"{self.file}:{self.key} holds floats in [{low:g}, {high:g}]; store uint8 or "
+                f"{self.source}:{self.key} holds floats in [{low:g}, {high:g}]; store uint8 or "
                 "floats in [0, 1] (each model normalises its input itself)"
             )
 
     def fingerprint(self) -> str:
-        described = (self.file, *self._stat, self.key, str(self.dtype), self.stored_shape)
+        described = (self.source, *self._stat, self.key, str(self.dtype), self.stored_shape)
         digest = hashlib.sha256(f"npz-map{described}:{self.size}".encode())
         digest.update(self.rows.tobytes())
         return digest.hexdigest()

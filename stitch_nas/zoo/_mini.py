@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -35,7 +34,7 @@ from torch import nn
 
 from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import DataError, UnknownModelError
-from stitch_nas.files import atomic_write, sha256_file
+from stitch_nas.files import atomic_write, default_cache_dir, sha256_file
 
 from ._checkpoints import load_into
 from ._entry import InputSpec, Zoo, ZooEntry
@@ -71,12 +70,6 @@ _COMMON = {"batch_size": 64, "weight_decay": 0.05, "seed": 0, "warmup_fraction":
 
 MINI_ZOO_NAMES: tuple[str, ...] = tuple(_RECIPES)
 """Names of the mini zoo models, in build order."""
-
-
-def default_cache_dir() -> Path:
-    """Return ``$STITCH_NAS_CACHE`` if set, else ``~/.cache/stitch_nas``."""
-    env = os.environ.get("STITCH_NAS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "stitch_nas"
 
 
 def _recipe_of(name: str) -> dict[str, Any]:
