@@ -213,7 +213,7 @@ def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
 
 
 BAD_FLAGS = [
-    (["--device", "gpu"], "--device 'gpu': use cpu, cuda, cuda:N or mps"),
+    (["--device", "gpu"], "--device 'gpu': use auto, cpu, cuda, cuda:N or mps"),
     (["--cka-threshold", "1.5"], "--cka-threshold '1.5' must be in [0, 1]"),
     (["--cka-threshold", "high"], "--cka-threshold 'high' is not a number"),
     (["--probe-threshold", "11"], "--probe-threshold '11' must be in [0, 10]"),
@@ -291,7 +291,22 @@ def test_a_taken_study_name_is_refused_before_the_zoo_is_built(capsys, tmp_path)
     bad = tmp_path / "device.yaml"
     bad.write_text("search: {device: gpu}\n")
     code, _, err = _run(capsys, "search", str(bad), "--out", str(tmp_path / "q"))
-    assert code == 2 and "search.device 'gpu': use cpu, cuda, cuda:N or mps" in err
+    assert code == 2 and "search.device 'gpu': use auto, cpu, cuda, cuda:N or mps" in err
+
+
+def test_device_auto_is_cuda_when_present_else_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from stitch_nas.cli import _pipeline
+    from stitch_nas.cli._flags import _DEVICE
+
+    assert _DEVICE.fullmatch("auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _pipeline._check_device("auto") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _pipeline._check_device("auto") == "cuda"
+    assert _pipeline._resolve_device("cuda:0") == "cuda:0"
 
 
 def test_report_and_export_read_a_study_kept_in_a_journal_file(

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["apply_run_flags", "trial_numbers"]
 
-_DEVICE = re.compile(r"(cpu|cuda(:\d+)?|mps)")
+_DEVICE = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
 
 
 def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
@@ -40,7 +40,7 @@ def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
         search.study_name = args.study_name
     if args.device is not None:
         if not _DEVICE.fullmatch(args.device):
-            raise ConfigError(f"--device {args.device!r}: use cpu, cuda, cuda:N or mps")
+            raise ConfigError(f"--device {args.device!r}: use auto, cpu, cuda, cuda:N or mps")
         search.device = args.device
     if args.cka_threshold is not None:
         search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)

@@ -147,7 +147,11 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
         action="store_true",
         help="continue or create the study while other drivers may run on it",
     )
-    parser.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or mps")
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="cpu (default), auto (CUDA when present), cuda, cuda:N or mps",
+    )
     parser.add_argument(
         "--cka-threshold",
         default=None,

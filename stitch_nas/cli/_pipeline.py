@@ -95,7 +95,7 @@ def run_settings(
         "join": join,
         "heartbeat_s": search.heartbeat_s,
     }
-    _check_device(search.device)
+    device = _check_device(search.device)
     before = entries(Path(out_dir))
     try:  # until the first trial, a failure leaves --out as it was (the rerun just works)
         if search.storage is not None or resume or join:  # check_run saw to a new one
@@ -105,7 +105,7 @@ def run_settings(
         zoo = load_zoo(settings.zoo, data, progress=progress)
         echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
         cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
-        ctx = StitchContext(zoo, data, device=search.device, cache=cache)
+        ctx = StitchContext(zoo, data, device=device, cache=cache)
         objective = StitchObjective(
             ctx,
             space=search.space,
@@ -176,13 +176,25 @@ def run_settings(
     return summary
 
 
-def _check_device(device: str) -> None:
-    """A device this machine has, checked before the zoo is built."""
+def _resolve_device(device: str) -> str:
+    """``auto`` as CUDA when this machine has it, else the CPU (MPS lacks the float64 that CKA
+    scores use); any other device as given."""
     import torch
 
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _check_device(device: str) -> str:
+    """The device to run on (see :func:`_resolve_device`), one this machine has, checked
+    before the zoo is built."""
+    import torch
+
+    device = _resolve_device(device)
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
-        raise ConfigError(f"search.device {device!r}: use cpu, cuda, cuda:N or mps")
+        raise ConfigError(f"search.device {device!r}: use auto, cpu, cuda, cuda:N or mps")
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (index and int(index) >= count):
@@ -192,6 +204,7 @@ def _check_device(device: str) -> None:
             )
     elif kind == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device 'mps' is not available here; use --device cpu")
+    return device
 
 
 def report_folder(
@@ -230,7 +243,7 @@ def _rebuild(study: Any, out_dir: Path, progress: bool) -> tuple[StitchContext, 
     settings = settings_from_dict(raw)
     data = load_data(settings.data)
     zoo = load_zoo(settings.zoo, data, progress=progress)
-    return StitchContext(zoo, data, device=settings.search.device), settings
+    return StitchContext(zoo, data, device=_resolve_device(settings.search.device)), settings
 
 
 def export_folder(

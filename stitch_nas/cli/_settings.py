@@ -70,7 +70,7 @@ class SearchSettings:
     fidelity: float = 0.15  #: share of val a config is scored on first (0: off)
     budgets: dict = field(default_factory=dict)
     fuse: bool = False
-    device: str = "cpu"
+    device: str = "cpu"  #: "auto": CUDA when this machine has it, else the CPU
     cache_memory_gb: float | None = None  #: None: 5 % of this machine's memory
     cache_dir: str | None = None
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
