@@ -64,7 +64,7 @@ def run_one(file: Path, mode: str, cache: Path) -> dict:
     loaded = time.perf_counter() - start
     start, seen = time.perf_counter(), 0
     for split in data.splits().values():
-        for batch in split.x.batches(64):
+        for batch in split.batches(64):
             seen += len(batch)
     read = time.perf_counter() - start
     disk = sum(p.stat().st_size for p in cache.rglob("*.npy")) if cache.exists() else 0
