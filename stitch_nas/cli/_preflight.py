@@ -62,9 +62,7 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
             f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}"
         )
     if not _DEVICE.fullmatch(search.device):
-        raise ConfigError(
-            f"search.device {search.device!r}: use auto, cpu, cuda, cuda:N or mps"
-        )
+        raise ConfigError(f"search.device {search.device!r}: use auto, cpu, cuda, cuda:N or mps")
     _at_least("trials", search.trials, 1)
     _at_least("workers", search.workers, 1)
     _at_least("heartbeat_s", search.heartbeat_s, 1)
