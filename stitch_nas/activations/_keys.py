@@ -95,7 +95,7 @@ def weights_fingerprint(module: nn.Module) -> str:
 #: with the validation activations of the cuts trials use, so below its budget the peak memory
 #: grows with the data; 5 % (1.18 GiB on a 24 GB machine) is about what the probe at every cut
 #: and ten trials' cuts take at the smallest CIFAR size of ``benchmarks/scale.py``, so the peak
-#: stays within +5 % from 1,250 to 5,000 images there, and within a quarter of the machine at
+#: stays within +9 % from 1,250 to 5,000 images there, and within a sixth of the machine at
 #: ImageNet size. Users with memory to spare raise ``memory_gb`` and recompute less
 DEFAULT_MEMORY_FRACTION = 0.05
 
