@@ -25,8 +25,8 @@ import torch
 
 from stitch_nas.errors import DataError
 
-from ._npz_files import NpzFileImages, npy_header, npz_array_place
-from ._npz_unpack import UNPACK_BYTES, compressed_size, unpack_array
+from ._npz_files import NpzFileImages, npz_array_place
+from ._npz_unpack import UNPACK_BYTES, compressed_size, npy_header, unpack_array
 from ._sources import ArrayImages, channels_first, is_channels_last, resize_images
 from ._splits import DataSplits, Split
 

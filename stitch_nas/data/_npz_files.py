@@ -28,9 +28,10 @@ import torch
 
 from stitch_nas.errors import DataError
 
+from ._npz_unpack import npy_header, unpack_array
 from ._sources import channels_first, resize_images
 
-__all__ = ["NpzFileImages", "npy_header", "npz_array_place"]
+__all__ = ["NpzFileImages", "npz_array_place"]
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra length
 # bytes read at once when checking that float images are in [0, 1]: 1,024 rows were 0.6 GB of
@@ -60,19 +61,6 @@ def npz_array_place(file: str, key: str) -> tuple[int, np.dtype, tuple[int, ...]
         if header is None or header[2] or header[0].hasobject:
             return None
         return stream.tell(), header[0], header[1]
-
-
-def npy_header(stream: Any) -> tuple[np.dtype, tuple[int, ...], bool] | None:
-    """``(dtype, shape, fortran_order)`` from the ``.npy`` header at the stream's position,
-    leaving the stream at the first byte of data; None for a format version numpy may add."""
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
-    else:
-        return None
-    return dtype, tuple(shape), bool(fortran)
 
 
 class NpzFileImages:
@@ -141,8 +129,6 @@ class NpzFileImages:
         """The stored images ``rows`` as an array of the stored shape, read from the file."""
         if self._stream is None:  # opened on first use, also in a process this was sent to
             if self.unpacked_from and not os.path.isfile(self.file):  # another node's cache
-                from ._npz_unpack import unpack_array
-
                 self.file = str(unpack_array(self.unpacked_from, self.key, progress=False))
             self._stream = open(self.file, "rb")  # noqa: SIM115 - kept open for every batch
         out = np.empty((len(rows), *self.stored_shape[1:]), dtype=self.dtype)

@@ -18,15 +18,15 @@ import os
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from stitch_nas.errors import DataError
 from stitch_nas.files import atomic_file, default_cache_dir
 
-from ._npz_files import npy_header
-
-__all__ = ["UNPACK_BYTES", "compressed_size", "unpack_array", "unpacked_path"]
+__all__ = ["UNPACK_BYTES", "compressed_size", "npy_header", "unpack_array", "unpacked_path"]
 
 #: uncompressed size above which a compressed image array is unpacked to disk instead of loaded:
 #: CIFAR-10's 50,000 training images (150 MB as uint8) stay in memory, ImageNet's validation
@@ -49,6 +49,19 @@ def unpacked_path(file: str, key: str) -> Path:
     described = (os.path.abspath(file), stat.st_size, stat.st_mtime_ns, key)
     digest = hashlib.sha256(f"npz-unpack{described}".encode()).hexdigest()[:32]
     return default_cache_dir() / "npz" / f"{digest}.npy"
+
+
+def npy_header(stream: Any) -> tuple[np.dtype, tuple[int, ...], bool] | None:
+    """``(dtype, shape, fortran_order)`` from the ``.npy`` header at the stream's position,
+    leaving the stream at the first byte of data; None for a format version numpy may add."""
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        return None
+    return dtype, tuple(shape), bool(fortran)
 
 
 def unpack_array(file: str, key: str, progress: bool = True) -> Path:
