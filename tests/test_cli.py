@@ -298,9 +298,9 @@ def test_device_auto_is_cuda_when_present_else_the_cpu(monkeypatch: pytest.Monke
     import torch
 
     from stitch_nas.cli import _pipeline
-    from stitch_nas.cli._flags import _DEVICE
+    from stitch_nas.cli._preflight import DEVICE_PATTERN
 
-    assert _DEVICE.fullmatch("auto")
+    assert DEVICE_PATTERN.fullmatch("auto")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _pipeline._check_device("auto") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from typing import TYPE_CHECKING
 
 from stitch_nas.errors import ConfigError
 
-from ._preflight import BUDGET_KEYS
+from ._preflight import BUDGET_KEYS, DEVICE_CHOICES, DEVICE_PATTERN
 
 if TYPE_CHECKING:
     from ._settings import SearchSettings
 
 __all__ = ["apply_run_flags", "trial_numbers"]
-
-_DEVICE = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
 
 
 def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
@@ -39,8 +36,8 @@ def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
             )
         search.study_name = args.study_name
     if args.device is not None:
-        if not _DEVICE.fullmatch(args.device):
-            raise ConfigError(f"--device {args.device!r}: use auto, cpu, cuda, cuda:N or mps")
+        if not DEVICE_PATTERN.fullmatch(args.device):
+            raise ConfigError(f"--device {args.device!r}: use {DEVICE_CHOICES}")
         search.device = args.device
     if args.cka_threshold is not None:
         search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)

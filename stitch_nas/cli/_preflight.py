@@ -49,7 +49,9 @@ RAY_MODES = ("auto", "driver", "workers")
 EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")  # stitch_nas.export.FORMATS
 logger = logging.getLogger(__name__)
 
-_DEVICE = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
+#: devices a run may name (``auto``: CUDA when present, else the CPU), for the YAML and the flag
+DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None:
@@ -61,8 +63,8 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         raise ConfigError(
             f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}"
         )
-    if not _DEVICE.fullmatch(search.device):
-        raise ConfigError(f"search.device {search.device!r}: use auto, cpu, cuda, cuda:N or mps")
+    if not DEVICE_PATTERN.fullmatch(search.device):
+        raise ConfigError(f"search.device {search.device!r}: use {DEVICE_CHOICES}")
     _at_least("trials", search.trials, 1)
     _at_least("workers", search.workers, 1)
     _at_least("heartbeat_s", search.heartbeat_s, 1)
