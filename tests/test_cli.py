@@ -195,7 +195,7 @@ def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
     argv = ["search", str(path), "--out", str(tmp_path / "o"), "--device", "cuda:1"]
     argv += ["--cka-threshold", "0.5", "--objectives", "accuracy,params,latency"]
     argv += ["--budget", "macs=2e6", "--budget", "params=1e5", "--study-name", "exp-1"]
-    argv += ["--join", "-q", "--fidelity", "0"]
+    argv += ["--join", "-q", "--fidelity", "0", "--autocast", "bfloat16"]
     code, out, _ = _run(capsys, *argv)
     assert code == 0 and "captured" in out
     search = captured["settings"].search
@@ -203,6 +203,7 @@ def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
     assert search.objectives == ["accuracy", "params", "latency"]
     assert search.budgets == {"macs": 2e6, "params": 1e5}
     assert search.study_name == "exp-1" and search.fidelity == 0.0
+    assert search.autocast == "bfloat16"
     assert captured["join"] is True and captured["resume"] is False
     assert captured["progress"] is False  # -q after the command
     code, _, _ = _run(capsys, "-q", "demo", "--out", str(tmp_path / "d"))  # -q before it
@@ -214,6 +215,7 @@ def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
 
 BAD_FLAGS = [
     (["--device", "gpu"], "--device 'gpu': use auto, cpu, cuda, cuda:N or mps"),
+    (["--autocast", "float16"], "--autocast 'float16': use bfloat16 or off"),
     (["--cka-threshold", "1.5"], "--cka-threshold '1.5' must be in [0, 1]"),
     (["--cka-threshold", "high"], "--cka-threshold 'high' is not a number"),
     (["--probe-threshold", "11"], "--probe-threshold '11' must be in [0, 10]"),
@@ -292,6 +294,29 @@ def test_a_taken_study_name_is_refused_before_the_zoo_is_built(capsys, tmp_path)
     bad.write_text("search: {device: gpu}\n")
     code, _, err = _run(capsys, "search", str(bad), "--out", str(tmp_path / "q"))
     assert code == 2 and "search.device 'gpu': use auto, cpu, cuda, cuda:N or mps" in err
+    bad.write_text("search: {autocast: float16}\n")
+    code, _, err = _run(capsys, "search", str(bad), "--out", str(tmp_path / "q"))
+    assert code == 2 and "search.autocast 'float16' is not supported; use bfloat16" in err
+    bad.write_text("search: {autocast: bfloat16, device: mps}\n")
+    code, _, err = _run(capsys, "search", str(bad), "--out", str(tmp_path / "q"))
+    assert code == 2 and "search.autocast 'bfloat16' is not supported on mps" in err
+
+
+def test_autocast_reaches_the_search_context(monkeypatch, capsys, tmp_path, mini_zoo_dir):
+    from stitch_nas.cli import _pipeline
+    from stitch_nas.errors import ConfigError
+
+    seen: dict = {}
+
+    def context(*args, **kwargs):  # stops the run once the context's settings are known
+        seen.update(kwargs)
+        raise ConfigError("stop")
+
+    monkeypatch.setattr(_pipeline, "StitchContext", context)
+    argv = ["--autocast", "bfloat16", "--cache-dir", str(mini_zoo_dir), "--no-progress"]
+    code, _, err = _run(capsys, "demo", "--out", str(tmp_path / "d"), *argv)
+    assert code == 2 and "stop" in err
+    assert seen["autocast"] == "bfloat16"
 
 
 def test_device_auto_is_cuda_when_present_else_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -337,6 +337,7 @@ def test_the_corrected_command_runs_into_the_same_out(tmp_path, capsys, mini_zoo
 
 
 def test_the_torch_free_copies_agree_with_the_library():
+    from stitch_nas.activations import AUTOCAST_DTYPES
     from stitch_nas.cli import _preflight
     from stitch_nas.export import FORMATS
     from stitch_nas.search import EXECUTORS, RAY_MODES, SAMPLERS
@@ -347,6 +348,7 @@ def test_the_torch_free_copies_agree_with_the_library():
     assert _preflight.EXECUTORS == EXECUTORS
     assert _preflight.RAY_MODES == RAY_MODES
     assert _preflight.BUDGET_KEYS == BUDGET_KEYS
+    assert _preflight.AUTOCAST_DTYPES == tuple(AUTOCAST_DTYPES)
 
 
 def test_the_plugin_catalogue_is_what_the_builtin_plugins_register():

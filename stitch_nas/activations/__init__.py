@@ -2,7 +2,7 @@
 :class:`StitchContext` that computes, memoises and shares them across trials.
 """
 
-from ._batch import MAX_BATCH, WORK_BATCH_BYTES, auto_batch_size
+from ._batch import GPU_MAX_BATCH, LIVE_ACTIVATIONS, MAX_BATCH, WORK_BATCH_BYTES, auto_batch_size
 from ._cache import (
     DEFAULT_MEMORY_FRACTION,
     STORAGE_DTYPES,
@@ -15,10 +15,14 @@ from ._context import (
     StitchContext,
     zoo_models,
 )
+from ._device import AUTOCAST_DTYPES
 from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
 
 __all__ = [
+    "AUTOCAST_DTYPES",
     "DEFAULT_MEMORY_FRACTION",
+    "GPU_MAX_BATCH",
+    "LIVE_ACTIVATIONS",
     "MAX_BATCH",
     "STORAGE_DTYPES",
     "WORK_BATCH_BYTES",

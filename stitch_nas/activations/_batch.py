@@ -4,6 +4,12 @@ The cache's budget bounds what is kept; a forward pass also holds a few tensors 
 a time beside it. At 32x32 a batch of 256 is a few MB; at 224x224 one batch of a ResNet-50
 layer-1 activation is 822 MB in float32, and with the tensors around it a pass took about 4 GB.
 So the default batch shrinks with the zoo's largest activation.
+
+On a GPU the batch is the largest that fits the GPU: its free memory (less the cache's budget,
+whose buffers live on the same device) shared by ``LIVE_ACTIVATIONS`` copies of one batch of the
+largest activation, up to ``GPU_MAX_BATCH`` and to what one batch of the cache may hold. It is
+chosen once, from the free memory when the first pass starts, and never retried after an
+out-of-memory error: a GPU shared with other work should be given ``batch_size``.
 """
 
 from __future__ import annotations
@@ -12,10 +18,12 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from ._context import StitchContext
 
-__all__ = ["MAX_BATCH", "WORK_BATCH_BYTES", "auto_batch_size"]
+__all__ = ["GPU_MAX_BATCH", "LIVE_ACTIVATIONS", "MAX_BATCH", "WORK_BATCH_BYTES", "auto_batch_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +31,24 @@ MAX_BATCH = 256  #: the default batch size where images are small
 #: the float32 bytes one batch of the zoo's largest activation may take by default; a forward
 #: pass holds a few such tensors at once, beside the cache's budget
 WORK_BATCH_BYTES = 128 * 2**20
+#: the largest default batch on a GPU (beyond it a pass gains little and the host's copy of a
+#: batch of images grows: 0.6 GB at 224x224 in float32)
+GPU_MAX_BATCH = 1024
+#: batches of the largest activation a forward pass holds at once on a GPU, with room to spare:
+#: its input, its output, a residual branch, and the kernels' workspace
+LIVE_ACTIVATIONS = 4
 
 
 def auto_batch_size(ctx: StitchContext) -> int:
     """``MAX_BATCH``, or fewer (at least 1) so that one batch of the largest activation of any
     zoo model, at a cut or at its input, stays within ``WORK_BATCH_BYTES`` in float32."""
-    largest = 1
+    largest = largest_cut = 1
     for name in ctx.zoo.names():
-        sizes = [math.prod(ctx.input_shape(name)), *(math.prod(c.shape) for c in ctx.cuts(name))]
-        largest = max(largest, *sizes)
+        cuts = [math.prod(c.shape) for c in ctx.cuts(name)]
+        largest = max(largest, math.prod(ctx.input_shape(name)), *cuts)
+        largest_cut = max([largest_cut, *cuts])
+    if ctx.device.type == "cuda":
+        return _gpu_batch_size(ctx, largest, largest_cut)
     batch = max(1, min(MAX_BATCH, WORK_BATCH_BYTES // (4 * largest)))
     if batch < MAX_BATCH:
         logger.info(
@@ -39,4 +56,25 @@ def auto_batch_size(ctx: StitchContext) -> int:
             batch,
             WORK_BATCH_BYTES // 2**20,
         )
+    return batch
+
+
+def _gpu_batch_size(ctx: StitchContext, largest: int, largest_cut: int) -> int:
+    """The largest batch whose ``LIVE_ACTIVATIONS`` float32 copies of the zoo's largest
+    activation fit the GPU's free memory beside the cache (see the module's docstring)."""
+    free, _ = torch.cuda.mem_get_info(ctx.device)
+    budget = ctx.cache.budget_bytes
+    room = max(0, free - budget)
+    batch = min(GPU_MAX_BATCH, room // (LIVE_ACTIVATIONS * 4 * largest))
+    if budget > 0:  # the cache stores one batch of a cut at a time (check_budget)
+        element = torch.empty(0, dtype=ctx.cache.dtype).element_size()
+        batch = min(batch, budget // (element * largest_cut))
+    batch = max(1, batch)
+    logger.info(
+        "batch size %d on %s: %.1f GiB free beside the cache's %.1f GiB",
+        batch,
+        ctx.device,
+        room / 2**30,
+        budget / 2**30,
+    )
     return batch

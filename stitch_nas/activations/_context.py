@@ -25,6 +25,7 @@ from stitch_nas.zoo import Zoo, ZooEntry
 from . import _stream
 from ._batch import auto_batch_size
 from ._cache import ActivationCache, ActivationKey, weights_fingerprint
+from ._device import check_autocast, frozen_pass, to_device
 
 __all__ = ["StitchContext", "zoo_models"]
 
@@ -61,6 +62,9 @@ class StitchContext:
             changed in place, as ``.to(device)`` already does.
         pieces: build fragments from per-model pieces traced once (False: trace each fragment
             as one graph, cheaper when nothing is reused, as in a one-off evaluation).
+        autocast: ``"bfloat16"``: run every pass over frozen weights (activations, training
+            inputs, measurement) under autocast to bfloat16, on the CPU or a GPU; None (the
+            default): float32. Part of every activation's key. See :mod:`._device`.
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class StitchContext:
         fill: str = "model",
         channels_last: bool = True,
         pieces: bool = True,
+        autocast: str | None = None,
     ) -> None:
         if fill not in ("model", "cut"):
             raise ConfigError(f"fill must be 'model' or 'cut', got {fill!r}")
@@ -84,6 +89,7 @@ class StitchContext:
         self.pieces = pieces
         self.zoo, self.data = zoo, data
         self.device = torch.device(device)
+        self.autocast = check_autocast(autocast, self.device)
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise ConfigError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
         self._batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
@@ -162,7 +168,7 @@ class StitchContext:
         return self.split(split).y
 
     def _preprocess(self, model: str, x: torch.Tensor) -> torch.Tensor:
-        x = self.entry(model).input_spec.preprocess(x.to(self.device))
+        x = self.entry(model).input_spec.preprocess(to_device(x, self.device))
         if model in self._channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
@@ -197,14 +203,19 @@ class StitchContext:
         for i in range(0, x.shape[0], self.batch_size):
             yield x[i : i + self.batch_size]
 
+    def frozen(self) -> Any:
+        """The context of a pass that trains nothing: no autograd, and this context's autocast
+        (``with ctx.frozen(): out = fragment(x)``); outputs may be bfloat16 under autocast."""
+        return frozen_pass(self.device, self.autocast)
+
     def run(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """``module`` over ``x`` in batches, without autograd.
+        """``module`` over ``x`` in batches, as a frozen pass (:meth:`frozen`), in float32.
 
         ``no_grad`` rather than ``inference_mode``: cached outputs may later feed adapter
         training, which inference tensors cannot.
         """
-        with torch.no_grad():
-            return torch.cat([module(b) for b in self.batches(x)])
+        with self.frozen():
+            return torch.cat([module(b).float() for b in self.batches(x)])
 
     def activation_key(self, model: str, cut: str | None, split: str) -> ActivationKey:
         if model not in self._fingerprints:
@@ -219,13 +230,15 @@ class StitchContext:
             data=self._fingerprints["data"],
             preprocess=repr(self.entry(model).input_spec),
             dtype=self.cache.dtype_name,
+            autocast=self.autocast,
         )
 
     def for_compute(self, model: str, batch: torch.Tensor) -> torch.Tensor:
         """A stored batch as float32 on the device (channels-last for such models' grids)."""
         # always a copy: the consumer may open with an in-place op (ReLU(inplace=True) after a
-        # norm cut), which must not overwrite the cached tensor
-        out = batch.to(self.device, torch.float32, copy=True)
+        # norm cut), which must not overwrite the cached tensor (a move to the device is one)
+        moved = to_device(batch, self.device)
+        out = moved.to(torch.float32, copy=moved is batch)
         if model in self._channels_last and out.dim() == 4:
             out = out.contiguous(memory_format=torch.channels_last)
         return out

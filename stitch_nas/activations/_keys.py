@@ -27,8 +27,8 @@ __all__ = [
 
 # bump when the digest recipe, the file layout or how activations are computed changes, to
 # orphan old files (2: activations at a cut followed by an in-place op were overwritten;
-# 3: the storage dtype joined the key)
-FORMAT = 3
+# 3: the storage dtype joined the key; 4: the autocast dtype joined it)
+FORMAT = 4
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class ActivationKey:
         data: Fingerprint of the data set.
         preprocess: ``repr`` of the input spec (resize, normalisation...).
         dtype: Storage dtype of the cached values (``"float16"`` rounds them).
+        autocast: The dtype the forward pass ran in under autocast (None: float32).
     """
 
     model: str
@@ -52,6 +53,7 @@ class ActivationKey:
     data: str
     preprocess: str
     dtype: str = "float32"
+    autocast: str | None = None
 
     def digest(self) -> str:
         """Return the first 32 hex characters of the sha256 of a canonical form of the key."""

@@ -78,7 +78,7 @@ class ActivationRows:
             self._prefix = ctx.segment(self.model, None, self.cut)
         out = []
         for x in ctx.input_rows(self.model, self.split, index):
-            with torch.no_grad():
+            with ctx.frozen():
                 y = self._prefix(x)
             out.append(ctx.for_compute(self.model, y.to(ctx.cache.dtype)))
         return torch.cat(out)
@@ -99,14 +99,16 @@ class InputRows:
 
 
 class ChainRows:
-    """Rows of ``source`` run through the frozen ``module`` (a network built so far)."""
+    """Rows of ``source`` run through the frozen ``module`` (a network built so far), as a
+    frozen pass of ``ctx`` (its autocast, if any) when given, else in float32."""
 
-    def __init__(self, source: Rows, module: nn.Module) -> None:
-        self.source, self.module = source, module
+    def __init__(self, source: Rows, module: nn.Module, ctx: StitchContext | None = None) -> None:
+        self.source, self.module, self.ctx = source, module, ctx
 
     def __len__(self) -> int:
         return len(self.source)
 
     def take(self, index: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self.module(self.source.take(index))
+        rows = self.source.take(index)
+        with torch.no_grad() if self.ctx is None else self.ctx.frozen():
+            return self.module(rows).float()

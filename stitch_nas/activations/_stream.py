@@ -188,7 +188,7 @@ def compute_batches(
     n, done, sink = len(ctx.split(split)), 0, None
     try:
         for x in source:
-            with torch.no_grad():  # x is a copy (for_compute, input_batches): in-place is safe
+            with ctx.frozen():  # x is a copy (for_compute, input_batches): in-place is safe
                 out = piece(x)
             check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
             rounded = out.to(ctx.cache.dtype)
@@ -220,7 +220,7 @@ def fill_every_cut(ctx: StitchContext, model: str, split: str) -> None:
     ctx.cache.count_miss()
     try:
         for x in ctx.input_batches(model, split):
-            with torch.no_grad():
+            with ctx.frozen():
                 for i, piece in enumerate(pieces[: last + 1]):
                     x = piece(x)
                     what = f"activations of {model!r} at {keys[i].cut or 'output'!r} on {split}"
@@ -230,8 +230,9 @@ def fill_every_cut(ctx: StitchContext, model: str, split: str) -> None:
                         if sinks[i] is None:
                             sinks[i] = _Sink(ctx, keys[i], n, rounded)
                         sinks[i].write(done, rounded)  # type: ignore[union-attr]
-                    # the next piece may open with an in-place op: hand it a copy
-                    x = x.clone()
+                    # the next piece may open with an in-place op: hand it a copy, in float32
+                    # as a pass that starts from this cut's cached value is handed (autocast)
+                    x = x.to(torch.float32, copy=True)
             done += len(x)
     finally:
         for sink in sinks:

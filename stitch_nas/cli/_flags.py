@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from stitch_nas.errors import ConfigError
 
-from ._preflight import BUDGET_KEYS, DEVICE_CHOICES, DEVICE_PATTERN
+from ._preflight import AUTOCAST_DTYPES, BUDGET_KEYS, DEVICE_CHOICES, DEVICE_PATTERN
 
 if TYPE_CHECKING:
     from ._settings import SearchSettings
@@ -39,6 +39,12 @@ def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
         if not DEVICE_PATTERN.fullmatch(args.device):
             raise ConfigError(f"--device {args.device!r}: use {DEVICE_CHOICES}")
         search.device = args.device
+    if args.autocast is not None:
+        if args.autocast not in (*AUTOCAST_DTYPES, "off"):
+            raise ConfigError(
+                f"--autocast {args.autocast!r}: use {', '.join(AUTOCAST_DTYPES)} or off"
+            )
+        search.autocast = None if args.autocast == "off" else args.autocast
     if args.cka_threshold is not None:
         search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)
     if args.probe_threshold is not None:

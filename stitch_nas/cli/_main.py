@@ -153,6 +153,12 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
         help="cpu (default), auto (CUDA when present), cuda, cuda:N or mps",
     )
     parser.add_argument(
+        "--autocast",
+        default=None,
+        help="bfloat16: run passes that train nothing under autocast, faster on a GPU and a few "
+        "near-tie predictions apart (see the README); off (default): float32",
+    )
+    parser.add_argument(
         "--cka-threshold",
         default=None,
         help="prune stitches with CKA below this, in [0, 1] (default 0: off)",

@@ -105,7 +105,9 @@ def run_settings(
         zoo = load_zoo(settings.zoo, data, progress=progress)
         echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
         cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
-        ctx = StitchContext(zoo, data, device=device, cache=cache)
+        ctx = StitchContext(zoo, data, device=device, cache=cache, autocast=search.autocast)
+        if ctx.autocast is not None:  # every accuracy below is measured this way
+            echo(f"autocast {ctx.autocast}: passes that train nothing run in {ctx.autocast}")
         objective = StitchObjective(
             ctx,
             space=search.space,
@@ -243,7 +245,9 @@ def _rebuild(study: Any, out_dir: Path, progress: bool) -> tuple[StitchContext, 
     settings = settings_from_dict(raw)
     data = load_data(settings.data)
     zoo = load_zoo(settings.zoo, data, progress=progress)
-    return StitchContext(zoo, data, device=_resolve_device(settings.search.device)), settings
+    search = settings.search
+    device = _resolve_device(search.device)
+    return StitchContext(zoo, data, device=device, autocast=search.autocast), settings
 
 
 def export_folder(

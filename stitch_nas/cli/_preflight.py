@@ -49,9 +49,26 @@ RAY_MODES = ("auto", "driver", "workers")
 EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")  # stitch_nas.export.FORMATS
 logger = logging.getLogger(__name__)
 
+#: stitch_nas.activations.AUTOCAST_DTYPES, repeated to stay torch-free
+AUTOCAST_DTYPES = ("bfloat16",)
+
 #: devices a run may name (``auto``: CUDA when present, else the CPU), for the YAML and the flag
 DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def check_autocast_setting(autocast: str | None, device: str) -> None:
+    """``search.autocast`` (None: off) is a dtype frozen passes can run in on ``device``."""
+    if autocast is not None and autocast not in AUTOCAST_DTYPES:
+        raise ConfigError(
+            f"search.autocast {autocast!r} is not supported; use {' or '.join(AUTOCAST_DTYPES)}, "
+            "or leave it unset for float32"
+        )
+    if autocast is not None and device == "mps":
+        raise ConfigError(
+            f"search.autocast {autocast!r} is not supported on mps; use cpu or cuda, or leave "
+            "autocast unset"
+        )
 
 
 def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None:
@@ -65,6 +82,7 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         )
     if not DEVICE_PATTERN.fullmatch(search.device):
         raise ConfigError(f"search.device {search.device!r}: use {DEVICE_CHOICES}")
+    check_autocast_setting(search.autocast, search.device)
     _at_least("trials", search.trials, 1)
     _at_least("workers", search.workers, 1)
     _at_least("heartbeat_s", search.heartbeat_s, 1)

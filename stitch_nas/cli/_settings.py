@@ -71,6 +71,8 @@ class SearchSettings:
     budgets: dict = field(default_factory=dict)
     fuse: bool = False
     device: str = "cpu"  #: "auto": CUDA when this machine has it, else the CPU
+    #: "bfloat16": passes that train nothing run under autocast (faster on a GPU); None: float32
+    autocast: str | None = None
     cache_memory_gb: float | None = None  #: None: 5 % of this machine's memory
     cache_dir: str | None = None
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models

@@ -144,6 +144,7 @@ def context_options(ctx: StitchContext) -> dict[str, Any]:
         "cost_tables": ctx.cost_tables,
         "fill": ctx.fill,
         "pieces": ctx.pieces,
+        "autocast": ctx.autocast,
         # channels-last is a per-model choice the worker makes again by the same rule
         "channels_last": bool(ctx.channels_last_models),
     }

@@ -141,7 +141,7 @@ def _chain_rows(
             rest = parts[1:]
         else:
             source, rest = InputRows(ctx, first.model, split), parts
-        return ChainRows(source, nn.Sequential(*rest)) if rest else source
+        return ChainRows(source, nn.Sequential(*rest), ctx) if rest else source
 
     return rows
 

@@ -183,8 +183,9 @@ def output_batches(
         else:
             source = ctx.input_rows(first.model, split, index)
     for batch in source:
-        with torch.no_grad():
-            yield rest(batch)
+        with ctx.frozen():  # not around the yield: the caller's code must not run under it
+            out = rest(batch)
+        yield out.float()
 
 
 def net_outputs(ctx: StitchContext, net: StitchedNet, split: str) -> torch.Tensor:
@@ -205,7 +206,7 @@ def count_correct(
     correct = seen = 0
     for outputs in output_batches(ctx, net, split, index):
         if head is not None:
-            with torch.no_grad():
+            with ctx.frozen():
                 outputs = head(outputs)
         wanted = labels[seen : seen + len(outputs)]
         correct += int((outputs.argmax(1).cpu() == wanted).sum())

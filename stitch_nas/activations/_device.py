@@ -1,0 +1,68 @@
+"""Speed on the device: passes over frozen weights under bfloat16 autocast, and copies from the
+host to a GPU through pinned memory that do not block.
+
+Autocast (``StitchContext(autocast="bfloat16")``, ``search.autocast``) runs the convolutions and
+matrix products of every pass that trains nothing in bfloat16: the zoo models' activations, the
+rows that feed adapter training, and a network's measurement (its fitted stitches and head
+included, since nothing trains there either). Least-squares fits, head fits and adapter training
+stay float32, and every activation handed on is float32. bfloat16 keeps float32's range, so nothing overflows,
+but it rounds to 8 bits of mantissa: a few near-tie predictions flip. How many, on the real zoo,
+is measured by ``benchmarks/autocast.py`` and quoted in the README. Off by default: a CPU
+without bfloat16 instructions runs it slower than float32, and results should not change
+because a machine has a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from stitch_nas.errors import ConfigError
+
+__all__ = ["AUTOCAST_DTYPES", "check_autocast", "frozen_pass", "to_device"]
+
+#: the dtypes frozen passes may run in (float16 could overflow activations no loss scale guards)
+AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16}
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def check_autocast(name: str | None, device: torch.device) -> str | None:
+    """``name`` (None: off) if frozen passes on ``device`` can run in it; else ConfigError."""
+    if name is None:
+        return None
+    if name not in AUTOCAST_DTYPES:
+        raise ConfigError(
+            f"autocast {name!r} is not supported; use {' or '.join(AUTOCAST_DTYPES)}, "
+            "or leave it unset for float32"
+        )
+    if device.type not in _AUTOCAST_DEVICES:
+        raise ConfigError(
+            f"autocast {name!r} is not supported on device {str(device)!r}; "
+            f"use it on {' or '.join(_AUTOCAST_DEVICES)}, or leave it unset"
+        )
+    return name
+
+
+@contextlib.contextmanager
+def frozen_pass(device: torch.device, autocast: str | None) -> Iterator[None]:
+    """No autograd, and autocast to ``autocast`` (None: float32) on ``device``'s type."""
+    with torch.no_grad():
+        if autocast is None:
+            yield
+        else:
+            with torch.autocast(device.type, dtype=AUTOCAST_DTYPES[autocast]):
+                yield
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device``: from the host to a GPU through pinned memory, without blocking.
+
+    The host goes on (reading and preparing the next batch) while the copy runs; kernels that
+    use the copy queue behind it on the same stream, and the pinned buffer is released only
+    once the copy is done (PyTorch's caching host allocator records the stream).
+    """
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
