@@ -4,12 +4,12 @@ host to a GPU through pinned memory that do not block.
 Autocast (``StitchContext(autocast="bfloat16")``, ``search.autocast``) runs the convolutions and
 matrix products of every pass that trains nothing in bfloat16: the zoo models' activations, the
 rows that feed adapter training, and a network's measurement (its fitted stitches and head
-included, since nothing trains there either). Least-squares fits, head fits and adapter training
-stay float32, and every activation handed on is float32. bfloat16 keeps float32's range, so nothing overflows,
-but it rounds to 8 bits of mantissa: a few near-tie predictions flip. How many, on the real zoo,
-is measured by ``benchmarks/autocast.py`` and quoted in the README. Off by default: a CPU
-without bfloat16 instructions runs it slower than float32, and results should not change
-because a machine has a GPU.
+included, since nothing trains there either). Least-squares fits, head fits and adapter
+training stay float32, and every activation handed on is float32. bfloat16 keeps float32's
+range, so nothing overflows, but it rounds to 8 bits of mantissa: a few near-tie predictions
+flip. How many, on the real zoo, is measured by ``benchmarks/autocast.py`` and quoted in the
+README. Off by default: a CPU without bfloat16 instructions runs it slower than float32, and
+results should not change because a machine has a GPU.
 """
 
 from __future__ import annotations
