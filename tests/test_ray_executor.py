@@ -182,6 +182,19 @@ def test_a_worker_that_dies_in_workers_mode_fails_only_its_trial(ray_session, ct
     assert len(workers) >= 2 and all(t.user_attrs[RAY_NODE] == node for t in study.trials)
 
 
+def test_tickets_let_a_search_start_no_more_trials_than_its_total():
+    from stitch_nas.search._ray_study_workers import _Tickets
+
+    tickets = _Tickets(2)
+    assert tickets.take("a") and tickets.take("b")
+    assert not tickets.take("a")  # two workers reading the study at once cannot both pass
+    tickets.give_back("a")  # a repeat or a failure does not count
+    assert tickets.take("b") and not tickets.take("a")
+    tickets.spend("b")
+    tickets.release("b")  # b died holding one ticket: it is free again, the spent one is not
+    assert tickets.take("a") and not tickets.take("a")
+
+
 def test_in_workers_mode_too_many_failed_trials_stop_the_search(ray_session, tmp_path):
     ctx = tiny_context()  # every trial fails: its SN-Net cannot train at this learning rate
     options = {"joint": {"steps": 5, "lr": 1e30}}

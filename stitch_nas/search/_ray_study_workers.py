@@ -16,8 +16,11 @@ only starts the workers, shows progress and handles a worker that dies.
   (a seeded search on several workers is not reproducible in either mode). TPE's constant liar
   sees the other workers' running trials in the study.
 - **The total.** A worker starts a trial only while finished plus running trials of this search
-  stay below the requested total, so the study reaches it without running over, except by a
-  trial or so when workers ask at nearly the same instant.
+  stay below the requested total, and only with a ticket from one counter the driver holds
+  (:class:`_Tickets`): reading the study and then asking it for a trial are two steps, so two
+  workers reading at nearly the same instant could otherwise both start the last trial. So a
+  search reaches its total without running over (drivers joining one study each count their
+  own tickets).
 - **Failures.** Each trial records its worker (``ray_worker``, ``<run>-<slot>-<start>``) and its
   node (``ray_node``). A worker that dies has its running trial marked FAIL by the driver at
   once, on any storage, and is replaced; a worker that sees ``max_failures_in_a_row`` of its
@@ -29,6 +32,7 @@ only starts the workers, shows progress and handles a worker that dies.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -41,6 +45,7 @@ import optuna
 from stitch_nas import attrs
 from stitch_nas.errors import StitchNASError
 
+from ._ray_shared import import_ray
 from ._ray_workers import TrialWorker, _first_line, _Pool
 from ._runner import StitchObjective
 from ._storage import fail_running, open_storage, remember_storage
@@ -87,16 +92,21 @@ class StudyWorker(TrialWorker):
         # other workers' configs are read at most once a second; its own are known at once
         self.objective.seen_max_age_s = _READ_EVERY_S
         self.tally = _Tally(self.study, worker_id.split("-", 1)[0] + "-")
+        self.worker_id = worker_id
         self.study.get_trials(deepcopy=False)  # the first read, its SQL compiled, before the clock
 
-    def drive(self, n_trials: int, max_failures_in_a_row: int) -> dict[str, Any]:
-        """Run trials of the opened study until it holds ``n_trials`` finished networks;
-        whether the space ran out of new configs (``{"exhausted": bool}``)."""
-        study, stitch, tally = self.study, self.objective, self.tally
+    def drive(self, n_trials: int, max_failures_in_a_row: int, tickets: Any) -> dict[str, Any]:
+        """Run trials of the opened study until it holds ``n_trials`` finished networks, each
+        started with a ticket from ``tickets`` (a :class:`_Tickets` actor); whether the space
+        ran out of new configs (``{"exhausted": bool}``)."""
+        study, stitch, tally, me = self.study, self.objective, self.tally, self.worker_id
+        get = import_ray().get
         failed_in_a_row = 0
 
         def stop_on_failures(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
             nonlocal failed_in_a_row
+            counted = trial.state != _TrialState.FAIL and not is_repeat(trial)
+            get((tickets.spend if counted else tickets.give_back).remote(me))
             if trial.state != _TrialState.FAIL:
                 failed_in_a_row = failed_in_a_row if is_repeat(trial) else 0
                 return
@@ -113,12 +123,41 @@ class StudyWorker(TrialWorker):
             finished, running = tally.read(n_trials)
             if finished >= n_trials:
                 break
-            if finished + running >= n_trials:  # the trials in flight may finish the search
+            # the trials in flight may finish the search (or give a ticket back)
+            if finished + running >= n_trials or not get(tickets.take.remote(me)):
                 time.sleep(_WAIT_S)
                 continue
             study.optimize(stitch, n_trials=1, callbacks=[stop_on_failures], catch=())
             tally.own += 1
         return {"exhausted": stitch.exhausted()}
+
+
+class _Tickets:
+    """The trials a search may still start, one ticket each, handed out by one Ray actor.
+
+    A trial that does not count (a repeat, a failure) gives its ticket back; a counted one
+    spends it; the driver releases the tickets of a worker that died holding them.
+    """
+
+    def __init__(self, left: int) -> None:
+        self.left, self.held = left, collections.Counter[str]()
+
+    def take(self, worker: str) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        self.held[worker] += 1
+        return True
+
+    def spend(self, worker: str) -> None:
+        self.held[worker] -= 1
+
+    def give_back(self, worker: str) -> None:
+        self.held[worker] -= 1
+        self.left += 1
+
+    def release(self, worker: str) -> None:
+        self.left += self.held.pop(worker, 0)
 
 
 class _Tally:
@@ -234,10 +273,11 @@ class StudyWorkerRun:
         in_flight: dict[Any, int] = {}  # ObjectRef of a drive() -> its slot
 
         def start(slot: int) -> None:
-            in_flight[self.pool.actors[slot].drive.remote(n_trials, limit)] = slot
+            in_flight[self.pool.actors[slot].drive.remote(n_trials, limit, tickets)] = slot
 
         exhausted, died = False, 0
         done = completed_count(study)
+        tickets = ray.remote(num_cpus=0)(_Tickets).remote(max(0, n_trials - done))
         bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
         try:
             for slot in range(len(self.pool.actors)):
@@ -264,6 +304,7 @@ class StudyWorkerRun:
                                 f"{died} Ray workers died in this search (latest: "
                                 f"{_first_line(exc)}); see the Ray logs for the cause"
                             ) from exc
+                        tickets.release.remote(self._ids[slot])  # before _open renames it
                         self.pool.replace(slot)
                         if completed_count(study) < n_trials:
                             self._open(slot)  # the actor runs it before the drive() below
