@@ -4,7 +4,9 @@ Traft & Cheney's protocol: cut model A at a shallow cut i, cut model B at a deep
 relative depth; in the same model, at least ``min_gap`` cut points later), drop what lies
 between, and join the two with an adapter. The adapter kind, spatial rescaling, training loss
 and what trains are search choices (see :class:`AdapterChoices`); only combinations that can
-join the sampled cuts are offered.
+join the sampled cuts are offered. Cut parameters are named by route (and source cut) by default;
+``cut_params="depth"`` samples relative depths shared by every route instead, as ``pairwise``
+does, so that NSGA-II's crossover has parameters every trial shares (see ``pairwise``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from stitch_nas.fragments import CutPoint
 
 from ._adapter_choice import ADAPTER_KINDS, AdapterChoices, can_join, suggest_adapter
 from ._registry import register_space
-from .pairwise import zoo_models
+from .pairwise import CUT_PARAMS, _suggest_cut, zoo_models
 
 _MODEL_RULES = ("any", "same", "different")
 
@@ -52,6 +54,7 @@ def gap(
     losses: Sequence[str] = ("none", "match", "task"),
     trains: Sequence[str] = registry.TRAINS,
     adapter_options: Mapping[str, Any] | None = None,
+    cut_params: str = "named",
 ) -> StitchConfig:
     """Sample ``A[input:i] -adapter-> B[j:output]`` with j deeper than i.
 
@@ -61,7 +64,11 @@ def gap(
         min_gap: in the same model, how many cut points j lies after i at least.
         adapters, resizes, losses, trains: the choices offered per joint.
         adapter_options: fixed options of every trained adapter (e.g. ``{"steps": 100}``).
+        cut_params: "named" (categoricals per route and source cut) or "depth" (relative
+            depths ``src_depth`` and ``dst_depth``, shared by every route).
     """
+    if cut_params not in CUT_PARAMS:
+        raise ConfigError(f"unknown cut_params {cut_params!r}; use one of {CUT_PARAMS}")
     if model_rule not in _MODEL_RULES:
         raise ConfigError(f"unknown model_rule {model_rule!r}; use one of {_MODEL_RULES}")
     if min_gap < 1:
@@ -76,10 +83,10 @@ def gap(
         )
     route = trial.suggest_categorical("route", sorted(routes))
     src_model, dst_model = route.split(">")
-    sources = routes[route]
-    src = ctx.cut(src_model, trial.suggest_categorical(f"src_{route}", sources))
-    targets = [c.name for c in _targets(ctx, src_model, src, dst_model, min_gap, choices.kinds)]
-    dst = ctx.cut(dst_model, trial.suggest_categorical(f"dst_{route}_{src.name}", targets))
+    sources = [ctx.cut(src_model, name) for name in routes[route]]
+    src = _suggest_cut(trial, cut_params, f"src_{route}", "src_depth", sources)
+    targets = _targets(ctx, src_model, src, dst_model, min_gap, choices.kinds)
+    dst = _suggest_cut(trial, cut_params, f"dst_{route}_{src.name}", "dst_depth", targets)
     spec = suggest_adapter(trial, ctx, choices, src, dst, dst_model)
     trial.set_user_attr("gap", [src.depth, dst.depth])
     return StitchConfig(

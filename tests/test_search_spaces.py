@@ -125,6 +125,46 @@ def test_gap_samples_every_adapter_choice_and_bridges_forward(ctx):
         assert StitchConfig.from_json(config.to_json()) == config
 
 
+def test_gap_depth_cut_params_are_shared_by_every_route(ctx):
+    from stitch_nas import adapters
+
+    named = _sample("gap", ctx, n=60, adapters=["linear"])
+    deep = _sample("gap", ctx, n=60, adapters=["linear"], cut_params="depth")
+    for config in deep:  # the same rules as named cuts: forward, and joinable
+        src, dst = config.fragments
+        a, b = ctx.cut(src.model, src.end), ctx.cut(dst.model, dst.start)
+        assert b.index > a.index if src.model == dst.model else b.depth > a.depth
+        adapters.create("linear", a, b, **dict(config.adapters[0].options))
+    assert len(set(deep)) > 20 and len(set(named)) > 20
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        search_spaces.sample("gap", study.ask(), ctx, adapters=["linear"], cut_params="depth")
+        study.tell(study.trials[-1].number, 0.0)
+    shared = set.intersection(*(set(t.params) for t in study.trials))
+    assert {"route", "src_depth", "dst_depth"} <= shared
+    every = set().union(*(t.params for t in study.trials))
+    assert not [n for n in every if n.startswith(("src_", "dst_")) and not n.endswith("_depth")]
+    with pytest.raises(errors.ConfigError, match="cut_params 'deep'"):
+        _sample("gap", ctx, n=1, cut_params="deep")
+
+
+def test_nsga2_on_gap_depth_cut_params_is_not_random_search(ctx):
+    def run(sampler, cut_params):
+        study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+        for _ in range(40):
+            trial = study.ask()
+            options = {"adapters": ["linear"], "cut_params": cut_params}
+            src = search_spaces.sample("gap", trial, ctx, **options).fragments[0]
+            study.tell(trial, (len(src.end or ""), fragment_macs(ctx, src.model, None, src.end)))
+        return [t.params for t in study.trials]
+
+    def nsga2():
+        return optuna.samplers.NSGAIISampler(seed=0, population_size=8)
+
+    random = optuna.samplers.RandomSampler
+    assert run(nsga2(), "depth")[8:] != run(random(seed=0), "depth")[8:]
+
+
 def test_gap_offers_only_combinations_that_build(ctx):
     from stitch_nas import adapters
 

@@ -66,6 +66,7 @@ SPACES: dict[str, dict[str, Any]] = {
         "losses": ("none", "match", "task"),
         "trains": ("adapter", "suffix", "all"),
         "adapter_options": None,
+        "cut_params": "named",
     },
     "pairwise": {
         "models": None,
