@@ -1,7 +1,7 @@
 """The development zoo searched the way the README recommends, judged on the held-out test half.
 
     python benchmarks/realzoo.py [--settings examples/realzoo.yaml] [--out runs/realzoo-bench]
-                                 [--trials N] [--resume]
+                                 [--trials N] [--resume] [--seed N]
 
 Runs ``stitch-nas search SETTINGS --out OUT`` as a user would (its own process, wall time and
 peak memory measured), then reads the finished study: every front network and every zoo model
@@ -16,7 +16,8 @@ was re-measured on the test split by the search itself. Reported, on test accura
 - the zoo models a stitched network strictly dominates under the report's rule (lower end of
   its interval above the zoo model's test accuracy, at no more MACs), and by how much.
 
-Writes benchmarks/results/realzoo.json. Needs ``../shared/realzoo`` (or ``REALZOO=...``).
+Writes benchmarks/results/realzoo.json; with ``--seed N`` (the search's seed instead of the
+settings file's) realzoo_seedN.json. Needs ``../shared/realzoo`` (or ``REALZOO=...``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from stitch_nas import attrs
 from stitch_nas.report import holdout_accuracies, hypervolume, wilson_interval
@@ -44,6 +46,15 @@ from stitch_nas.search import load_folder_study
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "realzoo.json"
 FLOOR = 0.70  #: the reference accuracy: networks below it add no hypervolume
+
+
+def _seeded(settings: str, seed: int) -> Path:
+    """A copy of ``settings`` with ``search.seed`` set, beside it (its paths are relative to it)."""
+    raw = yaml.safe_load(Path(settings).read_text())
+    raw.setdefault("search", {})["seed"] = seed
+    copy = Path(settings).with_name(f".{Path(settings).stem}.seed{seed}.yaml")
+    copy.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return copy
 
 
 def _run(args: argparse.Namespace) -> tuple[float, float]:
@@ -158,18 +169,29 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=0, help="0: the settings file's number")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--evaluate-only", action="store_true", help="read a finished --out")
+    parser.add_argument("--seed", type=int, default=None, help="the search's seed (sampler)")
     args = parser.parse_args()
+    name = Path(args.settings).name
+    results = RESULTS if args.seed is None else RESULTS.with_name(f"realzoo_seed{args.seed}.json")
     seconds = peak_gb = None
     if not args.evaluate_only:
-        seconds, peak_gb = _run(args)
+        copy = None if args.seed is None else _seeded(args.settings, args.seed)
+        try:
+            if copy is not None:
+                args.settings = str(copy)
+            seconds, peak_gb = _run(args)
+        finally:
+            if copy is not None:
+                copy.unlink()
     record = {
-        "command": f"stitch-nas search {Path(args.settings).name} --out {args.out}",
+        "command": f"stitch-nas search {name} --out {args.out}"
+        + ("" if args.seed is None else f" (search.seed: {args.seed})"),
         "wall_seconds": None if seconds is None else round(seconds, 1),
         "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),
         **evaluate(args.out),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
     }
-    RESULTS.write_text(json.dumps(record, indent=1) + "\n")
+    results.write_text(json.dumps(record, indent=1) + "\n")
     print(
         f"hypervolume on test (ref. accuracy {FLOOR}): zoo {record['hv_zoo']}, zoo + stitched "
         f"{record['hv_zoo_and_stitched']} ({record['hv_gain_stitched']:+.4f}), zoo + front "
