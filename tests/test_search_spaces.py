@@ -70,23 +70,28 @@ def test_pairwise_depth_cut_params_are_shared_by_every_route(ctx):
         _sample("pairwise", ctx, n=1, cut_params="deep")
 
 
+def _proposals(sampler, space, ctx, **options):
+    """The params of 40 trials of ``space`` told (source cut name length, source MACs)."""
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    for _ in range(40):
+        trial = study.ask()
+        src = search_spaces.sample(space, trial, ctx, **options).fragments[0]
+        study.tell(trial, (len(src.end or ""), fragment_macs(ctx, src.model, None, src.end)))
+    return [t.params for t in study.trials]
+
+
+def _nsga2_and_random(space, ctx, **options):
+    nsga2 = optuna.samplers.NSGAIISampler(seed=0, population_size=8)
+    random = optuna.samplers.RandomSampler(seed=0)
+    return _proposals(nsga2, space, ctx, **options), _proposals(random, space, ctx, **options)
+
+
 def test_nsga2_on_depth_cut_params_is_not_random_search(ctx):
-    def run(sampler, cut_params):
-        study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
-        for _ in range(40):
-            trial = study.ask()
-            config = search_spaces.sample("pairwise", trial, ctx, cut_params=cut_params)
-            src = config.fragments[0]
-            study.tell(trial, (len(src.end or ""), fragment_macs(ctx, src.model, None, src.end)))
-        return [t.params for t in study.trials]
-
-    def nsga2():
-        return optuna.samplers.NSGAIISampler(seed=0, population_size=8)
-
-    random = optuna.samplers.RandomSampler
     # named cut parameters: NSGA-II re-samples every child at random (see pairwise's docstring)
-    assert run(nsga2(), "named") == run(random(seed=0), "named")
-    assert run(nsga2(), "depth")[8:] != run(random(seed=0), "depth")[8:]
+    nsga2, random = _nsga2_and_random("pairwise", ctx, cut_params="named")
+    assert nsga2 == random
+    nsga2, random = _nsga2_and_random("pairwise", ctx, cut_params="depth")
+    assert nsga2[8:] != random[8:]
 
 
 def test_chain_samples_ordered_fragments_up_to_the_limit(ctx):
@@ -149,20 +154,8 @@ def test_gap_depth_cut_params_are_shared_by_every_route(ctx):
 
 
 def test_nsga2_on_gap_depth_cut_params_is_not_random_search(ctx):
-    def run(sampler, cut_params):
-        study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
-        for _ in range(40):
-            trial = study.ask()
-            options = {"adapters": ["linear"], "cut_params": cut_params}
-            src = search_spaces.sample("gap", trial, ctx, **options).fragments[0]
-            study.tell(trial, (len(src.end or ""), fragment_macs(ctx, src.model, None, src.end)))
-        return [t.params for t in study.trials]
-
-    def nsga2():
-        return optuna.samplers.NSGAIISampler(seed=0, population_size=8)
-
-    random = optuna.samplers.RandomSampler
-    assert run(nsga2(), "depth")[8:] != run(random(seed=0), "depth")[8:]
+    nsga2, random = _nsga2_and_random("gap", ctx, adapters=["linear"], cut_params="depth")
+    assert nsga2[8:] != random[8:]
 
 
 def test_gap_offers_only_combinations_that_build(ctx):

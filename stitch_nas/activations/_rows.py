@@ -100,9 +100,9 @@ class InputRows:
 
 class ChainRows:
     """Rows of ``source`` run through the frozen ``module`` (a network built so far), as a
-    frozen pass of ``ctx`` (its autocast, if any) when given, else in float32."""
+    frozen pass of ``ctx`` (under its autocast, if any); float32 rows."""
 
-    def __init__(self, source: Rows, module: nn.Module, ctx: StitchContext | None = None) -> None:
+    def __init__(self, source: Rows, module: nn.Module, ctx: StitchContext) -> None:
         self.source, self.module, self.ctx = source, module, ctx
 
     def __len__(self) -> int:
@@ -110,5 +110,5 @@ class ChainRows:
 
     def take(self, index: torch.Tensor) -> torch.Tensor:
         rows = self.source.take(index)
-        with torch.no_grad() if self.ctx is None else self.ctx.frozen():
+        with self.ctx.frozen():
             return self.module(rows).float()
