@@ -1,4 +1,4 @@
-"""The nine real CIFAR-10 models of ../shared/realzoo through the public paths: checkpoints as
+"""The ten real CIFAR-10 models of ../shared/realzoo through the public paths: checkpoints as
 published, cut points, MACs against FlopCounterMode, and the examples/realzoo.yaml preset.
 
 Nothing is copied from that folder (it has no licence); the tests read it where it is, or where
@@ -59,7 +59,7 @@ def entries(settings):
     return {item["name"]: entry_from_settings(item, labels) for item in settings.zoo.models}
 
 
-def test_all_nine_published_checkpoints_load_from_the_preset(entries, realzoo) -> None:
+def test_all_ten_published_checkpoints_load_from_the_preset(entries, realzoo) -> None:
     assert sorted(entries) == sorted(realzoo.MODELS)
     x, _ = realzoo.load_cifar10("test")
     for name, entry in entries.items():
@@ -148,7 +148,7 @@ def _tiny_preset(tmp_path: Path, models: list[str] | None) -> Path:
     return path
 
 
-@pytest.mark.slow  # all nine models: about a minute on two busy cores
+@pytest.mark.slow  # all ten models: about a minute on two busy cores
 def test_the_preset_runs_on_a_tiny_slice(tmp_path: Path, monkeypatch_module) -> None:
     from stitch_nas.cli._main import main
 

@@ -270,9 +270,9 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> int:
     from ._preflight import check_folder, check_formats
 
-    check_folder(Path(args.dir), args.storage)
     trials = trial_numbers(args.trials)
     formats = check_formats(args.format)
+    check_folder(Path(args.dir), args.storage)
     from ._pipeline import export_folder  # torch loads from here on
 
     _quiet_optuna(args)

@@ -250,6 +250,10 @@ def check_formats(text: str) -> list[str]:
             f"--format: unknown export format {unknown[0]!r}; "
             f"use any of {', '.join(EXPORT_FORMATS)}"
         )
+    if "onnx" in formats:  # torch's ONNX exporter needs the onnx package: say so up front
+        from stitch_nas.extras import require
+
+        require("onnx", "onnx", "--format onnx")
     return formats
 
 

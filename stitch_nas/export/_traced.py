@@ -10,7 +10,6 @@ that cannot be, and the export goes on without that format.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -18,6 +17,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from stitch_nas.errors import MissingDependencyError
+from stitch_nas.extras import require
 
 from ._load import ExportedNet
 
@@ -79,7 +81,6 @@ def _failing_part(writer: Callable, module: ExportedNet, x: torch.Tensor, path: 
     return "every part traces on its own; the failure comes from joining them"
 
 
-_NO_ONNX = "the onnx package is not installed; pip install 'stitch-nas[onnx]'"
 _warned_no_onnx: list[bool] = []  # once per process
 
 
@@ -98,13 +99,15 @@ def write_traced(
     cpu = copy.deepcopy(module).cpu().eval()
     x = x.cpu()
     written, failed = {}, {}
-    if "onnx" in wanted and importlib.util.find_spec("onnx") is None:
-        # torch's exporter needs the onnx package: say so once, not once per network
-        wanted.remove("onnx")
-        failed["onnx"] = _NO_ONNX
-        if not _warned_no_onnx:
-            logger.warning("not writing model.onnx: %s", _NO_ONNX)
-            _warned_no_onnx.append(True)
+    if "onnx" in wanted:
+        try:  # torch's exporter needs the onnx package
+            require("onnx", "onnx", "ONNX export")
+        except MissingDependencyError as exc:  # say so once, not once per network
+            wanted.remove("onnx")
+            failed["onnx"] = str(exc)
+            if not _warned_no_onnx:
+                logger.warning("not writing model.onnx: %s", exc)
+                _warned_no_onnx.append(True)
     for fmt in wanted:
         path = folder / _FILES[fmt]
         try:

@@ -2,6 +2,8 @@
 that run trials (local, Ray actors, Ray Tune).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._evaluate import TrialOutcome, evaluate_config
 from ._loop import (
     EXECUTORS,
@@ -38,14 +40,39 @@ from ._studies import (
     make_sampler,
     set_metric_names,
 )
-from ._tune import (
-    CONFIG_KEY,
-    StitchOptunaSearch,
-    StitchTuneSpace,
-    make_trainable,
-    stitch_trainable,
-    tune_modes,
+
+if TYPE_CHECKING:  # static checkers see them; at run time __getattr__ imports them on first use
+    from ._tune import (
+        CONFIG_KEY,
+        StitchOptunaSearch,
+        StitchTuneSpace,
+        make_trainable,
+        stitch_trainable,
+        tune_modes,
+    )
+
+# The Ray Tune helpers subclass Ray's OptunaSearch, so their module needs Ray at import time.
+# They are loaded on first use (PEP 562): the base install (no `ray` extra) imports this
+# package, and a user who reaches for them without Ray gets the one-line MissingDependencyError.
+_TUNE_NAMES = frozenset(
+    {
+        "CONFIG_KEY",
+        "StitchOptunaSearch",
+        "StitchTuneSpace",
+        "make_trainable",
+        "stitch_trainable",
+        "tune_modes",
+    }
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TUNE_NAMES:
+        from . import _tune
+
+        return getattr(_tune, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CONFIG_KEY",

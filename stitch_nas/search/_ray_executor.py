@@ -116,6 +116,7 @@ class RayExecutor:
             raise ConfigError(f"unknown Ray mode {self.mode!r}; use one of {', '.join(RAY_MODES)}")
         if self.mode == "workers" and not issubclass(self.worker_class, StudyWorker):
             raise ConfigError("mode='workers' needs a worker_class derived from StudyWorker")
+        import_ray()  # a missing Ray extra fails here, before the zoo and the data load
 
     def mode_for(self, objective: StitchObjective, study: optuna.Study) -> str:
         """The mode a search of ``objective`` on ``study`` runs in: ``"driver"`` or ``"workers"``.

@@ -25,7 +25,7 @@ import torch
 
 from stitch_nas.activations import ActivationCache, ActivationKey, StitchContext
 from stitch_nas.config import AdapterSpec, StitchConfig
-from stitch_nas.errors import MissingDependencyError
+from stitch_nas.extras import require
 from stitch_nas.snnet import has_snnet, install_snnet, joint_specs, snnet_state, trained_snnet
 from stitch_nas.zoo import user_code_modules
 
@@ -46,14 +46,7 @@ SHARED_SPLITS = ("probe", "val")
 
 def import_ray() -> ModuleType:
     """Import Ray, or raise a one-line error that says how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "the Ray executor and Tune integration need Ray; install it with "
-            "pip install -e '.[ray]' (or pip install 'ray[tune]')"
-        ) from exc
-    return ray
+    return require("ray", "ray", "Ray workers (--executor ray, RayExecutor)")
 
 
 class SharedActivationCache(ActivationCache):

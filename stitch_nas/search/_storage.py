@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
+from stitch_nas.extras import require
 
 __all__ = [
     "BufferedTrial",
@@ -103,15 +104,9 @@ def _with_installed_driver(url: str) -> str:
     if not url.startswith("postgresql://"):
         return url
     try:
-        import psycopg2  # noqa: F401
+        import psycopg2  # noqa: F401  (a driver the user installed: SQLAlchemy's default)
     except ImportError:
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                "a postgresql:// storage needs a PostgreSQL driver; install it with "
-                "pip install -e '.[postgres]' (psycopg)"
-            ) from None
+        require("postgres", "psycopg", "a postgresql:// storage")
         return "postgresql+psycopg://" + url[len("postgresql://") :]
     return url
 

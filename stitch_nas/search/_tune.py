@@ -44,7 +44,7 @@ import torch
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
-from stitch_nas.errors import MissingDependencyError
+from stitch_nas.extras import require
 from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.stitching import Measurement, fragment_macs
 
@@ -52,14 +52,13 @@ from ._ray_shared import SharedContext, import_ray, models_on_cpu, share_context
 from ._runner import StitchObjective, TrialOutcome, evaluate_config
 from ._storage import BufferedTrial
 
-try:
-    from ray import tune
-    from ray.tune.search.optuna import OptunaSearch
-except ImportError as _exc:  # Ray, or its Tune extra, is missing
-    raise MissingDependencyError(
-        "stitch_nas.search needs Ray Tune; install it with pip install -e '.[ray]' "
-        "(or pip install 'ray[tune]')"
-    ) from _exc
+# This module subclasses Ray's OptunaSearch, so it needs Ray Tune at import time;
+# stitch_nas.search imports it only when one of its names is first used.
+require(
+    "ray", "ray.tune.search.optuna", "the Ray Tune helpers (StitchOptunaSearch, make_trainable...)"
+)
+from ray import tune  # noqa: E402
+from ray.tune.search.optuna import OptunaSearch  # noqa: E402
 
 __all__ = [
     "CONFIG_KEY",
