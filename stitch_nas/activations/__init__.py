@@ -15,7 +15,7 @@ from ._context import (
     StitchContext,
     zoo_models,
 )
-from ._device import AUTOCAST_DTYPES
+from ._device import AUTOCAST_DTYPES, to_device
 from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "auto_batch_size",
     "default_memory_gb",
     "take",
+    "to_device",
     "weights_fingerprint",
     "zoo_models",
 ]

@@ -1,0 +1,133 @@
+"""The fine-tune recipe: what trains, from which teacher, for how long, on what.
+
+One frozen dataclass, checked once when it is built, recorded with every network it trained
+(``to_dict``), so a stitched network and a zoo model fine-tuned as the control can be shown to
+have had the identical recipe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from stitch_nas.errors import ConfigError
+
+__all__ = ["FinetuneRecipe", "OPTIMIZERS", "TRAINS"]
+
+#: what trains: the stitching layers only (ReStNet), everything after the first joint, or
+#: every weight of the network (SN-Net's fine-tune; the zoo's shared models are never touched:
+#: the network trains on its own copy of them)
+TRAINS = ("adapter", "suffix", "all")
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _whole(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+@dataclass(frozen=True)
+class FinetuneRecipe:
+    """How the networks of the front are trained further.
+
+    Attributes:
+        train: One of :data:`TRAINS`.
+        teacher: ``"ensemble"`` (the mean of the softened outputs of the ``k`` zoo models most
+            accurate on validation) or a zoo model's name.
+        k: Members of the ensemble teacher.
+        temperature: Softening temperature of the distillation (Hinton et al.: the loss is
+            ``T^2 * KL(teacher || student)`` on outputs softened by ``T``).
+        ce_weight: Weight of the cross-entropy with the labels added to the distillation loss.
+        epochs: Passes over the training images (the held-out slice excluded).
+        steps: Optimiser steps at most (None: no limit beside ``epochs``).
+        seconds: Wall time at most per network (None: no limit).
+        optimizer: One of :data:`OPTIMIZERS`; the learning rate follows a cosine schedule to 0.
+        lr: Peak learning rate.
+        weight_decay: Weight decay.
+        momentum: SGD's momentum.
+        batch_size: Images per step; the only images in memory at once.
+        augment: Padded random crop (4 pixels) and horizontal flip of training batches, on the
+            device; never applied to the held-out slice, validation or test. It suits natural
+            images; turn it off where a mirror image means something else (digits, text).
+        holdout: Fraction of the *train* split held out to choose the epoch kept (early
+            stopping); validation and test are never used.
+        patience: Epochs without a better held-out accuracy before stopping.
+        seed: Seeds the held-out slice, the order of the batches and the augmentation.
+    """
+
+    train: str = "all"
+    teacher: str = "ensemble"
+    k: int = 3
+    temperature: float = 4.0
+    ce_weight: float = 0.0
+    epochs: int = 10
+    steps: int | None = None
+    seconds: float | None = None
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    momentum: float = 0.9
+    batch_size: int = 128
+    augment: bool = True
+    holdout: float = 0.1
+    patience: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks: dict[str, tuple[bool, str]] = {
+            "train": (self.train in TRAINS, f"one of {', '.join(TRAINS)}"),
+            "teacher": (
+                isinstance(self.teacher, str) and bool(self.teacher),
+                "'ensemble' or a zoo model's name",
+            ),
+            "k": (_whole(self.k, 1), "an integer >= 1"),
+            "temperature": (_positive(self.temperature), "a number > 0"),
+            "ce_weight": (
+                self.ce_weight == 0 or _positive(self.ce_weight),
+                "a number >= 0",
+            ),
+            "epochs": (_whole(self.epochs, 1), "an integer >= 1"),
+            "steps": (self.steps is None or _whole(self.steps, 1), "an integer >= 1, or null"),
+            "seconds": (self.seconds is None or _positive(self.seconds), "a number > 0, or null"),
+            "optimizer": (self.optimizer in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+            "lr": (_positive(self.lr), "a number > 0"),
+            "weight_decay": (
+                self.weight_decay == 0 or _positive(self.weight_decay),
+                "a number >= 0",
+            ),
+            "momentum": (
+                isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1,
+                "a number in [0, 1)",
+            ),
+            "batch_size": (_whole(self.batch_size, 1), "an integer >= 1"),
+            "augment": (isinstance(self.augment, bool), "true or false"),
+            "holdout": (
+                isinstance(self.holdout, (int, float)) and 0 < self.holdout < 1,
+                "a fraction in (0, 1)",
+            ),
+            "patience": (_whole(self.patience, 0), "an integer >= 0"),
+            "seed": (_whole(self.seed, 0), "an integer >= 0"),
+        }
+        for name, (ok, rule) in checks.items():
+            if not ok:
+                value = repr(getattr(self, name))[:80]
+                raise ConfigError(f"finetune.{name}={value} is invalid; use {rule}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as JSON-ready values (what a fine-tuned trial records)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FinetuneRecipe:
+        """A recipe from ``to_dict``'s output or a YAML ``finetune:`` section."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown finetune key {unknown[0]!r}; use any of {', '.join(sorted(known))}"
+            )
+        return cls(**data)
