@@ -1,0 +1,155 @@
+"""Faults a real user meets: two runs into one folder, and what a refused run may remove."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from stitch_nas.cli import main
+from stitch_nas.cli._lock import LOCK_NAME, claim_out
+from stitch_nas.errors import ConfigError
+
+# what the stitch-nas console script runs, without needing it on PATH
+_CONSOLE = "import sys; from stitch_nas.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _one_line_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stitch-nas: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_two_runs_into_one_folder_one_finishes_intact_the_other_is_refused(
+    tmp_path, mini_zoo, mini_zoo_dir
+):
+    out = tmp_path / "run"
+    argv = ["demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir)]
+    argv += ["--trials", "3", "--no-export", "--no-progress"]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CONSOLE, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [(run.wait(timeout=600), *run.communicate()) for run in runs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], results
+    _, _, err = next(r for r in results if r[0] == 2)
+    line = _one_line_error(err)
+    assert str(out) in line and ("in use" in line or "already holds" in line), line
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) == 3, [t.state for t in study.trials]
+    assert (out / "pareto.json").is_file()
+    assert not (out / LOCK_NAME).exists()  # let go when the run ended
+
+
+def test_a_held_folder_is_refused_in_one_line_and_left_alone(tmp_path, capsys):
+    out = tmp_path / "run"
+    with claim_out(out):
+        (out / "notes.txt").write_text("the other run's file\n")
+        before = sorted(p.name for p in out.iterdir())
+        assert main(["demo", "--out", str(out), "--trials", "2"]) == 2
+        line = _one_line_error(capsys.readouterr().err)
+        assert "in use by another stitch-nas run" in line and str(out) in line
+        assert sorted(p.name for p in out.iterdir()) == before
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_second_claim_is_refused_while_the_first_holds(tmp_path):
+    out = tmp_path / "run"
+    with claim_out(out):
+        with pytest.raises(ConfigError, match="in use"):
+            with claim_out(out):
+                pass
+    with claim_out(out):  # once let go, the folder is free again
+        pass
+
+
+@pytest.mark.parametrize("existed", [True, False], ids=["out existed", "new out"])
+def test_a_refused_run_removes_only_what_it_created(tmp_path, monkeypatch, capsys, existed):
+    """Another process writes into --out while a run prepares; the run then fails before its
+    first trial: only the run's own files go, the other process's file and folder stay."""
+    from stitch_nas.cli import _pipeline
+
+    out = tmp_path / "run"
+    if existed:
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's own file\n")
+
+    def prepare(*_args, **_kwargs):
+        (out / "study.db").write_bytes(b"")  # as if this run had begun its study
+        (out / "other.txt").write_text("written by another process meanwhile\n")
+        raise ConfigError("injected: the zoo cannot be built")
+
+    monkeypatch.setattr(_pipeline, "_prepare", prepare)
+    assert main(["demo", "--out", str(out), "--trials", "2"]) == 2
+    assert "injected" in _one_line_error(capsys.readouterr().err)
+    left = sorted(p.name for p in out.iterdir())
+    assert left == (["notes.txt", "other.txt"] if existed else ["other.txt"])
+
+
+def test_a_refused_run_into_a_new_folder_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    from stitch_nas.cli import _pipeline
+
+    out = tmp_path / "run"
+
+    def prepare(*_args, **_kwargs):
+        (out / "study.db").write_bytes(b"")
+        raise ConfigError("injected: the zoo cannot be built")
+
+    monkeypatch.setattr(_pipeline, "_prepare", prepare)
+    assert main(["demo", "--out", str(out), "--trials", "2"]) == 2
+    _one_line_error(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_the_folder_is_held_for_the_whole_run(tmp_path, monkeypatch, capsys):
+    """While the trials run, a second claim of --out is refused."""
+    from stitch_nas.cli import _pipeline
+
+    out = tmp_path / "run"
+    seen: list[str] = []
+
+    def search(*_args, **_kwargs):
+        try:
+            with claim_out(out):
+                seen.append("claimed")
+        except ConfigError as exc:
+            seen.append(str(exc))
+        return None
+
+    monkeypatch.setattr(_pipeline, "_search", search)
+    monkeypatch.setattr(_pipeline, "_prepare", lambda *a, **k: _stub_prepare())
+    monkeypatch.setattr(_pipeline, "create_study", lambda *a, **k: _StubStudy())
+    monkeypatch.setattr(_pipeline, "asdict", lambda s: {})
+    _pipeline.run_settings(_pipeline.Settings(), out, progress=False)
+    assert len(seen) == 1 and "in use" in seen[0], seen
+    assert not (out / LOCK_NAME).exists()
+
+
+def _stub_prepare():
+    return None, None
+
+
+class _StubStudy:
+    study_name = "stub"
+
+    def set_user_attr(self, key, value):
+        pass
+
+
+def test_the_lock_file_is_not_left_behind(tmp_path):
+    out = tmp_path / "run"
+    with claim_out(out):
+        assert (out / LOCK_NAME).is_file()
+    assert not (out / LOCK_NAME).exists()
+    assert isinstance(out, Path) and out.is_dir()
