@@ -28,6 +28,7 @@ from stitch_nas.search import (
     refine_study,
     run_search,
     seed_study,
+    shown_url,
 )
 from stitch_nas.zoo import Zoo
 
@@ -110,9 +111,14 @@ def run_settings(
                 seed=search.seed,
                 **study_options,
             )
-            echo(f"study {study.study_name!r} in {search.storage or Path(out_dir) / 'study.db'}")
-            # what `stitch-nas export` rebuilds from
-            study.set_user_attr(attrs.SETTINGS, asdict(settings))
+            where = shown_url(search.storage) if search.storage else Path(out_dir) / "study.db"
+            echo(f"study {study.study_name!r} in {where}")
+            # what `stitch-nas export` rebuilds from; anyone who reads the study may read it,
+            # so the storage's password is not kept (report and export take --storage again)
+            stored = asdict(settings)
+            if search.storage:
+                stored["search"]["storage"] = shown_url(search.storage)
+            study.set_user_attr(attrs.SETTINGS, stored)
         except BaseException:
             if not join:  # other drivers may be writing there
                 claim.undo()  # by name: only what this run created
