@@ -153,3 +153,84 @@ def test_the_lock_file_is_not_left_behind(tmp_path):
         assert (out / LOCK_NAME).is_file()
     assert not (out / LOCK_NAME).exists()
     assert isinstance(out, Path) and out.is_dir()
+
+
+# --- untrusted YAML ------------------------------------------------------------------------
+
+_BOMB = """
+zoo:
+  models:
+    - name: bomb
+      source: timm
+      model: test_resnet
+      kwargs:
+        a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]
+        b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+        c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+        d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+        e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+        f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+        g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+        h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+        i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+def _limited_memory() -> None:  # the child may not take more than 2 GB of address space
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def test_an_alias_bomb_is_refused_at_once_in_little_memory(tmp_path):
+    import time
+
+    config = tmp_path / "bomb.yaml"
+    config.write_text(_BOMB)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _CONSOLE, "search", str(config), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited_memory,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = _one_line_error(proc.stderr)
+    assert "anchors and aliases (&a)" in line and "(line 8, column 12)" in line, line
+    assert time.perf_counter() - start < 10  # a process start; the refusal itself is instant
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("search:\n  trials: 3\n  sampler: random\n  trials: 500\n")
+    assert main(["search", str(config), "--out", str(tmp_path / "o")]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "key 'trials' is given twice (first on line 2)" in line, line
+    assert "(line 4, column 3)" in line, line
+
+
+def test_a_key_repeated_in_a_nested_mapping_is_refused(tmp_path):
+    from stitch_nas.cli._settings import load_settings
+
+    config = tmp_path / "run.yaml"
+    config.write_text("search:\n  space_options: {models: [a], models: [b]}\n")
+    with pytest.raises(ConfigError, match=r"line 2, column 32\): key 'models' is given twice"):
+        load_settings(config)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "search: {sampler: %s}\n",  # an unknown name
+        "search: {trials: %s}\n",  # a wrong type
+        "search: {space_options: {adapters: [%s]}}\n",  # an unknown plug-in
+    ],
+)
+def test_a_huge_value_is_quoted_short(tmp_path, capsys, text):  # (keys: YAML caps at 1024)
+    config = tmp_path / "run.yaml"
+    config.write_text(text % ("x" * 2_000_000))
+    assert main(["search", str(config), "--out", str(tmp_path / "o")]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert len(line) < 1200 and "xxxx" in line, line[:2000]
