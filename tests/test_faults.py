@@ -11,6 +11,7 @@ import pytest
 
 from stitch_nas.cli import main
 from stitch_nas.cli._lock import LOCK_NAME, claim_out
+from stitch_nas.config import Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 
 # what the stitch-nas console script runs, without needing it on PATH
@@ -234,3 +235,79 @@ def test_a_huge_value_is_quoted_short(tmp_path, capsys, text):  # (keys: YAML ca
     assert main(["search", str(config), "--out", str(tmp_path / "o")]) == 2
     line = _one_line_error(capsys.readouterr().err)
     assert len(line) < 1200 and "xxxx" in line, line[:2000]
+
+
+# --- true messages, early ------------------------------------------------------------------
+
+
+def _study_folder(folder: Path, *, constraints: float | None = None) -> Path:
+    """A search folder whose study has COMPLETE trials 0 and 1 and a FAIL trial 2 (``constraints``:
+    each COMPLETE trial's budget excess, > 0 meaning it missed the budget)."""
+    from optuna.trial import TrialState, create_trial
+
+    folder.mkdir()
+    study = optuna.create_study(
+        storage=f"sqlite:///{folder / 'study.db'}",
+        study_name=folder.name,
+        directions=["maximize", "minimize"],
+    )
+    study.set_user_attr("budgets", {"macs": 10.0})
+    config = StitchConfig((Fragment("resnet", None, None),)).to_dict()
+    extra = {} if constraints is None else {"constraints": {"macs": constraints}}
+    for values in ([0.9, 2e6], [0.8, 1e6]):
+        study.add_trial(create_trial(values=values, user_attrs={"config": config}, **extra))
+    study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "boom"}))
+    return folder
+
+
+@pytest.fixture
+def no_rebuild(monkeypatch):
+    """The zoo must not be rebuilt: the refusal comes from the study alone."""
+    from stitch_nas.cli import _pipeline
+
+    def rebuild(*_args, **_kwargs):
+        raise AssertionError("the zoo was rebuilt before the refusal")
+
+    monkeypatch.setattr(_pipeline, "_rebuild", rebuild)
+
+
+@pytest.mark.parametrize(
+    "trials, says",
+    [
+        ("99999", "trial 99999 does not exist; the study has trials 0..2"),
+        ("0,2", "trial 2 is FAIL (boom)"),
+    ],
+)
+def test_export_of_a_trial_that_cannot_be_is_refused_before_the_zoo_loads(
+    tmp_path, capsys, no_rebuild, trials, says
+):
+    folder = _study_folder(tmp_path / "run")
+    assert main(["export", str(folder), "--trials", trials, "--format", "safetensors"]) == 2
+    assert says in _one_line_error(capsys.readouterr().err)
+    assert not (folder / "models").exists()
+
+
+def test_export_into_a_models_file_is_refused_before_the_zoo_loads(tmp_path, capsys, no_rebuild):
+    folder = _study_folder(tmp_path / "run")
+    (folder / "models").write_text("a file of the user's\n")
+    assert main(["export", str(folder), "--format", "safetensors"]) == 2
+    assert "models is a file" in _one_line_error(capsys.readouterr().err)
+    assert (folder / "models").read_text() == "a file of the user's\n"
+
+
+def test_a_budget_no_trial_met_is_named_not_blamed_on_too_few_trials(tmp_path, capsys, no_rebuild):
+    folder = _study_folder(tmp_path / "run", constraints=5.0)
+    assert main(["export", str(folder), "--format", "safetensors"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "none of the 2 completed trials meets macs=10.0" in line, line
+    assert "run more trials" not in line
+
+
+def test_a_search_whose_trials_all_miss_the_budget_still_ends_well(tmp_path):
+    """The search's own export names why nothing was exported instead of failing the run."""
+    from stitch_nas.export import export_study
+
+    folder = _study_folder(tmp_path / "run", constraints=5.0)
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
+    summary = export_study(study, None, folder / "models", skip_failures=True)  # type: ignore[arg-type]
+    assert summary.describe().startswith("nothing exported: none of the 2 completed trials")

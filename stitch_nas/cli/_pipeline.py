@@ -16,8 +16,8 @@ from typing import Any
 from stitch_nas import attrs
 from stitch_nas.activations import ActivationCache, StitchContext
 from stitch_nas.data import DataSplits
-from stitch_nas.errors import ConfigError
-from stitch_nas.export import FORMATS, ExportSummary, export_study
+from stitch_nas.errors import ConfigError, ExportError
+from stitch_nas.export import FORMATS, ExportSummary, export_items, export_study
 from stitch_nas.search import (
     StitchObjective,
     check_study,
@@ -305,6 +305,10 @@ def export_folder(
     ``storage`` and ``study_name``: as for :func:`report_folder`.
     """
     study = load_folder_study(out_dir, storage=storage, study_name=study_name)
+    export_items(study, trials)  # a trial that cannot be exported: refused before the zoo loads
+    models = Path(out_dir) / "models"
+    if models.exists() and not models.is_dir():
+        raise ExportError(f"{models} is a file; move it away, the networks are written there")
     ctx, settings = _rebuild(study, out_dir, progress)
     return export_study(
         study,
