@@ -75,6 +75,16 @@ def test_a_second_claim_is_refused_while_the_first_holds(tmp_path):
         pass
 
 
+def test_joined_drivers_share_the_folder_and_a_plain_run_is_refused(tmp_path):
+    out = tmp_path / "run"
+    with claim_out(out, shared=True), claim_out(out, shared=True):
+        with pytest.raises(ConfigError, match="in use"):
+            with claim_out(out):
+                pass
+        assert (out / LOCK_NAME).is_file()
+    assert not (out / LOCK_NAME).exists()  # the last one out removes it
+
+
 @pytest.mark.parametrize("existed", [True, False], ids=["out existed", "new out"])
 def test_a_refused_run_removes_only_what_it_created(tmp_path, monkeypatch, capsys, existed):
     """Another process writes into --out while a run prepares; the run then fails before its
