@@ -29,6 +29,7 @@ __all__ = [
     "IntegrityError",
     "MissingDependencyError",
     "check_finite",
+    "shorten",
 ]
 
 
@@ -107,3 +108,12 @@ def check_finite(x: torch.Tensor, what: str) -> None:
         raise NonFiniteError(
             f"{what} holds {bad} NaN/Inf values; check the model and its input normalisation"
         )
+
+
+def shorten(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: a message quotes a bad value, never a
+    megabyte of it."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 3]}... ({len(text):,} characters)"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar, overload
 
-from .errors import ConfigError, UnknownNameError
+from .errors import ConfigError, UnknownNameError, shorten
 
 __all__ = [
     "Option",
@@ -103,7 +103,7 @@ def check_options(
     for key, value in options.items():
         if not table[key].check(value):
             raise ConfigError(
-                f"option {key}={value!r} of {what} is invalid; use {table[key].expect}"
+                f"option {key}={shorten(value)} of {what} is invalid; use {table[key].expect}"
             )
         resolved[key] = value
     return resolved
@@ -151,7 +151,7 @@ class Registry(Generic[T]):
             self.load_plugins()
         if name not in self._entries:
             available = ", ".join(self.list()) or "none (is stitch-nas installed? pip install -e .)"
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; available: {available}")
+            raise UnknownNameError(f"unknown {self.kind} {shorten(name)}; available: {available}")
         return self._entries[name]
 
     def list(self, pattern: str = "*") -> list[str]:

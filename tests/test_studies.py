@@ -345,3 +345,67 @@ def test_ray_workers_open_a_postgresql_study_themselves(postgres, ctx, tmp_path)
     ran = [t for t in study.trials if t.state != Running and "ray_worker" in t.user_attrs]
     assert len(ran) >= 4 and not [t for t in study.trials if t.state == Running]
     assert sum(executor.last_run["trials_per_node"].values()) >= 4
+
+
+# --- secrets -------------------------------------------------------------------------------
+
+PASSWORD = "s3cret-Pw-4711"
+
+
+def _with_password(url: str) -> str:
+    # the server trusts every connection, so any password opens it
+    return url.replace("postgresql://postgres@", f"postgresql://postgres:{PASSWORD}@")
+
+
+def test_no_storage_password_is_shown_in_output_files_or_the_study(postgres, tmp_path):
+    config, out = _tiny_search(tmp_path), tmp_path / "run"
+    url = _with_password(postgres)
+    unreachable = f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/postgres"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shown = []
+    commands = [
+        ["-v", "search", str(config), "--out", str(out), "--trials", "2", "--storage", url],
+        ["-v", "report", str(out), "--storage", url, "--no-test"],
+        # refused: the study exists; a server that cannot be reached
+        ["search", str(config), "--out", str(tmp_path / "again" / "run"), "--storage", url],
+        ["search", str(config), "--out", str(tmp_path / "c"), "--storage", unreachable],
+    ]
+    codes = []
+    for argv in commands:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CONSOLE, *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        codes.append(proc.returncode)
+        shown += [proc.stdout, proc.stderr]
+    assert codes[:2] == [0, 0], shown[-4:]
+    assert codes[2:] == [2, 2], shown[4:]
+    assert "***" in shown[-1] and "127.0.0.1" in shown[-1]  # named, password masked
+    shown += [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()]
+    storage = optuna.storages.RDBStorage(postgres.replace("postgresql:", "postgresql+psycopg:"))
+    study = optuna.load_study(study_name="run", storage=storage)
+    shown += [repr(study.user_attrs), repr([t.user_attrs for t in study.trials])]
+    storage.engine.dispose()
+    assert study.user_attrs["settings"]["search"]["storage"].count("***") == 1
+    leaked = [text[max(0, text.find(PASSWORD) - 80) :][:200] for text in shown if PASSWORD in text]
+    assert not leaked, leaked
+
+
+def test_shown_url_masks_the_password_only():
+    from stitch_nas.search import shown_url
+
+    assert shown_url("postgresql://u:pw@h:5432/db") == "postgresql://u:***@h:5432/db"
+    assert shown_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert shown_url("mysql://u@h/db?password=pw&x=1") == "mysql://u@h/db?password=***&x=1"
+    assert shown_url("runs/study.log") == "runs/study.log"
+    assert shown_url("postgresql://u:pw@h/db", "bad URL 'postgresql://u:pw@h/db'") == (
+        "bad URL 'postgresql://u:***@h/db'"
+    )
+
+
+# what the stitch-nas console script runs, without needing it on PATH
+_CONSOLE = "import sys; from stitch_nas.cli import main; sys.exit(main(sys.argv[1:]))"

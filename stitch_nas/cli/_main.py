@@ -319,6 +319,15 @@ def _zoo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(message: str, limit: int = 1000) -> str:
+    """``message`` cut to about ``limit`` characters, its start (what is wrong) and end (how
+    to fix it) kept: a check that quoted a huge value whole still prints a short line."""
+    if len(message) <= limit:
+        return message
+    cut = len(message) - limit
+    return f"{message[: limit * 2 // 3]} [... {cut:,} characters ...] {message[-limit // 3 :]}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -335,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except StitchNASError as exc:
-        print(f"stitch-nas: error: {exc}", file=sys.stderr)
+        print(f"stitch-nas: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(

@@ -16,8 +16,8 @@ from typing import Any
 from stitch_nas import attrs
 from stitch_nas.activations import ActivationCache, StitchContext
 from stitch_nas.data import DataSplits
-from stitch_nas.errors import ConfigError
-from stitch_nas.export import FORMATS, ExportSummary, export_study
+from stitch_nas.errors import ConfigError, ExportError
+from stitch_nas.export import FORMATS, ExportSummary, export_items, export_study
 from stitch_nas.search import (
     StitchObjective,
     check_study,
@@ -28,6 +28,7 @@ from stitch_nas.search import (
     refine_study,
     run_search,
     seed_study,
+    shown_url,
 )
 from stitch_nas.zoo import Zoo
 
@@ -79,10 +80,10 @@ def run_settings(
     echo: Callable[[str], Any] = logger.info,
 ):
     """Run the whole search described by ``settings`` and write its report to ``out_dir``."""
-    from stitch_nas.report import measure_holdout, write_report
-    from stitch_nas.search import check_budget_reachable, executor_from_settings
+    from stitch_nas.search import executor_from_settings
 
-    from ._preflight import check_first_sample, check_plugins, check_run, entries, undo_new
+    from ._lock import claim_out
+    from ._preflight import check_plugins, check_run, check_study_in
 
     search = settings.search
     check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out
@@ -96,45 +97,82 @@ def run_settings(
         "heartbeat_s": search.heartbeat_s,
     }
     device = _check_device(search.device)
-    before = entries(Path(out_dir))
-    try:  # until the first trial, a failure leaves --out as it was (the rerun just works)
-        if search.storage is not None or resume or join:  # check_run saw to a new one
-            check_study(out_dir, **study_options)  # a taken study name fails before any work
-        data = load_data(settings.data)
-        start = time.perf_counter()
-        zoo = load_zoo(settings.zoo, data, progress=progress)
-        echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
-        cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
-        ctx = StitchContext(zoo, data, device=device, cache=cache, autocast=search.autocast)
-        if ctx.autocast is not None:  # every accuracy below is measured this way
-            echo(f"autocast {ctx.autocast}: passes that train nothing run in {ctx.autocast}")
-        objective = StitchObjective(
-            ctx,
-            space=search.space,
-            objectives=search.objectives,
-            cka_threshold=search.cka_threshold,
-            probe_threshold=search.probe_threshold,
-            fidelity=search.fidelity,
-            budgets=search.budgets,
-            space_options=search.space_options,
-            fuse=search.fuse,
-        )
-        check_budget_reachable(objective)  # needs the zoo; before the study exists
-        check_first_sample(objective)
-        study = create_study(
-            objective,
-            out_dir,
-            sampler=search.sampler,
-            seed=search.seed,
-            **study_options,
-        )
-        echo(f"study {study.study_name!r} in {search.storage or Path(out_dir) / 'study.db'}")
-        # what `stitch-nas export` rebuilds from
-        study.set_user_attr(attrs.SETTINGS, asdict(settings))
-    except BaseException:
-        if not join:  # other drivers may be writing there
-            undo_new(Path(out_dir), before)
-        raise
+    with claim_out(Path(out_dir), shared=join) as claim:  # held until the run ends
+        try:  # until the first trial, a failure leaves --out as it was (the rerun just works)
+            # again under the lock: another run may have written its study since check_run
+            check_study_in(Path(out_dir), resume=resume, join=join, storage=search.storage)
+            if search.storage is not None or resume or join:  # check_run saw to a new one
+                check_study(out_dir, **study_options)  # a taken study name fails before work
+            ctx, objective = _prepare(settings, device, progress, echo)
+            study = create_study(
+                objective,
+                out_dir,
+                sampler=search.sampler,
+                seed=search.seed,
+                **study_options,
+            )
+            where = shown_url(search.storage) if search.storage else Path(out_dir) / "study.db"
+            echo(f"study {study.study_name!r} in {where}")
+            # what `stitch-nas export` rebuilds from; anyone who reads the study may read it,
+            # so the storage's password is not kept (report and export take --storage again)
+            stored = asdict(settings)
+            if search.storage:
+                stored["search"]["storage"] = shown_url(search.storage)
+            study.set_user_attr(attrs.SETTINGS, stored)
+        except BaseException:
+            if not join:  # other drivers may be writing there
+                claim.undo()  # by name: only what this run created
+            raise
+        return _search(settings, Path(out_dir), ctx, objective, study, executor, progress, echo)
+
+
+def _prepare(
+    settings: Settings, device: str, progress: bool, echo: Callable[[str], Any]
+) -> tuple[StitchContext, StitchObjective]:
+    """Data, zoo, context and objective, checked as far as can be before the study exists."""
+    from stitch_nas.search import check_budget_reachable
+
+    search = settings.search
+    data = load_data(settings.data)
+    start = time.perf_counter()
+    zoo = load_zoo(settings.zoo, data, progress=progress)
+    echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
+    cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
+    ctx = StitchContext(zoo, data, device=device, cache=cache, autocast=search.autocast)
+    if ctx.autocast is not None:  # every accuracy below is measured this way
+        echo(f"autocast {ctx.autocast}: passes that train nothing run in {ctx.autocast}")
+    objective = StitchObjective(
+        ctx,
+        space=search.space,
+        objectives=search.objectives,
+        cka_threshold=search.cka_threshold,
+        probe_threshold=search.probe_threshold,
+        fidelity=search.fidelity,
+        budgets=search.budgets,
+        space_options=search.space_options,
+        fuse=search.fuse,
+    )
+    check_budget_reachable(objective)  # needs the zoo; before the study exists
+    from ._preflight import check_first_sample
+
+    check_first_sample(objective)
+    return ctx, objective
+
+
+def _search(
+    settings: Settings,
+    out_dir: Path,
+    ctx: StitchContext,
+    objective: StitchObjective,
+    study: Any,
+    executor: Any,
+    progress: bool,
+    echo: Callable[[str], Any],
+):
+    """The trials, the refinements, the test pass, the report and the export."""
+    from stitch_nas.report import measure_holdout, write_report
+
+    search = settings.search
     start, finished = time.perf_counter(), completed_count(study)
     seed_study(
         study,
@@ -267,6 +305,10 @@ def export_folder(
     ``storage`` and ``study_name``: as for :func:`report_folder`.
     """
     study = load_folder_study(out_dir, storage=storage, study_name=study_name)
+    export_items(study, trials)  # a trial that cannot be exported: refused before the zoo loads
+    models = Path(out_dir) / "models"
+    if models.exists() and not models.is_dir():
+        raise ExportError(f"{models} is a file; move it away, the networks are written there")
     ctx, settings = _rebuild(study, out_dir, progress)
     return export_study(
         study,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 import sqlite3
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any
 from stitch_nas.errors import ConfigError
 
 from ._catalogue import check_builtin_names, check_lists, names
+from ._lock import check_free
 
 __all__ = [
     "check_budgets",
@@ -36,8 +36,7 @@ __all__ = [
     "check_plugins",
     "check_run",
     "check_study_file",
-    "entries",
-    "undo_new",
+    "check_study_in",
 ]
 
 # stitch_nas.search.SAMPLERS / BUDGET_KEYS / EXECUTORS / RAY_MODES, repeated here to stay
@@ -184,6 +183,13 @@ def check_out(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -
             f"--out {str(out)!r}: cannot write in {str(parent)!r} ({exc.strerror}); "
             "choose a folder you can write to"
         ) from None
+    check_free(out, shared=join)  # another run's study may be half-written: say so instead
+    check_study_in(out, resume=resume, join=join, storage=storage)
+
+
+def check_study_in(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -> None:
+    """``out_dir`` holds a study only if the run goes on with it (``storage``: not here)."""
+    out = Path(out_dir)
     if storage is not None:  # a shared storage is checked when it is opened
         return
     db = out / "study.db"
@@ -321,26 +327,3 @@ def check_first_sample(objective: Any) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - a trial's own failure is the search's business
         logger.debug("off-the-record sample failed: %s", exc)
-
-
-def entries(out_dir: Path) -> set[str] | None:
-    """The names in ``out_dir`` now (None: it does not exist), for :func:`undo_new`."""
-    out = Path(out_dir)
-    return set(os.listdir(out)) if out.is_dir() else None
-
-
-def undo_new(out_dir: Path, before: set[str] | None) -> None:
-    """Remove what a run that failed before its first trial added to ``out_dir`` (the folder
-    itself if it did not exist), so the corrected command can run into it."""
-    import shutil
-
-    out = Path(out_dir)
-    if before is None:
-        shutil.rmtree(out, ignore_errors=True)
-        return
-    for name in set(os.listdir(out)) - before if out.is_dir() else ():
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)

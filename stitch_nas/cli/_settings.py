@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from stitch_nas.errors import ConfigError
+from stitch_nas.errors import ConfigError, shorten
 
 __all__ = ["ZooSettings", "DataSettings", "SearchSettings", "Settings", "load_settings"]
 
@@ -109,17 +109,27 @@ def _typed(section: str, key: str, value: Any, default: Any) -> Any:
         if value is None or (isinstance(value, kinds) and not isinstance(value, bool)):
             return None if value is None else kind(value)
         what = "a number" if kind is float else "a whole number"
-        raise ConfigError(f"{section}.{key} must be {what}, got {type(value).__name__} {value!r}")
+        raise ConfigError(
+            f"{section}.{key} must be {what}, got {type(value).__name__} {shorten(value)}"
+        )
     if default is None:
         if value is None or isinstance(value, str):
             return value
-        raise ConfigError(f"{section}.{key} must be a string, got {type(value).__name__} {value!r}")
+        raise ConfigError(
+            f"{section}.{key} must be a string, got {type(value).__name__} {shorten(value)}"
+        )
     expected = type(default)
     if isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, expected):
         raise ConfigError(
-            f"{section}.{key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+            f"{section}.{key} must be {expected.__name__}, got {type(value).__name__} "
+            f"{shorten(value)}"
         )
     return value
+
+
+def _key(key: Any) -> str:
+    """A key as a message names it: as written, or quoted short when long or not a string."""
+    return key if isinstance(key, str) and len(key) <= 80 else shorten(key)
 
 
 def _section(cls: type, section: str, raw: Any) -> Any:
@@ -132,7 +142,7 @@ def _section(cls: type, section: str, raw: Any) -> Any:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
-            f"unknown key {section}.{unknown[0]}; valid keys in {section}: "
+            f"unknown key {section}.{_key(unknown[0])}; valid keys in {section}: "
             f"{', '.join(sorted(known))}"
         )
     values = {k: _typed(section, k, v, getattr(defaults, k)) for k, v in raw.items()}
@@ -156,7 +166,9 @@ def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
         raise ConfigError("the config file must hold a mapping with zoo/data/search sections")
     unknown = sorted(set(raw) - {"zoo", "data", "search"})
     if unknown:
-        raise ConfigError(f"unknown section {unknown[0]!r}; valid sections: zoo, data, search")
+        raise ConfigError(
+            f"unknown section {shorten(unknown[0])}; valid sections: zoo, data, search"
+        )
     settings = Settings(
         zoo=_section(ZooSettings, "zoo", raw.get("zoo")),
         data=_section(DataSettings, "data", raw.get("data")),
@@ -174,19 +186,84 @@ def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
 
 
 def load_settings(path: str | Path) -> Settings:
-    """Read and check a YAML config file."""
+    """Read and check a YAML config file (see :func:`_read_yaml` for what it refuses)."""
+    file = Path(path)
+    return settings_from_dict(_read_yaml(file), file.resolve().parent)
+
+
+def _read_yaml(file: Path) -> Any:
+    """The YAML file ``file`` as plain data, read safely.
+
+    Beyond ``yaml.safe_load``: anchors and aliases are refused (a few lines of them expand to
+    gigabytes, and a settings file has no need of them), so is a key given twice in one
+    mapping (YAML keeps the last one silently). Each error names the line and column.
+    """
     import yaml
 
-    file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file {str(file)!r} does not exist; check the path")
     try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+        return yaml.load(file.read_text(encoding="utf-8"), Loader=_strict_loader())
     except UnicodeDecodeError:
         raise ConfigError(f"{file} is not a text file (not UTF-8); give a YAML file") from None
+    except _Refused as exc:
+        raise ConfigError(f"{file}{_at(exc.mark)}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "syntax error"
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{file} is not valid YAML{where}: {first}") from None
-    return settings_from_dict(raw, file.resolve().parent)
+        raise ConfigError(f"{file} is not valid YAML{_at(mark)}: {first[:200]}") from None
+
+
+def _at(mark: Any) -> str:
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+
+
+_LOADER: Any = None
+
+
+def _strict_loader() -> Any:
+    """yaml.SafeLoader refusing anchors, aliases and repeated keys (built on first use: the
+    CLI imports this module before it knows it reads YAML)."""
+    global _LOADER
+    if _LOADER is not None:
+        return _LOADER
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
+                raise _Refused(
+                    f"YAML anchors and aliases ({sign}{event.anchor[:40]}) are not "
+                    "accepted; write each value out",
+                    event.start_mark,
+                )
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if first is not key_node.start_mark:
+                    raise _Refused(
+                        f"key {shorten(key)} is given twice (first on line {first.line + 1}); "
+                        "keep one",
+                        key_node.start_mark,
+                    )
+            return super().construct_mapping(node, deep=deep)
+
+    _LOADER = StrictLoader
+    return _LOADER
+
+
+class _Refused(Exception):
+    """Valid YAML that a settings file may not hold, at ``mark``."""
+
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem, self.mark = problem, mark

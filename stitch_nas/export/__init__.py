@@ -18,6 +18,7 @@ from ._load import (
 )
 from ._select import (
     ExportSummary,
+    export_items,
     export_study,
     select_trials,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "checksums",
     "export_elastic",
     "export_network",
+    "export_items",
     "export_study",
     "folder_size",
     "joint_recipes",

@@ -15,12 +15,12 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ExportError
 from stitch_nas.report import pareto_trials
-from stitch_nas.report._pareto import first_of_each_network
+from stitch_nas.report._pareto import first_of_each_network, is_feasible
 from stitch_nas.stitching import Measurement
 
 from ._write import FORMATS, ExportItem, export_elastic, export_network
 
-__all__ = ["FORMATS", "ExportSummary", "export_study", "select_trials"]
+__all__ = ["FORMATS", "ExportSummary", "export_items", "export_study", "select_trials"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +36,14 @@ class ExportSummary:
     elastic: Path | None = None
     weights_bytes: int = 0  #: model.safetensors of the individual exports, summed
     elastic_bytes: int = 0  #: model.safetensors of the elastic package
-    skipped: dict[str, str] = field(default_factory=dict)  #: network name -> why not exported
+    #: network name -> why not exported ("": why nothing was)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
-        skipped = "".join(f"\nnot exported: {why}" for why in self.skipped.values())
-        if not self.folders:
-            return "nothing exported" + skipped
+        skipped = "".join(f"\nnot exported: {why}" for k, why in self.skipped.items() if k)
+        if not self.folders:  # the key "": why nothing at all was exported
+            why = f": {self.skipped['']}" if "" in self.skipped else ""
+            return f"nothing exported{why}" + skipped
         root = self.folders[0].parent
         weights = _mb(self.weights_bytes)
         line = f"exported {len(self.folders)} networks to {root}/ (weights {weights})"
@@ -92,6 +94,30 @@ def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[Froz
     return kept
 
 
+def export_items(study: optuna.Study, trials: str | Sequence[int]) -> list[ExportItem]:
+    """What :func:`export_study` would export, read from the study alone (no zoo needed), so
+    a trial that cannot be exported is refused before any model loads.
+
+    Raises:
+        ExportError: a trial that does not exist or did not complete, or nothing to export
+            (saying why: no completed trial, or none that meets the budgets).
+    """
+    items = [_item(t) for t in select_trials(study, trials)]
+    if items:
+        return items
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        raise ExportError("no completed trial to export; run more trials first")
+    if not any(is_feasible(t) for t in complete):
+        budgets = study.user_attrs.get(attrs.BUDGETS) or {}
+        given = ", ".join(f"{k}={v}" for k, v in budgets.items()) or "its budgets"
+        raise ExportError(
+            f"none of the {len(complete)} completed trials meets {given}, so nothing is "
+            "exported; the report lists what each one costs; relax the budget and search again"
+        )
+    raise ExportError("no completed trial on the Pareto front to export")
+
+
 def _item(trial: FrozenTrial) -> ExportItem:
     ua = trial.user_attrs
     if attrs.CONFIG not in ua:
@@ -122,9 +148,13 @@ def export_study(
     """
     from tqdm.auto import tqdm
 
-    items = [_item(t) for t in select_trials(study, trials)]
-    if not items:
-        raise ExportError("no completed trial to export; run more trials first")
+    try:
+        items = export_items(study, trials)
+    except ExportError as exc:
+        if not skip_failures:
+            raise
+        logger.warning("nothing exported: %s", exc)
+        return ExportSummary(skipped={"": str(exc)})
     summary = ExportSummary()
     exported = []
     for item in tqdm(items, desc="export", unit="net", disable=not progress):

@@ -28,6 +28,7 @@ from ._runner import (
     make_objective,
 )
 from ._seeding import seed_study
+from ._storage import shown_url
 from ._studies import (
     LEGACY_STUDY_NAME,
     SAMPLERS,
@@ -113,6 +114,7 @@ __all__ = [
     "models_on_cpu",
     "run_search",
     "share_context",
+    "shown_url",
     "stitch_trainable",
     "tune_modes",
 ]

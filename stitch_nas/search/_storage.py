@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sqlite3
 import tempfile
 import time
@@ -40,12 +41,17 @@ __all__ = [
     "Heartbeat",
     "fail_running",
     "open_storage",
+    "shown_url",
     "storage_url_of",
     "write_user_attrs",
 ]
 
 logger = logging.getLogger(__name__)
 
+# as SQLAlchemy parses a URL: scheme://user:password@host..., the password up to the first "@"
+_URL_PASSWORD = re.compile(r"^(?P<head>[\w+.-]+://[^:/@]*:)(?P<password>[^@]*)(?=@)")
+# and the drivers' own query keys (mysql://...?password=...)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd)=)(?P<password>[^&#]*)")
 DEFAULT_HEARTBEAT_S = 60
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
 # storages this package opened, by study: the ones write_user_attrs may batch on
@@ -56,6 +62,21 @@ _RDB_OF_STUDY: weakref.WeakKeyDictionary[optuna.Study, optuna.storages.RDBStorag
 _OPENED: weakref.WeakKeyDictionary[optuna.Study, tuple[optuna.storages.BaseStorage, str | None]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def shown_url(url: str, text: str | None = None) -> str:
+    """``text`` (default ``url`` itself) with every password ``url`` holds replaced by ``***``,
+    as messages, logs, reports and study attributes show a storage URL
+    (``postgresql://user:***@host/db``)."""
+    found = _URL_PASSWORD.match(url)
+    secrets = [found["password"]] if found and found["password"] else []
+    secrets += [m["password"] for m in _QUERY_PASSWORD.finditer(url) if m["password"]]
+    if text is None:  # by position: a short password may be a part of the host's name too
+        shown = _URL_PASSWORD.sub(lambda m: m["head"] + "***" if m["password"] else m[0], url)
+        return _QUERY_PASSWORD.sub(lambda m: m["head"] + "***" if m["password"] else m[0], shown)
+    for secret in secrets:  # a driver's message may quote the URL, or the password alone
+        text = text.replace(secret, "***")
+    return text
 
 
 def open_storage(
@@ -73,12 +94,14 @@ def open_storage(
 
         path = Path(url)
         if not path.parent.is_dir():
-            raise ConfigError(f"journal storage {url!r}: folder {path.parent} does not exist")
+            raise ConfigError(
+                f"journal storage {shown_url(url)!r}: folder {path.parent} does not exist"
+            )
         return JournalStorage(JournalFileBackend(str(path)))
     scheme = url.split("://", 1)[0].split("+", 1)[0]
     if scheme not in _RDB_SCHEMES:
         raise ConfigError(
-            f"cannot open the study at storage {url!r}: unknown scheme {scheme!r}; use "
+            f"cannot open the study at storage {shown_url(url)!r}: unknown scheme {scheme!r}; use "
             "sqlite:///FILE, postgresql://USER@HOST/DB, mysql://... or a journal file path"
         )
     url = _with_installed_driver(url)
@@ -93,7 +116,9 @@ def open_storage(
             )
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors of every kind
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"cannot open the study at storage {url!r}: {first}") from exc
+        raise ConfigError(
+            f"cannot open the study at storage {shown_url(url)!r}: {shown_url(url, first)}"
+        ) from None  # the chained driver error may quote the URL, password and all
     if scheme == "sqlite":
         _sqlite_wal(storage)
     return storage

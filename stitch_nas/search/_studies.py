@@ -29,6 +29,7 @@ from ._storage import (
     heartbeat_of,
     open_storage,
     remember_storage,
+    shown_url,
 )
 
 if TYPE_CHECKING:  # the objective only lends its names and directions; no import cycle
@@ -114,7 +115,7 @@ def create_study(
             nothing to resume, the storage cannot be opened, or the objectives differ.
     """
     backend, name = _open(out_dir, resume, storage, study_name, join, heartbeat_s)
-    where = storage or str(Path(out_dir) / "study.db")
+    where = shown_url(storage) if storage else str(Path(out_dir) / "study.db")
     study = optuna.create_study(
         storage=backend,
         study_name=name,
@@ -172,7 +173,7 @@ def _open(
         if resume and not db.exists():
             raise ConfigError(f"nothing to resume: {db} does not exist; run without --resume first")
         out.mkdir(parents=True, exist_ok=True)
-    where = storage or str(db)
+    where = shown_url(storage) if storage else str(db)
     backend = open_storage(storage or f"sqlite:///{db}", heartbeat_s=heartbeat_s)
     existing = optuna.get_all_study_names(backend)
     if storage is None and existing and not (resume or join):
@@ -237,7 +238,7 @@ def load_folder_study(
         where, backend = str(db), open_storage(f"sqlite:///{db}")
     else:
         _check_storage_exists(storage)
-        where, backend = storage, open_storage(storage)
+        where, backend = shown_url(storage), open_storage(storage)
     names = optuna.get_all_study_names(backend)
     if storage is None and study_name is None:
         if len(names) != 1:
@@ -266,7 +267,8 @@ def _check_storage_exists(storage: str) -> None:
         return
     if not path.is_file():
         raise ConfigError(
-            f"storage {storage!r}: {path} does not exist; pass the --storage the search used"
+            f"storage {shown_url(storage)!r}: {path} does not exist; pass the --storage the "
+            "search used"
         )
 
 

@@ -1,0 +1,323 @@
+"""Faults a real user meets: two runs into one folder, and what a refused run may remove."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from stitch_nas.cli import main
+from stitch_nas.cli._lock import LOCK_NAME, claim_out
+from stitch_nas.config import Fragment, StitchConfig
+from stitch_nas.errors import ConfigError
+
+# what the stitch-nas console script runs, without needing it on PATH
+_CONSOLE = "import sys; from stitch_nas.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _one_line_error(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stitch-nas: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_two_runs_into_one_folder_one_finishes_intact_the_other_is_refused(
+    tmp_path, mini_zoo, mini_zoo_dir
+):
+    out = tmp_path / "run"
+    argv = ["demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir)]
+    argv += ["--trials", "3", "--no-export", "--no-progress"]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CONSOLE, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [(run.wait(timeout=600), *run.communicate()) for run in runs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], results
+    _, _, err = next(r for r in results if r[0] == 2)
+    line = _one_line_error(err)
+    assert str(out) in line and ("in use" in line or "already holds" in line), line
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) == 3, [t.state for t in study.trials]
+    assert (out / "pareto.json").is_file()
+    assert not (out / LOCK_NAME).exists()  # let go when the run ended
+
+
+def test_a_held_folder_is_refused_in_one_line_and_left_alone(tmp_path, capsys):
+    out = tmp_path / "run"
+    with claim_out(out):
+        (out / "notes.txt").write_text("the other run's file\n")
+        before = sorted(p.name for p in out.iterdir())
+        assert main(["demo", "--out", str(out), "--trials", "2"]) == 2
+        line = _one_line_error(capsys.readouterr().err)
+        assert "in use by another stitch-nas run" in line and str(out) in line
+        assert sorted(p.name for p in out.iterdir()) == before
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_second_claim_is_refused_while_the_first_holds(tmp_path):
+    out = tmp_path / "run"
+    with claim_out(out):
+        with pytest.raises(ConfigError, match="in use"):
+            with claim_out(out):
+                pass
+    with claim_out(out):  # once let go, the folder is free again
+        pass
+
+
+def test_joined_drivers_share_the_folder_and_a_plain_run_is_refused(tmp_path):
+    out = tmp_path / "run"
+    with claim_out(out, shared=True), claim_out(out, shared=True):
+        with pytest.raises(ConfigError, match="in use"):
+            with claim_out(out):
+                pass
+        assert (out / LOCK_NAME).is_file()
+    assert not (out / LOCK_NAME).exists()  # the last one out removes it
+
+
+@pytest.mark.parametrize("existed", [True, False], ids=["out existed", "new out"])
+def test_a_refused_run_removes_only_what_it_created(tmp_path, monkeypatch, capsys, existed):
+    """Another process writes into --out while a run prepares; the run then fails before its
+    first trial: only the run's own files go, the other process's file and folder stay."""
+    from stitch_nas.cli import _pipeline
+
+    out = tmp_path / "run"
+    if existed:
+        out.mkdir()
+        (out / "notes.txt").write_text("the user's own file\n")
+
+    def prepare(*_args, **_kwargs):
+        (out / "study.db").write_bytes(b"")  # as if this run had begun its study
+        (out / "other.txt").write_text("written by another process meanwhile\n")
+        raise ConfigError("injected: the zoo cannot be built")
+
+    monkeypatch.setattr(_pipeline, "_prepare", prepare)
+    assert main(["demo", "--out", str(out), "--trials", "2"]) == 2
+    assert "injected" in _one_line_error(capsys.readouterr().err)
+    left = sorted(p.name for p in out.iterdir())
+    assert left == (["notes.txt", "other.txt"] if existed else ["other.txt"])
+
+
+def test_a_refused_run_into_a_new_folder_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    from stitch_nas.cli import _pipeline
+
+    out = tmp_path / "run"
+
+    def prepare(*_args, **_kwargs):
+        (out / "study.db").write_bytes(b"")
+        raise ConfigError("injected: the zoo cannot be built")
+
+    monkeypatch.setattr(_pipeline, "_prepare", prepare)
+    assert main(["demo", "--out", str(out), "--trials", "2"]) == 2
+    _one_line_error(capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_the_folder_is_held_for_the_whole_run(tmp_path, monkeypatch, capsys):
+    """While the trials run, a second claim of --out is refused."""
+    from stitch_nas.cli import _pipeline
+
+    out = tmp_path / "run"
+    seen: list[str] = []
+
+    def search(*_args, **_kwargs):
+        try:
+            with claim_out(out):
+                seen.append("claimed")
+        except ConfigError as exc:
+            seen.append(str(exc))
+        return None
+
+    monkeypatch.setattr(_pipeline, "_search", search)
+    monkeypatch.setattr(_pipeline, "_prepare", lambda *a, **k: _stub_prepare())
+    monkeypatch.setattr(_pipeline, "create_study", lambda *a, **k: _StubStudy())
+    monkeypatch.setattr(_pipeline, "asdict", lambda s: {})
+    _pipeline.run_settings(_pipeline.Settings(), out, progress=False)
+    assert len(seen) == 1 and "in use" in seen[0], seen
+    assert not (out / LOCK_NAME).exists()
+
+
+def _stub_prepare():
+    return None, None
+
+
+class _StubStudy:
+    study_name = "stub"
+
+    def set_user_attr(self, key, value):
+        pass
+
+
+def test_the_lock_file_is_not_left_behind(tmp_path):
+    out = tmp_path / "run"
+    with claim_out(out):
+        assert (out / LOCK_NAME).is_file()
+    assert not (out / LOCK_NAME).exists()
+    assert isinstance(out, Path) and out.is_dir()
+
+
+# --- untrusted YAML ------------------------------------------------------------------------
+
+_BOMB = """
+zoo:
+  models:
+    - name: bomb
+      source: timm
+      model: test_resnet
+      kwargs:
+        a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]
+        b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+        c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+        d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+        e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+        f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]
+        g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]
+        h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g]
+        i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+def _limited_memory() -> None:  # the child may not take more than 2 GB of address space
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def test_an_alias_bomb_is_refused_at_once_in_little_memory(tmp_path):
+    import time
+
+    config = tmp_path / "bomb.yaml"
+    config.write_text(_BOMB)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", _CONSOLE, "search", str(config), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited_memory,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = _one_line_error(proc.stderr)
+    assert "anchors and aliases (&a)" in line and "(line 8, column 12)" in line, line
+    assert time.perf_counter() - start < 10  # a process start; the refusal itself is instant
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("search:\n  trials: 3\n  sampler: random\n  trials: 500\n")
+    assert main(["search", str(config), "--out", str(tmp_path / "o")]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "key 'trials' is given twice (first on line 2)" in line, line
+    assert "(line 4, column 3)" in line, line
+
+
+def test_a_key_repeated_in_a_nested_mapping_is_refused(tmp_path):
+    from stitch_nas.cli._settings import load_settings
+
+    config = tmp_path / "run.yaml"
+    config.write_text("search:\n  space_options: {models: [a], models: [b]}\n")
+    with pytest.raises(ConfigError, match=r"line 2, column 32\): key 'models' is given twice"):
+        load_settings(config)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "search: {sampler: %s}\n",  # an unknown name
+        "search: {trials: %s}\n",  # a wrong type
+        "search: {space_options: {adapters: [%s]}}\n",  # an unknown plug-in
+    ],
+)
+def test_a_huge_value_is_quoted_short(tmp_path, capsys, text):  # (keys: YAML caps at 1024)
+    config = tmp_path / "run.yaml"
+    config.write_text(text % ("x" * 2_000_000))
+    assert main(["search", str(config), "--out", str(tmp_path / "o")]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert len(line) < 1200 and "xxxx" in line, line[:2000]
+
+
+# --- true messages, early ------------------------------------------------------------------
+
+
+def _study_folder(folder: Path, *, constraints: float | None = None) -> Path:
+    """A search folder whose study has COMPLETE trials 0 and 1 and a FAIL trial 2 (``constraints``:
+    each COMPLETE trial's budget excess, > 0 meaning it missed the budget)."""
+    from optuna.trial import TrialState, create_trial
+
+    folder.mkdir()
+    study = optuna.create_study(
+        storage=f"sqlite:///{folder / 'study.db'}",
+        study_name=folder.name,
+        directions=["maximize", "minimize"],
+    )
+    study.set_user_attr("budgets", {"macs": 10.0})
+    config = StitchConfig((Fragment("resnet", None, None),)).to_dict()
+    extra = {} if constraints is None else {"constraints": {"macs": constraints}}
+    for values in ([0.9, 2e6], [0.8, 1e6]):
+        study.add_trial(create_trial(values=values, user_attrs={"config": config}, **extra))
+    study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "boom"}))
+    return folder
+
+
+@pytest.fixture
+def no_rebuild(monkeypatch):
+    """The zoo must not be rebuilt: the refusal comes from the study alone."""
+    from stitch_nas.cli import _pipeline
+
+    def rebuild(*_args, **_kwargs):
+        raise AssertionError("the zoo was rebuilt before the refusal")
+
+    monkeypatch.setattr(_pipeline, "_rebuild", rebuild)
+
+
+@pytest.mark.parametrize(
+    "trials, says",
+    [
+        ("99999", "trial 99999 does not exist; the study has trials 0..2"),
+        ("0,2", "trial 2 is FAIL (boom)"),
+    ],
+)
+def test_export_of_a_trial_that_cannot_be_is_refused_before_the_zoo_loads(
+    tmp_path, capsys, no_rebuild, trials, says
+):
+    folder = _study_folder(tmp_path / "run")
+    assert main(["export", str(folder), "--trials", trials, "--format", "safetensors"]) == 2
+    assert says in _one_line_error(capsys.readouterr().err)
+    assert not (folder / "models").exists()
+
+
+def test_export_into_a_models_file_is_refused_before_the_zoo_loads(tmp_path, capsys, no_rebuild):
+    folder = _study_folder(tmp_path / "run")
+    (folder / "models").write_text("a file of the user's\n")
+    assert main(["export", str(folder), "--format", "safetensors"]) == 2
+    assert "models is a file" in _one_line_error(capsys.readouterr().err)
+    assert (folder / "models").read_text() == "a file of the user's\n"
+
+
+def test_a_budget_no_trial_met_is_named_not_blamed_on_too_few_trials(tmp_path, capsys, no_rebuild):
+    folder = _study_folder(tmp_path / "run", constraints=5.0)
+    assert main(["export", str(folder), "--format", "safetensors"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "none of the 2 completed trials meets macs=10.0" in line, line
+    assert "run more trials" not in line
+
+
+def test_a_search_whose_trials_all_miss_the_budget_still_ends_well(tmp_path):
+    """The search's own export names why nothing was exported instead of failing the run."""
+    from stitch_nas.export import export_study
+
+    folder = _study_folder(tmp_path / "run", constraints=5.0)
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
+    summary = export_study(study, None, folder / "models", skip_failures=True)  # type: ignore[arg-type]
+    assert summary.describe().startswith("nothing exported: none of the 2 completed trials")
