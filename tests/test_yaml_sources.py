@@ -184,13 +184,18 @@ def test_search_from_yaml_on_split_folders(tmp_path: Path) -> None:
     (tmp_path / "code" / "folder_nets.py").write_text(_NETS)
     model = {"source": "module", "module": "folder_nets:net", "module_path": "code",
              "input_size": 16}  # fmt: skip
-    norm = {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+
+    # written out for each model: a list shared by two would be dumped as an alias, which the
+    # settings loader refuses
+    def norm() -> dict[str, list[float]]:
+        return {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+
     config = {
         "zoo": {
             "mini_zoo": False,
             "models": [
-                model | norm | {"name": "narrow", "kwargs": {"width": 4}},
-                model | norm | {"name": "wide", "kwargs": {"width": 8}},
+                model | norm() | {"name": "narrow", "kwargs": {"width": 4}},
+                model | norm() | {"name": "wide", "kwargs": {"width": 8}},
             ],
         },
         "data": {
