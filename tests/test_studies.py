@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -295,10 +296,17 @@ def test_two_drivers_on_postgresql_survive_one_killed_mid_trial(postgres, tmp_pa
             except KeyError:
                 continue
             trials = study.get_trials(deepcopy=False)
-            if (
-                sum(t.state == Complete for t in trials) >= 2
-                and sum(t.state == Running for t in trials) == 2
-            ):
+            running = [t for t in trials if t.state == Running]
+            # every running trial sampled (its config recorded) and started under a second
+            # ago: the victim's lasts at least 1.5 s, so it is still under way when the kill
+            # lands (a busy machine could otherwise let it finish between this look and it)
+            fresh = all(
+                "config" in t.user_attrs
+                and t.datetime_start is not None
+                and (datetime.now() - t.datetime_start).total_seconds() < 1.0
+                for t in running
+            )
+            if sum(t.state == Complete for t in trials) >= 2 and len(running) == 2 and fresh:
                 break
         victim.send_signal(signal.SIGKILL)
         victim.wait()
