@@ -14,6 +14,9 @@ __all__ = [
     "DESCRIBE",
     "DUPLICATE_OF",
     "FAIL_REASON",
+    "FINETUNED",
+    "FINETUNES",
+    "FINETUNE_CONTROL",
     "KIND",
     "KINDS",
     "MODELS",
@@ -33,6 +36,7 @@ __all__ = [
     "SPLIT_SIZES",
     "TEST_ACCURACY",
     "TEST_RESULTS",
+    "WEIGHTS",
 ]
 
 # --- on each trial ---
@@ -48,6 +52,14 @@ DUPLICATE_OF = "duplicate_of"
 REFERENCE_OF = "reference_of"
 #: a refinement (search._refine): the number of the least-squares trial it retrains
 REFINES = "refines"
+#: a fine-tuned network (``stitch_nas.finetune``): the number of the trial it trained further
+#: (same config, same costs; only its weights and accuracy differ)
+FINETUNES = "finetunes"
+#: ... what trained it: ``{"recipe": FinetuneRecipe.to_dict(), "report": FinetuneReport}``
+FINETUNED = "finetuned"
+#: ... and its weights: a safetensors file, relative to the search's folder (the config alone
+#: rebuilds the network it started from, not the one it became)
+WEIGHTS = "weights"
 #: the config's CKA chain score on the probe split
 CKA = "cka"
 #: why a PRUNED trial was pruned
@@ -92,6 +104,9 @@ TEST_RESULTS = "test_results"
 #: ``{"<trial number>": kind}`` of front networks whose trials lack ``KIND`` (measured by an older
 #: version), recorded by the test pass, which has the zoo to work the kinds out
 KINDS = "kinds"
+#: the honest control of the fine-tune stage: the zoo's front models fine-tuned with the same
+#: recipe, ``{name: {"accuracy": val, "test_accuracy": test, "finetuned": {...}}}``
+FINETUNE_CONTROL = "finetune_control"
 #: a zoo reference's accuracy on the test split (a key of each ``REFERENCES`` dict); also the
 #: field name in ``pareto.json``, ``trials.csv`` and an export's ``meta.json``
 TEST_ACCURACY = "test_accuracy"

@@ -41,6 +41,11 @@ def _run(capsys, *argv):
             "search: {refine_trials: 2, refine_adapters: [{kind: linear, stepz: 3}]}\n",
             "stepz",
         ),
+        ("finetune: {networks: 0}\n", "finetune.networks=0 must be >= 1"),
+        ("finetune: {epochs: 3}\n", "unknown key finetune.epochs"),
+        ("finetune: {recipe: 3}\n", "finetune.recipe must be a mapping"),
+        ("finetune: {recipe: {lr: -1}}\n", "finetune.recipe.lr=-1 is invalid"),
+        ("finetune: {recipe: {epoch: 3}}\n", "unknown finetune.recipe key 'epoch'"),
     ],
 )
 def test_bad_config_files_exit_2_with_one_line(capsys, tmp_path, text, match):

@@ -58,14 +58,14 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     ],
 )
 def test_a_bad_recipe_value_is_one_line_naming_it(field: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=rf"finetune\.{field}="):
+    with pytest.raises(ConfigError, match=rf"finetune\.recipe\.{field}="):
         FinetuneRecipe(**{field: value})  # type: ignore[arg-type]
 
 
 def test_recipe_round_trips_and_refuses_unknown_keys() -> None:
     recipe = FinetuneRecipe(lr=0.003, epochs=4, teacher="resnet")
     assert FinetuneRecipe.from_dict(recipe.to_dict()) == recipe
-    with pytest.raises(ConfigError, match="unknown finetune key 'epoch'"):
+    with pytest.raises(ConfigError, match="unknown finetune.recipe key 'epoch'"):
         FinetuneRecipe.from_dict({"epoch": 3})
 
 

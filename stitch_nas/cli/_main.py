@@ -6,6 +6,7 @@ Every error a user can cause ends in one line on stderr and exit code 2, never a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -130,6 +131,13 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
         "--no-export", action="store_true", help="do not export the Pareto front to OUT/models"
     )
     parser.add_argument(
+        "--finetune",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train networks of the stitched front further after the search (the YAML's "
+        "finetune section says how; default: off)",
+    )
+    parser.add_argument(
         "--executor", choices=["local", "ray"], default=None, help="where trials run (local)"
     )
     parser.add_argument("--workers", type=int, default=None, help="Ray workers (default 2)")
@@ -220,6 +228,11 @@ def _run_search(args: argparse.Namespace) -> int:
         settings.zoo.cache_dir = args.cache_dir
     if args.no_export:
         settings.search.export = False
+    if args.finetune is not None:
+        settings.finetune.enabled = args.finetune
+        if args.command == "demo":  # digits: a mirrored 2 is no 2, and the demo stays short
+            recipe = dataclasses.replace(settings.finetune.recipe, augment=False, epochs=3)
+            settings.finetune.recipe = recipe
     for option in ("executor", "workers", "ray_address", "storage"):
         if getattr(args, option) is not None:
             setattr(settings.search, option, getattr(args, option))

@@ -153,6 +153,10 @@ def _prepare(
         fuse=search.fuse,
     )
     check_budget_reachable(objective)  # needs the zoo; before the study exists
+    if settings.finetune.enabled:
+        from stitch_nas.finetune import check_stage
+
+        check_stage(zoo.names(), settings.finetune.recipe)
     from ._preflight import check_first_sample
 
     check_first_sample(objective)
@@ -195,9 +199,11 @@ def _search(
     else:  # on --resume / --join the study also holds earlier trials
         held = f" (the study holds {total})" if total != ran else ""
         echo(f"{ran} trials in {time.perf_counter() - start:.1f} s{held}")
+    if settings.finetune.enabled:  # the front is chosen; its networks train on the train split
+        echo(_finetune(settings, out_dir, ctx, study, progress, echo).describe())
     # the front is chosen on validation: its networks and the zoo's are measured once more on
     # the test split, which no choice used, before anything is reported
-    echo(measure_holdout(study, ctx, fuse=search.fuse).describe())
+    echo(measure_holdout(study, ctx, fuse=search.fuse, folder=out_dir).describe())
     summary = write_report(study, out_dir)
     if search.export:
         models = Path(out_dir) / "models"
@@ -211,9 +217,35 @@ def _search(
             fuse=search.fuse,
             progress=progress,
             skip_failures=True,
+            folder=out_dir,
         )
         echo(export.describe())
     return summary
+
+
+def _finetune(
+    settings: Settings,
+    out_dir: Path,
+    ctx: StitchContext,
+    study: Any,
+    progress: bool,
+    echo: Callable[[str], Any],
+):
+    """The fine-tune stage (:func:`stitch_nas.finetune.finetune_front`) as settings say."""
+    from stitch_nas.finetune import finetune_front
+
+    stage = settings.finetune
+    return finetune_front(
+        study,
+        ctx,
+        stage.recipe,
+        out_dir,
+        networks=stage.networks,
+        control=stage.control,
+        fuse=settings.search.fuse,
+        progress=progress,
+        echo=echo,
+    )
 
 
 def _resolve_device(device: str) -> str:
@@ -268,7 +300,7 @@ def report_folder(
     study = load_folder_study(out_dir, storage=storage, study_name=study_name)
     if test and any(holdout_missing(study)):
         ctx, settings = _rebuild(study, out_dir, progress)
-        echo(measure_holdout(study, ctx, fuse=settings.search.fuse).describe())
+        echo(measure_holdout(study, ctx, fuse=settings.search.fuse, folder=out_dir).describe())
     return write_report(study, out_dir)
 
 
@@ -305,7 +337,8 @@ def export_folder(
     ``storage`` and ``study_name``: as for :func:`report_folder`.
     """
     study = load_folder_study(out_dir, storage=storage, study_name=study_name)
-    export_items(study, trials)  # a trial that cannot be exported: refused before the zoo loads
+    # a trial that cannot be exported: refused before the zoo loads
+    export_items(study, trials, Path(out_dir))
     models = Path(out_dir) / "models"
     if models.exists() and not models.is_dir():
         raise ExportError(f"{models} is a file; move it away, the networks are written there")
@@ -319,4 +352,5 @@ def export_folder(
         elastic=elastic,
         fuse=settings.search.fuse,
         progress=progress,
+        folder=Path(out_dir),
     )

@@ -11,8 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas.errors import ConfigError, shorten
+from stitch_nas.finetune import FinetuneRecipe
 
-__all__ = ["ZooSettings", "DataSettings", "SearchSettings", "Settings", "load_settings"]
+__all__ = [
+    "ZooSettings",
+    "DataSettings",
+    "SearchSettings",
+    "FinetuneSettings",
+    "Settings",
+    "load_settings",
+]
 
 
 @dataclass
@@ -89,10 +97,23 @@ class SearchSettings:
 
 
 @dataclass
+class FinetuneSettings:
+    """The fine-tune stage after the search (also ``--finetune``): networks of the stitched
+    front trained further (:mod:`stitch_nas.finetune`)."""
+
+    enabled: bool = False  #: run the stage
+    networks: int = 4  #: networks of the stitched front, spread over its MACs, trained further
+    control: bool = False  #: also fine-tune the zoo's front models alike (the honest control)
+    #: how they train: keys of ``FinetuneRecipe`` (train, teacher, k, epochs, lr, ...)
+    recipe: FinetuneRecipe = field(default_factory=FinetuneRecipe)
+
+
+@dataclass
 class Settings:
     zoo: ZooSettings = field(default_factory=ZooSettings)
     data: DataSettings = field(default_factory=DataSettings)
     search: SearchSettings = field(default_factory=SearchSettings)
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
 
 
 #: keys whose default None means "decided at run time", with the type of their other values
@@ -149,11 +170,25 @@ def _section(cls: type, section: str, raw: Any) -> Any:
     return cls(**values)
 
 
+def _finetune_section(raw: Any) -> FinetuneSettings:
+    """The ``finetune`` section: the stage's keys checked here, the recipe by the recipe."""
+    recipe = raw.get("recipe") if isinstance(raw, dict) else None
+    if recipe is not None and not isinstance(recipe, dict):
+        raise ConfigError(f"finetune.recipe must be a mapping, got {type(recipe).__name__}")
+    stage = {k: v for k, v in raw.items() if k != "recipe"} if isinstance(raw, dict) else raw
+    out = _section(FinetuneSettings, "finetune", stage)
+    if out.networks < 1:
+        raise ConfigError(f"finetune.networks={out.networks} must be >= 1")
+    if recipe is not None:
+        out.recipe = FinetuneRecipe.from_dict(recipe)
+    return out
+
+
 def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
     """Check a whole configuration (as read from YAML) and return it as :class:`Settings`.
 
     Args:
-        raw: the mapping with ``zoo``, ``data`` and ``search`` sections.
+        raw: the mapping with ``zoo``, ``data``, ``search`` and ``finetune`` sections.
         base: the folder relative paths start from (the YAML file's); None: as given, that
             is relative to the working directory. Paths are stored absolute.
     """
@@ -163,16 +198,20 @@ def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError("the config file must hold a mapping with zoo/data/search sections")
-    unknown = sorted(set(raw) - {"zoo", "data", "search"})
+        raise ConfigError(
+            "the config file must hold a mapping with zoo/data/search/finetune sections"
+        )
+    sections = [f.name for f in fields(Settings)]
+    unknown = sorted(set(raw) - set(sections))
     if unknown:
         raise ConfigError(
-            f"unknown section {shorten(unknown[0])}; valid sections: zoo, data, search"
+            f"unknown section {shorten(unknown[0])}; valid sections: {', '.join(sections)}"
         )
     settings = Settings(
         zoo=_section(ZooSettings, "zoo", raw.get("zoo")),
         data=_section(DataSettings, "data", raw.get("data")),
         search=_section(SearchSettings, "search", raw.get("search")),
+        finetune=_finetune_section(raw.get("finetune")),
     )
     items = [check_zoo_item(item, i, base) for i, item in enumerate(settings.zoo.models)]
     settings.zoo.models = items

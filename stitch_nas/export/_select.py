@@ -13,8 +13,8 @@ from optuna.trial import FrozenTrial, TrialState
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
-from stitch_nas.errors import ExportError
-from stitch_nas.report import pareto_trials
+from stitch_nas.errors import ConfigError, ExportError
+from stitch_nas.report import pareto_trials, trial_weights
 from stitch_nas.report._pareto import first_of_each_network, is_feasible
 from stitch_nas.stitching import Measurement
 
@@ -94,15 +94,18 @@ def select_trials(study: optuna.Study, trials: str | Sequence[int]) -> list[Froz
     return kept
 
 
-def export_items(study: optuna.Study, trials: str | Sequence[int]) -> list[ExportItem]:
+def export_items(
+    study: optuna.Study, trials: str | Sequence[int], folder: Path | None = None
+) -> list[ExportItem]:
     """What :func:`export_study` would export, read from the study alone (no zoo needed), so
-    a trial that cannot be exported is refused before any model loads.
+    a trial that cannot be exported is refused before any model loads (``folder``: the
+    search's, where fine-tuned networks keep their weights).
 
     Raises:
         ExportError: a trial that does not exist or did not complete, or nothing to export
             (saying why: no completed trial, or none that meets the budgets).
     """
-    items = [_item(t) for t in select_trials(study, trials)]
+    items = [_item(t, folder) for t in select_trials(study, trials)]
     if items:
         return items
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -118,13 +121,22 @@ def export_items(study: optuna.Study, trials: str | Sequence[int]) -> list[Expor
     raise ExportError("no completed trial on the Pareto front to export")
 
 
-def _item(trial: FrozenTrial) -> ExportItem:
+def _item(trial: FrozenTrial, folder: Path | None) -> ExportItem:
     ua = trial.user_attrs
     if attrs.CONFIG not in ua:
         raise ExportError(f"trial {trial.number} records no config; it was not run by stitch_nas")
     metrics = {k: ua[k] for k in _METRICS if k in ua}
     config = StitchConfig.from_dict(ua[attrs.CONFIG])
-    return ExportItem(f"trial_{trial.number}", config, metrics, trial.number)
+    try:
+        weights = trial_weights(trial, folder)
+    except ConfigError as exc:
+        raise ExportError(str(exc)) from None
+    if weights is not None and not weights.is_file():
+        raise ExportError(
+            f"trial {trial.number} was fine-tuned but its weights {weights} are missing; export "
+            "from the folder the search wrote"
+        )
+    return ExportItem(f"trial_{trial.number}", config, metrics, trial.number, weights)
 
 
 def export_study(
@@ -138,10 +150,12 @@ def export_study(
     fuse: bool = False,
     progress: bool = False,
     skip_failures: bool = False,
+    folder: Path | None = None,
 ) -> ExportSummary:
     """Export the chosen trials of ``study`` to ``dest/trial_<n>/`` (and ``dest/elastic/``).
 
     Args:
+        folder: the search's folder, where fine-tuned networks keep their weights.
         skip_failures: a network that cannot be exported (it no longer measures as its trial
             did, e.g. an adapter trained under a ``seconds`` budget) is named in
             ``summary.skipped`` and the others are exported; otherwise its error is raised.
@@ -149,7 +163,7 @@ def export_study(
     from tqdm.auto import tqdm
 
     try:
-        items = export_items(study, trials)
+        items = export_items(study, trials, folder)
     except ExportError as exc:
         if not skip_failures:
             raise

@@ -35,8 +35,8 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.files import atomic_folder
-from stitch_nas.report import accuracy_figures, accuracy_on
-from stitch_nas.stitching import StitchedNet, fit_net_head, head_recipe, measure, reproduces
+from stitch_nas.report import accuracy_figures, accuracy_on, rebuild
+from stitch_nas.stitching import StitchedNet, fit_net_head, head_recipe, reproduces
 from stitch_nas.zoo import check_architecture
 
 from ._files import checksums, save_weights
@@ -62,17 +62,19 @@ _WRITER = ".stitch_nas-export-writer.json"
 
 @dataclass(frozen=True)
 class ExportItem:
-    """One network to export: its folder name, config and what the search measured."""
+    """One network to export: its folder name, config and what the search measured
+    (``weights``: the file of a fine-tuned network's weights; None: its config rebuilds it)."""
 
     name: str
     config: StitchConfig
     metrics: Mapping[str, Any]
     trial: int | None = None
+    weights: Path | None = None
 
 
 def _network(ctx: StitchContext, item: ExportItem, fuse: bool) -> ExportedNet:
     """Rebuild ``item`` exactly as the search measured it, and check that it measures the same."""
-    net, result = measure(ctx, item.config, fuse=fuse)
+    net, result = rebuild(ctx, item.config, fuse=fuse, weights=item.weights)
     recorded = item.metrics.get("accuracy")
     if recorded is not None and not reproduces(ctx, result.accuracy, float(recorded)):
         raise ExportError(

@@ -5,26 +5,70 @@ its anchors; DeRy fine-tunes reassembled networks end to end. Here a network of 
 trained on its own copy of the zoo's fragments (:func:`finetune`) from the zoo's best models
 (:func:`make_teacher`), with augmentation, a cosine schedule and early stopping on a held-out
 slice of the train split, under one recorded :class:`FinetuneRecipe`; the same recipe applied
-to the zoo's own models is the honest control.
+to the zoo's own models is the honest control. :func:`finetune_front` is the search's stage.
+
+The recipe imports without torch (the CLI checks it before loading anything); the rest loads
+on first use.
 """
 
-from ._augment import Augment, pad_crop_flip
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from ._recipe import OPTIMIZERS, TRAINS, FinetuneRecipe
-from ._teacher import Teacher, best_models, make_teacher
-from ._train import FinetuneReport, distillation_loss, finetune, holdout_rows, trained_parts
+
+if TYPE_CHECKING:
+    from ._augment import Augment, pad_crop_flip
+    from ._stage import FinetuneStage, Tuned, check_stage, finetune_front, spread
+    from ._teacher import Teacher, best_models, make_teacher
+    from ._train import (
+        FinetuneReport,
+        distillation_loss,
+        finetune,
+        holdout_rows,
+        trained_parts,
+    )
+
+_LAZY = {
+    "Augment": "_augment",
+    "pad_crop_flip": "_augment",
+    "FinetuneStage": "_stage",
+    "Tuned": "_stage",
+    "check_stage": "_stage",
+    "finetune_front": "_stage",
+    "spread": "_stage",
+    "Teacher": "_teacher",
+    "best_models": "_teacher",
+    "make_teacher": "_teacher",
+    "FinetuneReport": "_train",
+    "distillation_loss": "_train",
+    "finetune": "_train",
+    "holdout_rows": "_train",
+    "trained_parts": "_train",
+}
 
 __all__ = [
     "Augment",
     "FinetuneRecipe",
     "FinetuneReport",
+    "FinetuneStage",
     "OPTIMIZERS",
     "TRAINS",
     "Teacher",
+    "Tuned",
     "best_models",
+    "check_stage",
     "distillation_loss",
     "finetune",
+    "finetune_front",
     "holdout_rows",
     "make_teacher",
     "pad_crop_flip",
+    "spread",
     "trained_parts",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

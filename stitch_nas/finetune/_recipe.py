@@ -115,7 +115,7 @@ class FinetuneRecipe:
         for name, (ok, rule) in checks.items():
             if not ok:
                 value = repr(getattr(self, name))[:80]
-                raise ConfigError(f"finetune.{name}={value} is invalid; use {rule}")
+                raise ConfigError(f"finetune.recipe.{name}={value} is invalid; use {rule}")
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as JSON-ready values (what a fine-tuned trial records)."""
@@ -128,6 +128,6 @@ class FinetuneRecipe:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(
-                f"unknown finetune key {unknown[0]!r}; use any of {', '.join(sorted(known))}"
+                f"unknown finetune.recipe key {unknown[0]!r}; use any of {', '.join(sorted(known))}"
             )
         return cls(**data)

@@ -10,6 +10,8 @@ from ._holdout import (
     holdout_missing,
     holdout_trials,
     measure_holdout,
+    rebuild,
+    trial_weights,
 )
 from ._intervals import accuracy_figures, wilson_interval
 from ._kinds import stitched_front
@@ -40,8 +42,10 @@ __all__ = [
     "hypervolume_box",
     "measure_holdout",
     "pareto_trials",
+    "rebuild",
     "split_hypervolumes",
     "stitched_front",
+    "trial_weights",
     "wilson_interval",
     "write_report",
     "zoo_claims",

@@ -22,6 +22,12 @@ per-image correctness) would weigh the noise of both.
 The networks judged are those the test pass measured (:func:`~stitch_nas.report.holdout_trials`):
 the study's front and the front of its stitched networks alone, both chosen on validation.
 
+**The control.** Where the search's fine-tune stage trained the zoo's front models with the
+recipe its networks had (``attrs.FINETUNE_CONTROL``), the claims and the test hypervolumes are
+given a second time, against the zoo so trained (``control=True``, ``"test_control"``): a
+network trained further beats a zoo model only honestly if it also beats that model trained
+as much.
+
 **Hypervolumes** of the zoo's models alone, of the front alone, of front + zoo and of the
 stitched networks' own front + zoo (what stitching adds, apart from new heads and stems) are
 computed in the normalised box of :func:`~stitch_nas.report.hypervolume_box` (reference point:
@@ -55,7 +61,7 @@ from ._pareto import (
     zoo_references,
 )
 
-__all__ = ["DOMINATION_RULE", "split_hypervolumes", "zoo_claims"]
+__all__ = ["DOMINATION_RULE", "control_accuracies", "split_hypervolumes", "zoo_claims"]
 
 DOMINATION_RULE = (
     "a stitched network dominates a zoo model when it costs no more on every other objective "
@@ -85,6 +91,17 @@ def _four(
     }
 
 
+def control_accuracies(study: optuna.Study) -> dict[str, float]:
+    """Test accuracy of each zoo model the fine-tune stage's control trained, by name."""
+    control = study.user_attrs.get(attrs.FINETUNE_CONTROL) or {}
+    out = {}
+    for name, entry in control.items():
+        test = finite_number(entry.get(attrs.TEST_ACCURACY)) if isinstance(entry, dict) else None
+        if test is not None:
+            out[str(name)] = float(test)
+    return out
+
+
 def _with_test(values: list[float], index: int, test: float) -> list[float]:
     return [test if i == index else v for i, v in enumerate(values)]
 
@@ -96,7 +113,9 @@ def split_hypervolumes(study: optuna.Study) -> dict[str, Any]:
     Returns:
         ``reference_point`` and ``ideal_point`` (raw units), ``val`` and ``test``: each
         ``{"zoo", "front", "union", "stitched_union"}``; ``test`` is None when accuracy is not
-        an objective or a measured network or zoo model has no test accuracy.
+        an objective or a measured network or zoo model has no test accuracy;
+        ``test_control``: ``test`` with the zoo fine-tuned by the control, where it was
+        (None without a control).
     """
     objectives = objective_names(study)
     front, stitched = pareto_trials(study), stitched_front(study)
@@ -120,6 +139,14 @@ def split_hypervolumes(study: optuna.Study) -> dict[str, Any]:
 
         zoo_test = [_with_test(v, i, float(r[attrs.TEST_ACCURACY])) for r, v in refs]
         out["test"] = _four(on_test(front), on_test(stitched), zoo_test, study)
+        control = control_accuracies(study)
+        if control:
+            tuned = [
+                _with_test(v, i, control.get(str(r["name"]), float(r[attrs.TEST_ACCURACY])))
+                for r, v in refs
+            ]
+            out["test_control"] = _four(on_test(front), on_test(stitched), tuned, study)
+    out.setdefault("test_control", None)
     return out
 
 
@@ -132,10 +159,12 @@ def _costs_no_more(
     return True
 
 
-def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
+def zoo_claims(study: optuna.Study, *, control: bool = False) -> list[dict[str, Any]]:
     """For each zoo model, the front networks that dominate or match it on test.
 
-    The rule is the module docstring's (and :data:`DOMINATION_RULE`).
+    The rule is the module docstring's (and :data:`DOMINATION_RULE`). With ``control``, each
+    zoo model the fine-tune stage's control trained is judged at its fine-tuned test accuracy
+    (``"finetuned": True`` in its dict); the others as given.
 
     Returns:
         One dict per zoo model: ``reference`` (name), ``test_accuracy`` (None if not measured),
@@ -151,6 +180,7 @@ def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
     tests, n_test = holdout_accuracies(study), split_sizes(study).get("test")
     recorded = recorded_kinds(study)
     measured = holdout_trials(study)
+    tuned = control_accuracies(study) if control else {}
     kinds = {t.number: trial_kind(t, recorded) for t in measured}
     # a zoo model alone on the front (refitted head aside) is no claim of the search
     judged: list[FrozenTrial] = [
@@ -158,9 +188,10 @@ def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
     ]
     out = []
     for ref in zoo_references(study):
+        name = str(ref["name"])
         claim: dict[str, Any] = {
-            "reference": str(ref["name"]),
-            attrs.TEST_ACCURACY: finite_number(ref.get(attrs.TEST_ACCURACY)),
+            "reference": name,
+            attrs.TEST_ACCURACY: tuned.get(name, finite_number(ref.get(attrs.TEST_ACCURACY))),
             "dominated_by": [],
             "matched_by": [],
             "dominated_by_other": [],
@@ -168,6 +199,8 @@ def zoo_claims(study: optuna.Study) -> list[dict[str, Any]]:
             "kinds": {},
             "status": "judged",
         }
+        if control:
+            claim["finetuned"] = name in tuned
         out.append(claim)
         point, zoo_test = reference_values(ref, objectives), claim[attrs.TEST_ACCURACY]
         if "accuracy" not in objectives:

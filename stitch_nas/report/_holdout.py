@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -34,8 +35,10 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.stitching import (
+    Measurement,
     StitchedNet,
     fit_net_head,
+    load_tuned,
     measure,
     net_outputs,
     network_kind,
@@ -58,7 +61,9 @@ __all__ = [
     "holdout_missing",
     "holdout_trials",
     "measure_holdout",
+    "rebuild",
     "split_sizes",
+    "trial_weights",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,11 +136,39 @@ def holdout_missing(study: optuna.Study) -> tuple[list[FrozenTrial], list[str]]:
     return trials, refs
 
 
+def trial_weights(trial: FrozenTrial, folder: Path | None) -> Path | None:
+    """The file of a fine-tuned trial's weights; None when its config alone rebuilds it."""
+    name = trial.user_attrs.get(attrs.WEIGHTS)
+    if name is None:
+        return None
+    if folder is None:
+        raise ConfigError(
+            f"trial {trial.number} was fine-tuned and its weights are in the search's folder; "
+            "pass that folder (folder=...)"
+        )
+    return Path(folder) / str(name)
+
+
+def rebuild(
+    ctx: StitchContext, config: StitchConfig, *, fuse: bool, weights: Path | None = None
+) -> tuple[StitchedNet, Measurement]:
+    """A network as the search measured it, measured again on validation: ``config`` built,
+    with the fine-tuned ``weights`` loaded when it has them."""
+    if weights is None:
+        return measure(ctx, config, fuse=fuse)
+    return measure(ctx, config, net=load_tuned(ctx, config, weights, fuse=fuse))
+
+
 def _val_and_test(
-    ctx: StitchContext, config: StitchConfig, recorded: float | None, what: str, fuse: bool
+    ctx: StitchContext,
+    config: StitchConfig,
+    recorded: float | None,
+    what: str,
+    fuse: bool,
+    weights: Path | None = None,
 ) -> float:
     """Rebuild ``config``, check its validation accuracy against the search's, return test's."""
-    net, result = measure(ctx, config, fuse=fuse)
+    net, result = rebuild(ctx, config, fuse=fuse, weights=weights)
     if recorded is not None and not reproduces(ctx, result.accuracy, recorded):
         raise ConfigError(
             f"{what}: the rebuilt network measures validation accuracy {result.accuracy:.4f}, the "
@@ -157,7 +190,9 @@ def _record_kinds(study: optuna.Study, ctx: StitchContext) -> None:
         study.set_user_attr(attrs.KINDS, kinds)
 
 
-def measure_holdout(study: optuna.Study, ctx: StitchContext, *, fuse: bool = False) -> HoldoutPass:
+def measure_holdout(
+    study: optuna.Study, ctx: StitchContext, *, fuse: bool = False, folder: Path | None = None
+) -> HoldoutPass:
     """Measure the fronts' networks (:func:`holdout_trials`) and the zoo's models on the test
     split; record on ``study``.
 
@@ -165,6 +200,7 @@ def measure_holdout(study: optuna.Study, ctx: StitchContext, *, fuse: bool = Fal
         study: The search's study, with its zoo references.
         ctx: The zoo and data the search ran on (the same data: the check below fails otherwise).
         fuse: The search's ``fuse`` setting, so the rebuilt networks are the measured ones.
+        folder: The search's folder, where fine-tuned networks keep their weights.
 
     Returns:
         What was measured now (figures already on the study are kept, not measured again).
@@ -190,7 +226,8 @@ def measure_holdout(study: optuna.Study, ctx: StitchContext, *, fuse: bool = Fal
         config = StitchConfig.from_dict(trial_config(trial))
         val = trial_metric(trial, "accuracy", [])
         what = f"trial {trial.number}"
-        results[str(trial.number)] = _val_and_test(ctx, config, val, what, fuse)
+        weights = trial_weights(trial, folder)
+        results[str(trial.number)] = _val_and_test(ctx, config, val, what, fuse, weights)
         logger.info("trial %d: test accuracy %.4f", trial.number, results[str(trial.number)])
     refs = zoo_references(study)
     for ref in refs:

@@ -15,6 +15,7 @@ so the test pass measures this front as well as the study's own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,14 +58,17 @@ def kind_text(kind: str | None) -> str:
     return "kind unknown" if kind is None else kind
 
 
-def stitched_front(study: optuna.Study) -> list[FrozenTrial]:
+def stitched_front(
+    study: optuna.Study, keep: Callable[[FrozenTrial], bool] | None = None
+) -> list[FrozenTrial]:
     """The non-dominated feasible completed trials of kind "stitched", compared only with each
-    other (each network once, cheapest first as :func:`~stitch_nas.report.pareto_trials`)."""
+    other (each network once, cheapest first as :func:`~stitch_nas.report.pareto_trials`);
+    ``keep``: only the trials it accepts take part."""
     recorded = recorded_kinds(study)
     trials = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if is_feasible(t) and trial_kind(t, recorded) == STITCHED
+        if is_feasible(t) and trial_kind(t, recorded) == STITCHED and (keep is None or keep(t))
     ]
     if not trials:
         return []

@@ -27,7 +27,7 @@ from stitch_nas import attrs
 from stitch_nas.files import atomic_write
 from stitch_nas.stitching import STITCHED
 
-from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
+from ._claims import DOMINATION_RULE, control_accuracies, split_hypervolumes, zoo_claims
 from ._holdout import holdout_accuracies, split_sizes
 from ._html import report_html
 from ._intervals import accuracy_figures
@@ -75,6 +75,9 @@ def _front_row(
         n_fragments=n_fragments(trial),
         kind=kind,  # None: an older version's trial the test pass has not seen
         stitched=None if kind is None else kind == STITCHED,
+        # a network the fine-tune stage trained further: from which trial, and how
+        finetunes=trial.user_attrs.get(attrs.FINETUNES),
+        finetuned=trial.user_attrs.get(attrs.FINETUNED),
     )
     return row
 
@@ -131,6 +134,8 @@ class ReportSummary:
     stitched: list[dict[str, Any]]
     hypervolumes: dict[str, Any]  #: :func:`~stitch_nas.report.split_hypervolumes`
     claims: list[dict[str, Any]]  #: :func:`~stitch_nas.report.zoo_claims`
+    #: the same against the zoo fine-tuned by the fine-tune stage's control (None: no control)
+    control_claims: list[dict[str, Any]] | None
     counts: dict[str, int]
     references: list[dict[str, Any]]
     sizes: dict[str, Any]  #: data set name and images per split
@@ -174,16 +179,30 @@ class ReportSummary:
                 continue
             z, f, u, s = (hv[split][k] for k in ("zoo", "front", "union", "stitched_union"))
             lines.append(f"  {word:<10} {z:>10.4f} {f:>12.4f} {u:>12.4f} {s:>15.4f}")
+        if hv.get("test_control") is not None:
+            z, f, u, s = (
+                hv["test_control"][k] for k in ("zoo", "front", "union", "stitched_union")
+            )
+            lines.append(f"  {'test *':<10} {z:>10.4f} {f:>12.4f} {u:>12.4f} {s:>15.4f}")
+            lines.append(
+                "  (* the zoo's front models fine-tuned with the recipe of the front's networks)"
+            )
         lines.append(
             "  (stitched + zoo: the front of the stitched networks alone, with the zoo's models)"
         )
         return lines
 
-    def claim_lines(self) -> list[str]:
-        """One line per zoo model: dominated, matched within noise, or neither (on test)."""
+    def claim_lines(self, control: bool = False) -> list[str]:
+        """One line per zoo model: dominated, matched within noise, or neither (on test);
+        ``control``: against the zoo fine-tuned by the control."""
         fronts = {r["number"]: r for r in self.front + self.stitched}
         lines = []
-        for c in self.claims:
+        claims = (self.control_claims or []) if control else self.claims
+        if control and claims:
+            lines.append(
+                "against the zoo's front models fine-tuned with the same recipe (the control):"
+            )
+        for c in claims:
             name, zoo_test = c["reference"], c[attrs.TEST_ACCURACY]
             if c["status"] != "judged":
                 why = {
@@ -202,7 +221,8 @@ class ReportSummary:
                     for n in numbers
                 )
 
-            head = f"  {name} (test {zoo_test:.4f}):"
+            tuned = " fine-tuned" if c.get("finetuned") else ""
+            head = f"  {name}{tuned} (test {zoo_test:.4f}):"
             if c["dominated_by"]:
                 lines.append(f"{head} dominated by stitched {who(c['dominated_by'])}")
             elif c["matched_by"]:
@@ -256,6 +276,7 @@ class ReportSummary:
         lines += ["", *self.hypervolume_lines(), ""]
         lines += textwrap.wrap(f"claims, on test only: {DOMINATION_RULE}.", width=100)
         lines += self.claim_lines()
+        lines += self.claim_lines(control=True)
         return "\n".join(lines)
 
 
@@ -337,6 +358,7 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
         stitched,
         hypervolumes=split_hypervolumes(study),
         claims=zoo_claims(study),
+        control_claims=zoo_claims(study, control=True) if control_accuracies(study) else None,
         counts=counts,
         references=refs,
         sizes=sizes,
@@ -353,6 +375,8 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
         "hypervolume": summary.hypervolumes,
         "domination_rule": DOMINATION_RULE,
         "claims": summary.claims,
+        "claims_against_control": summary.control_claims,
+        "finetune_control": study.user_attrs.get(attrs.FINETUNE_CONTROL),
         "front": front,
         "stitched_front": stitched,
         "references": refs,
@@ -366,7 +390,12 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     atomic_write(paths[0], _trials_csv(study, objectives, {r["number"]: r for r in front}))
     atomic_write(paths[1], text.encode())
     atomic_write(paths[2], plot_png(study, heading, note))
-    lines = [*summary.hypervolume_lines(), "", *summary.claim_lines()]
+    lines = [
+        *summary.hypervolume_lines(),
+        "",
+        *summary.claim_lines(),
+        *summary.claim_lines(control=True),
+    ]
     page = report_html(study, heading, front, refs, lines)
     atomic_write(paths[3], page.encode())
     logger.info("wrote the report of %d trials to %s", len(study.trials), out)

@@ -147,6 +147,8 @@ def refine_study(
     for t in done:
         if attrs.CONFIG not in t.user_attrs or not all(c <= 0 for c in t.constraints.values()):
             continue
+        if attrs.FINETUNES in t.user_attrs:  # trained already, and by the stage after this one
+            continue
         measured = _measured(t, objective.names, objective.budgets)
         if measured is not None:
             rows.append(t)

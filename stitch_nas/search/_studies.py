@@ -280,6 +280,9 @@ def is_repeat(trial: optuna.trial.FrozenTrial) -> bool:
 
 def completed_count(study: optuna.Study) -> int:
     """Finished (COMPLETE or PRUNED) trials that evaluated a network of their own, i.e. not a
-    repeat (:func:`is_repeat`)."""
+    repeat (:func:`is_repeat`); the fine-tune stage's trials are not trials of the search."""
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    return sum(not is_repeat(t) for t in study.get_trials(deepcopy=False, states=states))
+    return sum(
+        not is_repeat(t) and attrs.FINETUNES not in t.user_attrs
+        for t in study.get_trials(deepcopy=False, states=states)
+    )

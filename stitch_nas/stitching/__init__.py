@@ -33,6 +33,7 @@ from ._measure import (
     reproduces,
 )
 from ._proxy import ProbeScore, keep_probe_score, least_squares_version, probe_accuracy
+from ._tuned import load_tuned, save_tuned
 
 __all__ = [
     "ProbeScore",
@@ -58,6 +59,8 @@ __all__ = [
     "fit_net_head",
     "fragment_macs",
     "head_accuracy",
+    "load_tuned",
+    "save_tuned",
     "head_from_recipe",
     "head_recipe",
     "register_head",

@@ -1,0 +1,168 @@
+"""The fine-tune stage of a search: settings, choice of networks, recording, control, export."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+import torch
+
+from stitch_nas import attrs, load
+from stitch_nas.cli import main
+from stitch_nas.cli._settings import settings_from_dict
+from stitch_nas.errors import ConfigError
+from stitch_nas.finetune import FinetuneRecipe, check_stage, spread
+from stitch_nas.search import load_folder_study
+from stitch_nas.stitching import load_tuned
+
+# on the digits mini zoo: a short recipe that lifts one of the front's stitched networks (seed 0)
+RECIPE = {"lr": 0.001, "epochs": 3, "augment": False}
+
+
+def test_settings_read_the_stage_and_its_recipe_and_round_trip() -> None:
+    raw = {"finetune": {"enabled": True, "networks": 2, "control": True, "recipe": RECIPE}}
+    settings = settings_from_dict(raw)
+    assert settings.finetune.enabled and settings.finetune.networks == 2
+    assert settings.finetune.recipe == FinetuneRecipe(**RECIPE)
+    # the study stores asdict(settings); `stitch-nas export` reads it back
+    again = settings_from_dict(json.loads(json.dumps(asdict(settings))))
+    assert again == settings
+    assert not settings_from_dict({}).finetune.enabled  # off unless asked for
+
+
+def test_spread_takes_the_ends_and_evenly_between() -> None:
+    trials = list(range(10))
+    assert spread(trials, 4) == [0, 3, 6, 9]  # type: ignore[arg-type]
+    assert spread(trials, 2) == [0, 9]  # type: ignore[arg-type]
+    assert spread(trials, 1) == [9]  # type: ignore[arg-type]
+    assert spread(trials[:3], 5) == [0, 1, 2]  # type: ignore[arg-type]
+
+
+def test_a_teacher_the_zoo_lacks_or_too_large_an_ensemble_is_one_line() -> None:
+    zoo = ["resnet", "vit"]
+    with pytest.raises(ConfigError, match=r"finetune.teacher='convnet' is not a zoo model"):
+        check_stage(zoo, FinetuneRecipe(teacher="convnet"))
+    with pytest.raises(ConfigError, match=r"finetune.k=3 but the zoo has 2 model"):
+        check_stage(zoo, FinetuneRecipe(k=3))
+    check_stage(zoo, FinetuneRecipe(teacher="vit", k=3))  # k counts only for the ensemble
+
+
+def test_a_bad_teacher_stops_the_search_before_its_study_exists(
+    capsys, tmp_path, mini_zoo_dir
+) -> None:
+    config = tmp_path / "ft.yaml"
+    config.write_text(
+        "search: {trials: 4}\n"
+        f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
+        "finetune: {enabled: true, recipe: {teacher: convnet}}\n"
+    )
+    code = main(["search", str(config), "--out", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and "finetune.teacher='convnet'" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "out" / "study.db").exists()
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, mini_zoo_dir) -> SimpleNamespace:
+    """A 30-trial digits search with the stage on (three networks, and the control)."""
+    root = tmp_path_factory.mktemp("finetune_stage")
+    config = root / "ft.yaml"
+    recipe = ", ".join(f"{k}: {json.dumps(v)}" for k, v in RECIPE.items())
+    config.write_text(
+        "search: {trials: 30, seed: 0}\n"
+        f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
+        f"finetune: {{enabled: true, networks: 3, control: true, recipe: {{{recipe}}}}}\n"
+    )
+    out = root / "out"
+    assert main(["search", str(config), "--out", str(out), "-q"]) == 0
+    return SimpleNamespace(config=config, out=out, study=load_folder_study(out))
+
+
+def _tuned(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials() if attrs.FINETUNES in t.user_attrs]
+
+
+def test_the_stage_records_each_network_as_a_trial_with_its_recipe(searched) -> None:
+    tuned = _tuned(searched.study)
+    assert 1 <= len(tuned) <= 3
+    by_number = {t.number: t for t in searched.study.get_trials()}
+    recipe = FinetuneRecipe(**RECIPE).to_dict()
+    kept = [t for t in tuned if t.state == optuna.trial.TrialState.COMPLETE]
+    assert kept, "the recipe lifts at least one network of this search"
+    for t in tuned:
+        source = by_number[t.user_attrs[attrs.FINETUNES]]
+        assert t.user_attrs[attrs.FINETUNED]["recipe"] == recipe
+        assert t.user_attrs[attrs.CONFIG] == source.user_attrs[attrs.CONFIG]
+        report = t.user_attrs[attrs.FINETUNED]["report"]
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            # better on the held-out slice, so it was kept; costs are the source's
+            assert report["best_epoch"] >= 1 and report["best_holdout"] > report["initial_holdout"]
+            assert t.values[1] == source.values[1]  # MACs
+            assert (searched.out / t.user_attrs[attrs.WEIGHTS]).is_file()
+        else:  # no epoch beat the start: nothing new, recorded so --resume skips it
+            assert report["best_epoch"] == 0 and attrs.WEIGHTS not in t.user_attrs
+
+
+def test_the_control_trains_the_zoo_front_with_the_same_recipe(searched) -> None:
+    control = searched.study.user_attrs[attrs.FINETUNE_CONTROL]
+    assert control, "the zoo's front models were fine-tuned"
+    recipes = {json.dumps(c["finetuned"]["recipe"], sort_keys=True) for c in control.values()}
+    recipes |= {
+        json.dumps(t.user_attrs[attrs.FINETUNED]["recipe"], sort_keys=True)
+        for t in _tuned(searched.study)
+    }
+    assert len(recipes) == 1  # one recipe for the stitched networks and the control
+    report = json.loads((searched.out / "pareto.json").read_text())
+    assert report["hypervolume"]["test_control"] is not None
+    claims = report["claims_against_control"]
+    assert {c["reference"] for c in claims if c["finetuned"]} == set(control)
+
+
+def test_a_fine_tuned_network_is_tested_exported_and_reloads_with_equal_outputs(
+    searched, mini_zoo, digits
+) -> None:
+    from stitch_nas.activations import StitchContext
+    from stitch_nas.config import StitchConfig
+
+    kept = [t for t in _tuned(searched.study) if t.state == optuna.trial.TrialState.COMPLETE]
+    tests = searched.study.user_attrs[attrs.TEST_RESULTS]
+    front = {r["number"] for r in json.loads((searched.out / "pareto.json").read_text())["front"]}
+    trial = kept[0]
+    folder = searched.out / "models" / f"trial_{trial.number}"
+    if trial.number not in front:  # the search exports its front; export this one by number
+        assert main(["export", str(searched.out), "--trials", str(trial.number), "-q"]) == 0
+    else:
+        assert str(trial.number) in tests
+    ctx = StitchContext(mini_zoo, digits)
+    config = StitchConfig.from_dict(trial.user_attrs[attrs.CONFIG])
+    net = load_tuned(ctx, config, searched.out / trial.user_attrs[attrs.WEIGHTS])
+    loaded = load(folder)
+    x = digits.test.read(torch.arange(16))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), net(x), atol=1e-5, rtol=1e-4)
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["metrics"]["accuracy"] == pytest.approx(trial.user_attrs["accuracy"])
+
+
+def test_resuming_does_not_train_a_network_twice(searched) -> None:
+    before = len(searched.study.get_trials())
+    code = main(["search", str(searched.config), "--out", str(searched.out), "--resume", "-q"])
+    assert code == 0
+    study = load_folder_study(searched.out)
+    assert len(study.get_trials()) == before  # no new search trial, no new fine-tune
+
+
+def test_weights_of_another_network_are_refused_in_one_line(searched, mini_zoo, digits) -> None:
+    from stitch_nas.activations import StitchContext
+    from stitch_nas.config import StitchConfig
+
+    kept = [t for t in _tuned(searched.study) if attrs.WEIGHTS in t.user_attrs]
+    ctx = StitchContext(mini_zoo, digits)
+    other = StitchConfig.single("resnet")
+    with pytest.raises(ConfigError, match="does not hold the weights of"):
+        load_tuned(ctx, other, Path(searched.out) / kept[0].user_attrs[attrs.WEIGHTS])
