@@ -232,11 +232,13 @@ def _value(action: argparse.Action) -> str:
     return f"`{action.metavar or action.dest.upper()}`"
 
 
-def _action_rows(parser: argparse.ArgumentParser) -> list[str]:
+def _action_rows(parser: argparse.ArgumentParser, top: bool = False) -> list[str]:
     rows = ["| argument | value | default | description |", "|---|---|---|---|"]
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+        if isinstance(action, argparse._SubParsersAction):
             continue
+        if isinstance(action, argparse._HelpAction) and not top:
+            continue  # listed once, among the options of every command
         names = ", ".join(f"`{o}`" for o in action.option_strings) or f"`{action.dest}`"
         default = action.default
         shown = (
@@ -270,8 +272,14 @@ def cli_reference() -> str:
         "|---|---|",
     ]
     out += [f"| [`{name}`](#{name}) | {_cell(helps.get(name, ''))} |" for name in commands]
-    out += ["", "## Options of every command", "", "Given before the command.", ""]
-    out += _action_rows(parser) + [""]
+    out += [
+        "",
+        "## `stitch-nas`: options of every command",
+        "",
+        "Given before the command; `-h` / `--help` also after it, for that command's own help.",
+        "",
+    ]
+    out += _action_rows(parser, top=True) + [""]
     for name, sub in commands.items():
         out += [f"## `{name}`", "", f"`{_usage(sub)}`", "", helps.get(name, ""), ""]
         out += _action_rows(sub) + [""]
@@ -281,13 +289,3 @@ def cli_reference() -> str:
 def _usage(parser: argparse.ArgumentParser) -> str:
     usage = parser.format_usage().strip()
     return " ".join(usage.removeprefix("usage:").split())
-
-
-def option_strings() -> set[str]:
-    """Every option string (``--out``, ``-q``, ...) of every command: what the CLI page must
-    list."""
-    parser = _parser()
-    found = {o for a in parser._actions for o in a.option_strings}
-    for sub in _subcommands(parser)[0].values():
-        found |= {o for a in sub._actions for o in a.option_strings}
-    return found
