@@ -25,12 +25,12 @@ __all__ = [
 
 @dataclass
 class ZooSettings:
-    """``mini_zoo``: include the embedded digits zoo; ``models``: extra entries, each checked
-    by its source (:mod:`stitch_nas.cli._zoo_keys`; see README)."""
+    """The models to stitch: the embedded mini zoo and your own entries, each checked by its
+    source (:mod:`stitch_nas.cli._zoo_keys`)."""
 
-    mini_zoo: bool = True
-    models: list = field(default_factory=list)
-    cache_dir: str | None = None
+    mini_zoo: bool = True  #: include the embedded digits mini zoo (five small timm models)
+    models: list = field(default_factory=list)  #: your own models, one item each (see below)
+    cache_dir: str | None = None  #: mini zoo cache (None: $STITCH_NAS_CACHE or ~/.cache/stitch_nas)
 
 
 @dataclass
@@ -41,8 +41,8 @@ class DataSettings:
     kind: str = "digits"
     root: str | None = None  #: folder of image_folder / torchvision / npz (relative: to the YAML)
     name: str | None = None  #: torchvision data set class, e.g. CIFAR10
-    size: int = 32
-    probe_size: int = 128
+    size: int = 32  #: side of the square images the data set yields, in pixels
+    probe_size: int = 128  #: images of the probe split (stitch fits, CKA, the pruning proxy)
     seed: int = 0  #: seed of the split permutation (npz: of each file's one shuffle)
     split_folders: bool = False  #: image_folder: keep root/train, root/val, root/test as splits
     workers: int = 2  #: image_folder: processes decoding images while a split is read (0: none)
@@ -57,12 +57,13 @@ class DataSettings:
 class SearchSettings:
     """How the study runs; the CLI's --trials/--out/--sampler override these."""
 
-    space: str = "pairwise"
-    space_options: dict = field(default_factory=dict)
+    space: str = "pairwise"  #: registered search space (pairwise, chain, gap, or a seed preset)
+    space_options: dict = field(default_factory=dict)  #: the space's own options
+    #: registered objective names (accuracy, macs, params, latency, cka)
     objectives: list = field(default_factory=lambda: ["accuracy", "macs"])
-    sampler: str = "tpe"
-    seed: int = 0
-    trials: int = 50
+    sampler: str = "tpe"  #: tpe, nsga2 or random
+    seed: int = 0  #: the sampler's seed
+    trials: int = 50  #: total trials (repeats of a config already measured do not count)
     #: prune stitched configs whose least-squares probe accuracy is below this times chance
     probe_threshold: float = 1.5
     seed_trials: int = 8  #: configs the probe ranks best, tried first
@@ -76,18 +77,18 @@ class SearchSettings:
         default_factory=lambda: [{"kind": "linear", "loss": "distill", "steps": 100}]
     )
     fidelity: float = 0.15  #: share of val a config is scored on first (0: off)
-    budgets: dict = field(default_factory=dict)
-    fuse: bool = False
+    budgets: dict = field(default_factory=dict)  #: constraints, e.g. {macs: 2e6, params: 1e5}
+    fuse: bool = False  #: fold least-squares stitches into the next conv/linear layer
     device: str = "cpu"  #: "auto": CUDA when this machine has it, else the CPU
     #: "bfloat16": passes that train nothing run under autocast (faster on a GPU); None: float32
     autocast: str | None = None
     cache_memory_gb: float | None = None  #: None: 5 % of this machine's memory
-    cache_dir: str | None = None
+    cache_dir: str | None = None  #: folder activations spill to, shared by processes (None: none)
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
     executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
     workers: int = 2  #: Ray workers, i.e. trials in flight (executor "ray")
     ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float = 1.0  #: CPUs each Ray worker reserves
     gpus_per_worker: float = -1.0  #: -1: share the visible GPUs when device is CUDA, else 0
     #: who asks the study for trials: "driver", "workers" (each opens the study), or "auto"
     ray_mode: str = "auto"

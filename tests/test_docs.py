@@ -1,0 +1,171 @@
+"""The generated reference pages list exactly what the parsers accept.
+
+``docs/_scripts/reference.py`` writes the YAML key reference and the CLI flag table from the
+code's own definitions when the site is built. These tests call it directly (no mkdocs needed)
+and compare what the page lists with what the settings parser and the argparse parser accept,
+asked through their own error messages, so a key added to the code and missed by the page (or
+the reverse) fails here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from stitch_nas.cli._settings import settings_from_dict
+from stitch_nas.cli._zoo_keys import ZOO_SOURCES, check_zoo_item
+from stitch_nas.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_reference():
+    path = ROOT / "docs" / "_scripts" / "reference.py"
+    spec = importlib.util.spec_from_file_location("docs_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+reference = _load_reference()
+
+
+def _listed_after(message: str, marker: str) -> set[str]:
+    """The comma-separated names a ConfigError lists after ``marker``."""
+    assert marker in message, message
+    return {name.strip() for name in message.split(marker, 1)[1].split(",")}
+
+
+def _refusal(call) -> str:
+    with pytest.raises(ConfigError) as info:
+        call()
+    return str(info.value)
+
+
+def _page_tables(page: str) -> dict[str, list[list[str]]]:
+    """The rows (as lists of cells) of the tables under each ``## `name` `` heading of the
+    page; rows under a ``###`` subsection are kept apart, under ``name/subsection``."""
+    tables: dict[str, list[list[str]]] = {}
+    current = None
+    for line in page.splitlines():
+        if line.startswith("## `"):
+            current = line[4 : line.index("`", 4)]
+            tables[current] = []
+        elif line.startswith("### "):
+            current = f"{current.split('/')[0]}/{line[4:]}" if current else None
+            tables.setdefault(current, [])
+        elif current and line.startswith("| `"):
+            cells = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+            tables[current].append([c.strip() for c in cells])
+    return tables
+
+
+def _page_sections(page: str) -> dict[str, list[str]]:
+    """The keys (first column, unquoted) of each table of :func:`_page_tables`."""
+    return {name: [row[0].strip("`") for row in rows] for name, rows in _page_tables(page).items()}
+
+
+def test_the_yaml_reference_lists_every_section_the_parser_accepts_and_no_other():
+    page = _page_sections(reference.yaml_reference())
+    accepted = _listed_after(
+        _refusal(lambda: settings_from_dict({"no_such_section": {}})), "valid sections: "
+    )
+    documented = {name for name in page if "/" not in name}
+    assert documented == accepted
+    for name in documented:  # each documented section is accepted, empty, on its own
+        settings_from_dict({name: {}})
+
+
+def test_the_yaml_reference_lists_every_key_of_each_section_and_no_other():
+    page = _page_sections(reference.yaml_reference())
+    for section in (name for name in page if "/" not in name):
+        message = _refusal(lambda s=section: settings_from_dict({s: {"no_such_key": 1}}))
+        accepted = _listed_after(message, f"valid keys in {section}: ")
+        listed = page[section]
+        assert len(listed) == len(set(listed)), f"{section}: a key is listed twice"
+        assert set(listed) == accepted, section
+        defaults = reference.section_classes()[section]()
+        for key in listed:  # and each is accepted at its default value
+            settings_from_dict({section: {key: getattr(defaults, key)}})
+
+
+def test_the_yaml_reference_lists_every_zoo_item_key_of_each_source():
+    rows = _page_tables(reference.yaml_reference())["zoo/`zoo.models` items"]
+    assert rows, "the zoo.models item table is missing"
+    sources = list(ZOO_SOURCES)
+    assert sources, "no zoo source registered"
+    for source in sources:
+        message = _refusal(
+            lambda s=source: check_zoo_item({"source": s, "no_such_key": 1}, 0, None)
+        )
+        accepted = _listed_after(message, f"valid keys for source {source}: ")
+        listed = {
+            row[0].strip("`")
+            for row in rows
+            if row[1] == "all" or source in [s.strip() for s in row[1].split(",")]
+        }
+        assert listed == accepted, source
+
+
+def test_the_yaml_reference_says_which_keys_each_data_kind_reads():
+    page = reference.yaml_reference()
+    found = dict(re.findall(r"^\| `(\w+)` \| (`.*`) \|$", page, flags=re.MULTILINE))
+    kinds = reference.data_kind_keys()
+    assert kinds, "no data kind registered"
+    data_keys = set(_page_sections(page)["data"])
+    for kind, keys in kinds.items():
+        assert kind in found, kind
+        assert re.findall(r"`(\w+)`", found[kind]) == list(keys), kind
+        assert set(keys) <= data_keys, kind  # each key it reads is a documented data key
+
+
+def test_every_settings_field_comment_is_found():
+    """A ``#:`` comment above a field or beside it becomes its description."""
+    comments = reference.field_comments(reference.section_classes()["search"])
+    assert "probe accuracy" in comments["probe_threshold"]  # the comment above the field
+    assert comments["fidelity"].startswith("share of val")  # the comment beside it
+    assert "distillation" in comments["refine_adapters"]  # two lines above, joined
+
+
+def test_the_cli_reference_lists_every_command_and_flag():
+    from stitch_nas.cli._main import _parser
+
+    parser = _parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    page = reference.cli_reference()
+    tables = _page_tables(page)
+    assert set(commands.choices) | {"stitch-nas"} == {name for name in tables if "/" not in name}
+    assert {"demo", "search", "report", "export", "zoo"} <= set(commands.choices)
+
+    def flags(rows):
+        return {f for row in rows for f in re.findall(r"`(-[^`]+)`", row[0])}
+
+    def accepted(p):
+        return {o for a in p._actions for o in a.option_strings if o not in ("-h", "--help")}
+
+    assert flags(tables["stitch-nas"]) == accepted(parser) | {"-h", "--help"}
+    for name, sub in commands.choices.items():
+        assert flags(tables[name]) == accepted(sub), name
+        positionals = [a.dest for a in sub._actions if not a.option_strings]
+        assert [row[0].strip("`") for row in tables[name] if not row[0].startswith("`-")] == (
+            positionals
+        ), name
+
+
+def test_the_reference_generator_imports_no_torch():
+    code = (
+        "import sys; sys.path[:0] = [{root!r}, {scripts!r}]\n"
+        "import reference\n"
+        "reference.yaml_reference(); reference.cli_reference()\n"
+        "assert 'torch' not in sys.modules, 'the docs generator imported torch'\n"
+    ).format(root=str(ROOT), scripts=str(ROOT / "docs" / "_scripts"))
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
