@@ -1,7 +1,7 @@
 """The development zoo searched the way the README recommends, judged on the held-out test half.
 
     python benchmarks/realzoo.py [--settings examples/realzoo.yaml] [--out runs/realzoo-bench]
-                                 [--trials N] [--resume] [--seed N]
+                                 [--trials N] [--resume] [--seed N] [--finetune]
 
 Runs ``stitch-nas search SETTINGS --out OUT`` as a user would (its own process, wall time and
 peak memory measured), then reads the finished study: every front network and every zoo model
@@ -18,6 +18,12 @@ was re-measured on the test split by the search itself. Reported, on test accura
 
 Writes benchmarks/results/realzoo.json; with ``--seed N`` (the search's seed instead of the
 settings file's) realzoo_seedN.json. Needs ``../shared/realzoo`` (or ``REALZOO=...``).
+
+With ``--finetune`` the search runs its fine-tune stage with the control on (the settings'
+``finetune:`` section says how; ``control`` is forced on) and writes realzoo_finetune_seedN.json:
+the figures above for the networks after fine-tuning, plus ``before_finetune`` (the same without
+the fine-tuned trials) and ``zoo_finetuned`` (against the zoo's front fine-tuned alike), each
+with hypervolumes at reference accuracy 0.70, 0.80 and 0.90.
 """
 
 from __future__ import annotations
@@ -46,13 +52,18 @@ from stitch_nas.search import load_folder_study
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "realzoo.json"
 FLOOR = 0.70  #: the reference accuracy: networks below it add no hypervolume
+FLOORS = (0.70, 0.80, 0.90)  #: with --finetune, hypervolumes at each
 
 
-def _seeded(settings: str, seed: int) -> Path:
-    """A copy of ``settings`` with ``search.seed`` set, beside it (its paths are relative to it)."""
+def _seeded(settings: str, seed: int | None, finetune: bool) -> Path:
+    """A copy of ``settings`` with ``search.seed`` set and the fine-tune control on, beside it
+    (its paths are relative to it)."""
     raw = yaml.safe_load(Path(settings).read_text())
-    raw.setdefault("search", {})["seed"] = seed
-    copy = Path(settings).with_name(f".{Path(settings).stem}.seed{seed}.yaml")
+    if seed is not None:
+        raw.setdefault("search", {})["seed"] = seed
+    if finetune:
+        raw.setdefault("finetune", {}).update(enabled=True, control=True)
+    copy = Path(settings).with_name(f".{Path(settings).stem}.seed{seed}.finetune{finetune:d}.yaml")
     copy.write_text(yaml.safe_dump(raw, sort_keys=False))
     return copy
 
@@ -77,9 +88,9 @@ def _points(rows: list[dict[str, Any]]) -> np.ndarray:
     return np.asarray([(r["test_accuracy"], r["macs"]) for r in rows], dtype=float).reshape(-1, 2)
 
 
-def _normalised_hv(rows: list[dict[str, Any]], max_macs: float) -> float:
-    box = (1.0 - FLOOR) * max_macs
-    return hypervolume(_points(rows), ["maximize", "minimize"], [FLOOR, max_macs]) / box
+def _normalised_hv(rows: list[dict[str, Any]], max_macs: float, floor: float = FLOOR) -> float:
+    box = (1.0 - floor) * max_macs
+    return hypervolume(_points(rows), ["maximize", "minimize"], [floor, max_macs]) / box
 
 
 def _on_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -94,16 +105,29 @@ def _on_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted((r for r in rows if not beaten(r)), key=lambda r: r["macs"])
 
 
-def evaluate(out: str) -> dict[str, Any]:
-    """The benchmark's figures from a finished search folder."""
+def evaluate(
+    out: str, *, finetuned: bool = True, control: bool = False, floors: tuple[float, ...] = ()
+) -> dict[str, Any]:
+    """The benchmark's figures from a finished search folder.
+
+    ``finetuned``: with the fine-tune stage's networks (False: as before the stage);
+    ``control``: the zoo's models at their fine-tuned test accuracy where the control trained
+    them; ``floors``: also hypervolumes at these reference accuracies (``hv_at``).
+    """
     study = load_folder_study(out)
+    tuned = {
+        name: float(entry[attrs.TEST_ACCURACY])
+        for name, entry in (study.user_attrs.get(attrs.FINETUNE_CONTROL) or {}).items()
+    }
     n_test = int(split_sizes(study).get("test") or 0)
     tested = holdout_accuracies(study)
     zoo = [
         {
             "name": r["name"],
             "kind": "zoo model",
-            "test_accuracy": float(r[attrs.TEST_ACCURACY]),
+            "test_accuracy": tuned.get(r["name"], float(r[attrs.TEST_ACCURACY]))
+            if control
+            else float(r[attrs.TEST_ACCURACY]),
             "macs": float(r["macs"]),
         }
         for r in zoo_references(study)
@@ -112,6 +136,8 @@ def evaluate(out: str) -> dict[str, Any]:
     kinds = recorded_kinds(study)
     front = []
     for t in first_of_each_network([trials[n] for n in tested if n in trials]):
+        if not finetuned and attrs.FINETUNES in t.user_attrs:
+            continue
         front.append(
             {
                 "trial": t.number,
@@ -120,6 +146,7 @@ def evaluate(out: str) -> dict[str, Any]:
                 "val_accuracy": float(t.user_attrs["accuracy"]),
                 "macs": float(t.user_attrs["macs"]),
                 "config": t.user_attrs.get(attrs.DESCRIBE, ""),
+                "finetunes": t.user_attrs.get(attrs.FINETUNES),
             }
         )
     max_macs = 1.1 * max(r["macs"] for r in zoo)
@@ -159,6 +186,14 @@ def evaluate(out: str) -> dict[str, Any]:
         "complete": len(done),
         "pruned": sum(t.state.name == "PRUNED" for t in study.trials),
         "zoo": zoo,
+        "hv_at": {
+            str(floor): {
+                "zoo": round(_normalised_hv(zoo, max_macs, floor), 4),
+                "zoo_and_stitched": round(_normalised_hv(zoo + stitched, max_macs, floor), 4),
+                "zoo_and_front": round(_normalised_hv(zoo + front, max_macs, floor), 4),
+            }
+            for floor in floors
+        },
     }
 
 
@@ -170,12 +205,19 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--evaluate-only", action="store_true", help="read a finished --out")
     parser.add_argument("--seed", type=int, default=None, help="the search's seed (sampler)")
+    parser.add_argument(
+        "--finetune", action="store_true", help="with the fine-tune stage and its control"
+    )
     args = parser.parse_args()
     name = Path(args.settings).name
     results = RESULTS if args.seed is None else RESULTS.with_name(f"realzoo_seed{args.seed}.json")
+    if args.finetune:
+        results = RESULTS.with_name(f"realzoo_finetune_seed{args.seed or 0}.json")
     seconds = peak_gb = None
     if not args.evaluate_only:
-        copy = None if args.seed is None else _seeded(args.settings, args.seed)
+        copy = None
+        if args.seed is not None or args.finetune:
+            copy = _seeded(args.settings, args.seed, args.finetune)
         try:
             if copy is not None:
                 args.settings = str(copy)
@@ -188,9 +230,12 @@ def main() -> None:
         + ("" if args.seed is None else f" (search.seed: {args.seed})"),
         "wall_seconds": None if seconds is None else round(seconds, 1),
         "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),
-        **evaluate(args.out),
+        **evaluate(args.out, floors=FLOORS if args.finetune else ()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
     }
+    if args.finetune:
+        record["before_finetune"] = evaluate(args.out, finetuned=False, floors=FLOORS)
+        record["zoo_finetuned"] = evaluate(args.out, control=True, floors=FLOORS)
     results.write_text(json.dumps(record, indent=1) + "\n")
     print(
         f"hypervolume on test (ref. accuracy {FLOOR}): zoo {record['hv_zoo']}, zoo + stitched "

@@ -10,6 +10,7 @@ the reverse) fails here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import re
 import sys
@@ -91,8 +92,29 @@ def test_the_yaml_reference_lists_every_key_of_each_section_and_no_other():
         assert len(listed) == len(set(listed)), f"{section}: a key is listed twice"
         assert set(listed) == accepted, section
         defaults = reference.section_classes()[section]()
-        for key in listed:  # and each is accepted at its default value
-            settings_from_dict({section: {key: getattr(defaults, key)}})
+        for key in listed:  # and each is accepted at its default value (as YAML writes it)
+            value = getattr(defaults, key)
+            if dataclasses.is_dataclass(value):
+                value = dataclasses.asdict(value)
+            settings_from_dict({section: {key: value}})
+
+
+def test_the_yaml_reference_lists_every_key_of_a_nested_mapping():
+    """``finetune.recipe`` is a mapping of its own, checked by ``FinetuneRecipe``."""
+    page = _page_sections(reference.yaml_reference())
+    nested = {
+        f"{section}/`{section}.{key}`"
+        for section, cls in reference.section_classes().items()
+        for key in reference.nested_sections(cls)
+    }
+    assert "finetune/`finetune.recipe`" in nested
+    for name in nested:
+        section, key = name.split("/")[0], name.split(".")[-1].strip("`")
+        message = _refusal(lambda s=section, k=key: settings_from_dict({s: {k: {"nope": 1}}}))
+        assert set(page[name]) == _listed_after(message, "use any of "), name
+    rows = _page_tables(reference.yaml_reference())["finetune/`finetune.recipe`"]
+    described = {row[0].strip("`"): row[3] for row in rows}
+    assert "held out" in described["holdout"]  # from the recipe's Attributes docstring
 
 
 def test_the_yaml_reference_lists_every_zoo_item_key_of_each_source():

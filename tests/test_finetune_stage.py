@@ -151,7 +151,8 @@ def test_a_fine_tuned_network_is_tested_exported_and_reloads_with_equal_outputs(
 
 def test_resuming_does_not_train_a_network_twice(searched) -> None:
     before = len(searched.study.get_trials())
-    code = main(["search", str(searched.config), "--out", str(searched.out), "--resume", "-q"])
+    argv = ["search", str(searched.config), "--out", str(searched.out), "--resume", "--no-export"]
+    code = main([*argv, "-q"])
     assert code == 0
     study = load_folder_study(searched.out)
     assert len(study.get_trials()) == before  # no new search trial, no new fine-tune

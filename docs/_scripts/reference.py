@@ -96,6 +96,8 @@ def _yaml_value(value: Any) -> str:
     """A default as it is written in YAML (``null``, ``true``, flow-style lists and maps)."""
     if value is dataclasses.MISSING:
         return "(required)"
+    if dataclasses.is_dataclass(value):  # a nested mapping: its keys get a table of their own
+        return "(a mapping: see below)"
     return f"`{json.dumps(value)}`" if not isinstance(value, str) else f"`{value}`"
 
 
@@ -130,8 +132,40 @@ def data_kind_keys() -> dict[str, tuple[str, ...]]:
     return {name: tuple(DATA_KINDS.get(name).keys) for name in DATA_KINDS}
 
 
+def attribute_docs(cls: type) -> dict[str, str]:
+    """The descriptions of a class's fields in the ``Attributes:`` section of its docstring
+    (Google style, as mkdocstrings reads it)."""
+    docs: dict[str, str] = {}
+    current = None
+    inside = False
+    for line in inspect.cleandoc(cls.__doc__ or "").splitlines():
+        if line.strip() == "Attributes:":
+            inside = True
+            continue
+        if not inside:
+            continue
+        if line and not line.startswith(" "):  # the next section
+            break
+        head, sep, text = line.strip().partition(": ")
+        if line.startswith("    ") and not line.startswith("     ") and sep and head.isidentifier():
+            current = head
+            docs[current] = text.strip()
+        elif current and line.strip():
+            docs[current] += " " + line.strip()
+    return docs
+
+
+def nested_sections(cls: type) -> dict[str, type]:
+    """Fields of section ``cls`` that are mappings of their own (a dataclass default)."""
+    return {
+        f.name: type(_default(f))
+        for f in dataclasses.fields(cls)
+        if dataclasses.is_dataclass(_default(f))
+    }
+
+
 def _section_table(cls: type) -> list[str]:
-    comments = field_comments(cls)
+    comments = {**attribute_docs(cls), **field_comments(cls)}
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
@@ -166,6 +200,8 @@ def yaml_reference() -> str:
         if doc and not doc.startswith(f"{cls.__name__}("):  # not dataclass's generated one
             out += [" ".join(doc.split()), ""]
         out += _section_table(cls) + [""]
+        for key, nested in nested_sections(cls).items():
+            out += [f"### `{name}.{key}`", ""] + _section_table(nested) + [""]
         if name == "zoo":
             out += _zoo_items()
         if name == "data":

@@ -35,7 +35,8 @@ class FinetuneRecipe:
     """How the networks of the front are trained further.
 
     Attributes:
-        train: One of :data:`TRAINS`.
+        train: What trains: ``adapter`` (the stitching layers only), ``suffix`` (everything
+            after the first fragment) or ``all`` (every weight, on the network's own copy).
         teacher: ``"ensemble"`` (the mean of the softened outputs of the ``k`` zoo models most
             accurate on validation) or a zoo model's name.
         k: Members of the ensemble teacher.
@@ -45,7 +46,7 @@ class FinetuneRecipe:
         epochs: Passes over the training images (the held-out slice excluded).
         steps: Optimiser steps at most (None: no limit beside ``epochs``).
         seconds: Wall time at most per network (None: no limit).
-        optimizer: One of :data:`OPTIMIZERS`; the learning rate follows a cosine schedule to 0.
+        optimizer: ``sgd`` or ``adamw``; the learning rate follows a cosine schedule to 0.
         lr: Peak learning rate.
         weight_decay: Weight decay.
         momentum: SGD's momentum.
