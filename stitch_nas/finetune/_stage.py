@@ -36,13 +36,15 @@ from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
-from stitch_nas.report import accuracy_on, rebuild, stitched_front, trial_weights
-from stitch_nas.report._pareto import (
-    as_losses,
+from stitch_nas.report import (
+    accuracy_on,
     objective_names,
+    rebuild,
     reference_values,
+    stitched_front,
     trial_config,
     trial_metric,
+    trial_weights,
     zoo_references,
 )
 from stitch_nas.stitching import StitchedNet, reproduces, save_tuned
@@ -137,17 +139,20 @@ def check_stage(zoo_names: list[str], recipe: FinetuneRecipe) -> None:
 def _zoo_front(study: optuna.Study) -> list[dict[str, Any]]:
     """The zoo references no other reference dominates on validation."""
     names = objective_names(study)
-    refs = [(r, v) for r in zoo_references(study) if (v := reference_values(r, names))]
-    if not refs:
-        return []
-    import numpy as np
-
-    losses = as_losses(np.asarray([v for _, v in refs], dtype=float), study.directions)
-    return [
-        r
-        for (r, _), row in zip(refs, losses, strict=True)
-        if not np.any(np.all(losses <= row, axis=1) & np.any(losses < row, axis=1))
+    signs = [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
+    refs = [
+        (r, [s * x for s, x in zip(signs, v, strict=True)])
+        for r in zoo_references(study)
+        if (v := reference_values(r, names))
     ]
+
+    def dominated(loss: list[float]) -> bool:
+        return any(
+            all(a <= b for a, b in zip(other, loss, strict=True)) and other != loss
+            for _, other in refs
+        )
+
+    return [r for r, loss in refs if not dominated(loss)]
 
 
 def _train(
