@@ -12,7 +12,7 @@ import pytest
 from stitch_nas.cli import main
 from stitch_nas.cli._lock import LOCK_NAME, claim_out
 from stitch_nas.config import Fragment, StitchConfig
-from stitch_nas.errors import ConfigError
+from stitch_nas.errors import ConfigError, DataError
 
 # what the stitch-nas console script runs, without needing it on PATH
 _CONSOLE = "import sys; from stitch_nas.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -321,3 +321,60 @@ def test_a_search_whose_trials_all_miss_the_budget_still_ends_well(tmp_path):
     study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
     summary = export_study(study, None, folder / "models", skip_failures=True)  # type: ignore[arg-type]
     assert summary.describe().startswith("nothing exported: none of the 2 completed trials")
+
+
+# --- bad data ------------------------------------------------------------------------------
+
+
+def _npz_search(folder: Path, x, *, compressed: bool) -> Path:
+    """A search file over one .npz of images ``x`` (rows 0..39 probe, 40..59 val, 60..79 test,
+    the rest train), with no zoo of its own: the data must fail before any model loads."""
+    import numpy as np
+
+    folder.mkdir()
+    save = np.savez_compressed if compressed else np.savez
+    save(folder / "images.npz", x=x, y=np.arange(len(x)) % 4)
+    rows = {"probe": (0, 40), "val": (40, 20), "test": (60, 20), "train": (80, None)}
+    splits = "".join(
+        f"    {name}: {{file: images.npz, start: {start}, count: {'null' if n is None else n}}}\n"
+        for name, (start, n) in rows.items()
+    )
+    config = folder / "run.yaml"
+    config.write_text(f"data:\n  kind: npz\n  shuffle: false\n  splits:\n{splits}")
+    return config
+
+
+@pytest.mark.parametrize("compressed", [True, False], ids=["loaded whole", "read in place"])
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_nan_or_inf_images_are_refused_at_load_naming_the_file_and_row(
+    tmp_path, monkeypatch, capsys, compressed, bad
+):
+    import numpy as np
+
+    from stitch_nas.cli import _pipeline
+
+    def no_zoo(*_args, **_kwargs):
+        raise AssertionError("the zoo was built: the data passed its check")
+
+    monkeypatch.setattr(_pipeline, "load_zoo", no_zoo)
+    x = np.random.default_rng(0).random((120, 8, 8, 3), dtype=np.float32)
+    x[97, 3, 4, 1] = float(bad)
+    x[110, 0, 0, 0] = float("nan")  # a later bad row: the first one is named
+    config = _npz_search(tmp_path / "data", x, compressed=compressed)
+    out = tmp_path / "o"
+    assert main(["search", str(config), "--out", str(out), "--no-progress"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "images.npz:x holds NaN or Inf in row 97" in line, line
+    assert not out.exists()
+
+
+def test_nan_images_of_ones_own_tensors_are_refused(tmp_path):
+    import torch
+
+    from stitch_nas.data import Split
+
+    x = torch.rand(10, 3, 4, 4)
+    Split(x, torch.zeros(10, dtype=torch.int64))  # finite: accepted
+    x[6, 2, 1, 1] = float("nan")
+    with pytest.raises(DataError, match="split tensor x holds NaN or Inf in row 6"):
+        Split(x, torch.zeros(10, dtype=torch.int64))
