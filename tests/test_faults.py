@@ -378,3 +378,67 @@ def test_nan_images_of_ones_own_tensors_are_refused(tmp_path):
     x[6, 2, 1, 1] = float("nan")
     with pytest.raises(DataError, match="split tensor x holds NaN or Inf in row 6"):
         Split(x, torch.zeros(10, dtype=torch.int64))
+
+
+# --- caches --------------------------------------------------------------------------------
+
+
+def _unwritable(tmp_path: Path) -> Path:
+    """A folder this process cannot write in (root writes anywhere chmod allows nothing:
+    /sys then, which the kernel keeps read-only)."""
+    import os
+
+    if os.geteuid() != 0:
+        folder = tmp_path / "locked"
+        folder.mkdir(mode=0o500)
+        return folder / "cache"
+    if not Path("/sys").is_dir() or os.access("/sys", os.W_OK) and _writes_in("/sys"):
+        pytest.skip("no folder root cannot write in")
+    return Path("/sys/stitch_nas_cache")
+
+
+def _writes_in(folder: str) -> bool:
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "unwritable"])
+@pytest.mark.parametrize("how", ["--cache-dir", "STITCH_NAS_CACHE", "search.cache_dir"])
+def test_a_cache_that_is_no_writable_folder_is_one_line_before_any_work(
+    tmp_path, monkeypatch, capsys, where, how
+):
+    from stitch_nas.cli import _pipeline
+
+    def no_data(*_args, **_kwargs):
+        raise AssertionError("the data loaded before the cache was checked")
+
+    monkeypatch.setattr(_pipeline, "load_data", no_data)
+    (tmp_path / "afile").write_text("a file of the user's\n")
+    bad = {
+        "a file": tmp_path / "afile",
+        "under a file": tmp_path / "afile" / "cache",
+        "unwritable": _unwritable(tmp_path),
+    }[where]
+    out = tmp_path / "o"
+    argv = ["--out", str(out), "--trials", "2", "--no-progress"]
+    if how == "--cache-dir":
+        argv = ["demo", *argv, "--cache-dir", str(bad)]
+    elif how == "STITCH_NAS_CACHE":
+        monkeypatch.setenv("STITCH_NAS_CACHE", str(bad))
+        argv = ["demo", *argv]
+    else:
+        config = tmp_path / "run.yaml"
+        config.write_text(f"search:\n  cache_dir: {bad}\n")
+        argv = ["search", str(config), *argv]
+    assert main(argv) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    named = {"--cache-dir": "zoo.cache_dir (--cache-dir)", "STITCH_NAS_CACHE": "STITCH_NAS_CACHE"}
+    assert named.get(how, how) in line and str(bad) in line, line
+    assert "is a file" in line if where != "unwritable" else "cannot write in" in line, line
+    assert not out.exists()
+    assert (tmp_path / "afile").read_text() == "a file of the user's\n"

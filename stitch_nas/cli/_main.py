@@ -308,6 +308,12 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _zoo(args: argparse.Namespace) -> int:
+    from ._preflight import check_caches
+    from ._settings import Settings
+
+    settings = Settings()  # a cache it cannot write in: one line before any training
+    settings.zoo.cache_dir = args.cache_dir
+    check_caches(settings)
     from stitch_nas.data import load_digits_splits
     from stitch_nas.zoo import load_mini_zoo
 
