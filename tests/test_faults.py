@@ -442,3 +442,67 @@ def test_a_cache_that_is_no_writable_folder_is_one_line_before_any_work(
     assert "is a file" in line if where != "unwritable" else "cannot write in" in line, line
     assert not out.exists()
     assert (tmp_path / "afile").read_text() == "a file of the user's\n"
+
+
+# --- the user's own modules ----------------------------------------------------------------
+
+_GOOD_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        {forward}
+        return self.fc(x.flatten(1))
+
+
+def net():
+    {factory}
+    return Net()
+"""
+
+_USER_FAULTS = {
+    "syntax error": ("def net(:\n", "SyntaxError: "),
+    "raises on import": (
+        "raise RuntimeError('no licence file found\\nsecond line')\n",
+        "RuntimeError: no licence file found;",
+    ),
+    "missing import": (
+        "import not_a_package_anywhere\n",
+        "No module named 'not_a_package_anywhere'",
+    ),
+    "factory raises": (
+        _GOOD_NET.format(forward="pass", factory="raise ValueError('width must be even\\nmore')"),
+        "raised ValueError: width must be even;",
+    ),
+    "forward raises": (
+        _GOOD_NET.format(forward="raise KeyError('stem')", factory="pass"),
+        "fails on a 1x3x8x8 input: KeyError: 'stem';",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_USER_FAULTS))
+def test_a_user_module_that_fails_is_one_line_naming_it(tmp_path, capsys, case):
+    code, says = _USER_FAULTS[case]
+    module = "user_net_" + case.replace(" ", "_")  # one name per case: imports are cached
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / f"{module}.py").write_text(code)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "zoo:\n  mini_zoo: false\n  models:\n"
+        f"    - {{source: module, module: '{module}:net', module_path: code, input_size: 8,\n"
+        "       mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\n"
+        "data: {kind: digits, size: 8}\n"
+    )
+    out = tmp_path / "o"
+    assert main(["search", str(config), "--out", str(out), "--no-progress"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert module in line and says in line, line
+    assert "second line" not in line and "more" not in line.split(says)[-1][:6], line
+    assert not out.exists()
