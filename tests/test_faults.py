@@ -506,3 +506,42 @@ def test_a_user_module_that_fails_is_one_line_naming_it(tmp_path, capsys, case):
     assert module in line and says in line, line
     assert "second line" not in line and "more" not in line.split(says)[-1][:6], line
     assert not out.exists()
+
+
+# --- the search's own export ---------------------------------------------------------------
+
+
+def test_a_models_file_in_out_is_refused_before_the_search(tmp_path, monkeypatch, capsys):
+    from stitch_nas.cli import _pipeline
+
+    monkeypatch.setattr(_pipeline, "load_data", lambda *a: pytest.fail("the data loaded"))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "models").write_text("a file of the user's\n")
+    assert main(["demo", "--out", str(out), "--trials", "2", "--no-progress"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{out / 'models'} is a file" in line and "--no-export" in line, line
+    assert sorted(p.name for p in out.iterdir()) == ["models"]
+    assert (out / "models").read_text() == "a file of the user's\n"
+
+
+def test_a_models_file_made_during_the_search_keeps_study_and_report(
+    tmp_path, monkeypatch, capsys, mini_zoo_dir, mini_zoo
+):
+    import stitch_nas.report as report  # _search imports write_report from here as it runs
+
+    out = tmp_path / "o"
+    real = report.write_report
+
+    def write_then_block(study, folder):  # another process takes DIR/models meanwhile
+        summary = real(study, folder)
+        (Path(folder) / "models").write_text("a file of the user's\n")
+        return summary
+
+    monkeypatch.setattr(report, "write_report", write_then_block)
+    argv = ["demo", "--out", str(out), "--trials", "3", "--no-progress"]
+    assert main([*argv, "--cache-dir", str(mini_zoo_dir)]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{out / 'models'} is a file" in line and "stitch-nas export" in line, line
+    assert (out / "pareto.json").is_file() and (out / "study.db").is_file()
+    assert (out / "models").read_text() == "a file of the user's\n"

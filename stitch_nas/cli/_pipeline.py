@@ -201,6 +201,11 @@ def _search(
     summary = write_report(study, out_dir)
     if search.export:
         models = Path(out_dir) / "models"
+        if models.exists() and not models.is_dir():  # made while the search ran
+            raise ExportError(
+                f"{models} is a file; the study and the report are kept: move it away, then "
+                f"run `stitch-nas export {out_dir}`"
+            )
         # the search itself is done and reported: a network that cannot be exported is
         # named, not a reason to fail the run
         export = export_study(

@@ -131,6 +131,12 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
     check_builtin_names(search)
     check_caches(settings)
     check_out(out_dir, resume=resume, join=join, storage=search.storage)
+    models = Path(out_dir) / "models"
+    if search.export and models.exists() and not models.is_dir():  # the run ends writing there
+        raise ConfigError(
+            f"{models} is a file; move it away (the Pareto front is exported there) or pass "
+            "--no-export"
+        )
 
 
 def _at_least(key: str, value: int, minimum: int) -> None:
