@@ -545,3 +545,65 @@ def test_a_models_file_made_during_the_search_keeps_study_and_report(
     assert f"{out / 'models'} is a file" in line and "stitch-nas export" in line, line
     assert (out / "pareto.json").is_file() and (out / "study.db").is_file()
     assert (out / "models").read_text() == "a file of the user's\n"
+
+
+# --- resuming another search's study -------------------------------------------------------
+
+
+def _recorded_study(out: Path, config: Path) -> None:
+    """A study in ``out`` as the search of ``config`` leaves it: its settings and one trial."""
+    from dataclasses import asdict
+
+    from optuna.trial import create_trial
+
+    from stitch_nas import attrs
+    from stitch_nas.cli._settings import load_settings
+
+    out.mkdir()
+    study = optuna.create_study(
+        storage=f"sqlite:///{out / 'study.db'}", study_name=out.name, directions=["maximize"] * 2
+    )
+    study.set_user_attr(attrs.SETTINGS, asdict(load_settings(config)))
+    config_json = StitchConfig((Fragment("resnet", None, None),)).to_dict()
+    study.add_trial(create_trial(values=[0.9, 1e6], user_attrs={"config": config_json}))
+
+
+_SEARCHED = "zoo:\n  models: [{source: timm, model: test_resnet, num_classes: 10}]\n"
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ("", None),  # the same search: resumed (up to the zoo load, stubbed here)
+        ("zoo:\n  models: []\n", "zoo.models = ['test_resnet'], this run has []"),
+        (
+            "zoo:\n  models: [{source: timm, model: test_vit, num_classes: 10}]\n",
+            "zoo.models[0].model = 'test_resnet', this run has 'test_vit'",
+        ),
+        (_SEARCHED + "search: {space: chain}\n", "search.space = 'pairwise', this run has 'chain'"),
+        (_SEARCHED + "data: {size: 16}\n", "data.size = 32, this run has 16"),
+    ],
+    ids=["same", "model removed", "model changed", "space", "data"],
+)
+def test_resuming_with_another_zoo_or_space_is_refused_before_any_trial(
+    tmp_path, monkeypatch, capsys, change, says
+):
+    from stitch_nas.cli import _pipeline
+
+    def prepare(*_args, **_kwargs):
+        raise ConfigError("injected: the zoo loads")
+
+    monkeypatch.setattr(_pipeline, "_prepare", prepare)
+    searched, resumed = tmp_path / "searched.yaml", tmp_path / "resumed.yaml"
+    searched.write_text(_SEARCHED)
+    resumed.write_text(change or _SEARCHED)
+    out = tmp_path / "run"
+    _recorded_study(out, searched)
+    assert main(["search", str(resumed), "--out", str(out), "--resume", "--trials", "3"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    if says is None:
+        assert "injected: the zoo loads" in line, line
+    else:
+        assert f"the study 'run' was searched with {says};" in line, line
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{out / 'study.db'}")
+    assert len(study.trials) == 1  # nothing added

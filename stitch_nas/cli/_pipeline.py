@@ -83,7 +83,7 @@ def run_settings(
     from stitch_nas.search import executor_from_settings
 
     from ._lock import claim_out
-    from ._preflight import check_plugins, check_run, check_study_in
+    from ._preflight import check_plugins, check_resumed, check_run, check_study_in
 
     search = settings.search
     check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out
@@ -102,7 +102,9 @@ def run_settings(
             # again under the lock: another run may have written its study since check_run
             check_study_in(Path(out_dir), resume=resume, join=join, storage=search.storage)
             if search.storage is not None or resume or join:  # check_run saw to a new one
-                check_study(out_dir, **study_options)  # a taken study name fails before work
+                name = check_study(out_dir, **study_options)  # a taken name fails before work
+                if resume or join:  # another search's trials would break the study
+                    check_resumed(settings, Path(out_dir), name)
             ctx, objective = _prepare(settings, device, progress, echo)
             study = create_study(
                 objective,
