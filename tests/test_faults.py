@@ -607,3 +607,33 @@ def test_resuming_with_another_zoo_or_space_is_refused_before_any_trial(
         assert f"the study 'run' was searched with {says};" in line, line
     study = optuna.load_study(study_name="run", storage=f"sqlite:///{out / 'study.db'}")
     assert len(study.trials) == 1  # nothing added
+
+
+# --- Ray ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address, timeout_s",
+    [("127.0.0.1:1", None), ("ray://127.0.0.1:1", None), ("192.0.2.1:6379", 0.5)],
+    ids=["refused", "ray client refused", "no answer"],  # 192.0.2.0/24: reserved, unrouted
+)
+def test_an_unreachable_ray_address_fails_fast_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, address, timeout_s
+):
+    import time
+
+    pytest.importorskip("ray")
+    from stitch_nas.search import _ray_executor
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    if timeout_s is not None:
+        monkeypatch.setattr(_ray_executor, "CONNECT_TIMEOUT_S", timeout_s)
+    out = tmp_path / "o"
+    start = time.perf_counter()
+    code = main(["demo", "--out", str(out), "--ray-address", address, "--trials", "2", "-q"])
+    elapsed = time.perf_counter() - start
+    assert code == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"cannot reach the Ray cluster at {address!r}" in line, line
+    assert elapsed < 10, elapsed  # was: minutes of silent retries
+    assert not out.exists()  # nothing written before Ray answers

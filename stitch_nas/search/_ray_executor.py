@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import socket
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -61,7 +63,15 @@ from ._storage import (
 )
 from ._studies import completed_count
 
-__all__ = ["RAY_MODES", "RAY_NODE", "RayExecutor", "StudyWorker", "TrialWorker"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "RAY_MODES",
+    "RAY_NODE",
+    "RayExecutor",
+    "StudyWorker",
+    "TrialWorker",
+    "check_ray_address",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +83,48 @@ _TrialState = optuna.trial.TrialState
 _SEEN_MAX_AGE_S = 1.0
 #: who asks the study for trials and tells it results: see the module docstring
 RAY_MODES = ("auto", "driver", "workers")
+#: seconds a Ray cluster's address has to accept a connection: ray.init itself retries an
+#: unreachable address for minutes without a word
+CONNECT_TIMEOUT_S = 10.0
+# where a running local Ray records its address (what address="auto" joins without RAY_ADDRESS)
+_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a cluster address (``host:port``, ``ray://host:port``, ``auto``: the
+    one Ray would join); None when there is none to check (Ray then fails at once itself)."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+        if not address and os.path.isfile(_CURRENT_CLUSTER):
+            with open(_CURRENT_CLUSTER) as stream:
+                address = stream.read().strip()
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_ray_address(address: str | None, timeout_s: float | None = None) -> None:
+    """Refuse a Ray cluster address that accepts no connection within ``timeout_s`` (default
+    :data:`CONNECT_TIMEOUT_S`), before anything is started or written.
+
+    Raises:
+        ConfigError: nothing answers there.
+    """
+    target = _host_port(address) if address else None
+    if target is None:
+        return
+    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        with socket.create_connection(target, timeout=timeout_s):
+            pass
+    except OSError as exc:
+        timed_out = isinstance(exc, TimeoutError)
+        why = f"no answer within {timeout_s:g} s" if timed_out else exc.strerror or str(exc)
+        raise ConfigError(
+            f"cannot reach the Ray cluster at {address!r} ({why}); "
+            "start it (ray start --head) or fix --ray-address"
+        ) from None
 
 
 @dataclass
@@ -192,6 +244,7 @@ class RayExecutor:
         """Start or join Ray unless it is running in this process; True if we started it."""
         if ray.is_initialized():
             return False
+        check_ray_address(self.address)  # ray.init would retry an unreachable one for minutes
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
         if self.address is None:
             kwargs["num_cpus"] = max(1, math.ceil(self.workers * self.cpus_per_worker))
