@@ -334,6 +334,17 @@ def _one_line(message: str, limit: int = 1000) -> str:
     return f"{message[: limit * 2 // 3]} [... {cut:,} characters ...] {message[-limit // 3 :]}"
 
 
+def _after_disk_full(args: argparse.Namespace) -> str:
+    """How to go on once there is room again."""
+    if args.command in ("demo", "search"):
+        if args.storage or (Path(args.out) / "study.db").is_file():
+            return "the finished trials are kept: free space, then rerun with --resume"
+        return "free space, then run again"
+    if args.command in ("export", "report"):
+        return f"the study is untouched: free space, then run stitch-nas {args.command} again"
+    return "free space, then run again"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -351,6 +362,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except StitchNASError as exc:
         print(f"stitch-nas: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from stitch_nas.files import disk_full
+
+        full = disk_full(exc)  # at any phase; whatever was written is whole (atomic writes)
+        if full is None:
+            raise
+        print(f"stitch-nas: error: {full}; {_after_disk_full(args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(
