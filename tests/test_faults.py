@@ -623,11 +623,11 @@ def test_an_unreachable_ray_address_fails_fast_and_writes_nothing(
     import time
 
     pytest.importorskip("ray")
-    from stitch_nas.search import _ray_executor
+    from stitch_nas.search import _ray_resources
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     if timeout_s is not None:
-        monkeypatch.setattr(_ray_executor, "CONNECT_TIMEOUT_S", timeout_s)
+        monkeypatch.setattr(_ray_resources, "CONNECT_TIMEOUT_S", timeout_s)
     out = tmp_path / "o"
     start = time.perf_counter()
     code = main(["demo", "--out", str(out), "--ray-address", address, "--trials", "2", "-q"])
@@ -637,3 +637,140 @@ def test_an_unreachable_ray_address_fails_fast_and_writes_nothing(
     assert f"cannot reach the Ray cluster at {address!r}" in line, line
     assert elapsed < 10, elapsed  # was: minutes of silent retries
     assert not out.exists()  # nothing written before Ray answers
+
+
+# --- a full disk ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_disk():
+    """``full_disk["full"] = True`` fills the disk under the study database: every write
+    statement then fails with the error SQLite gives on a full disk (SQLITE_FULL, "database or
+    disk is full"), raised where the driver raises it, so SQLAlchemy and Optuna wrap it as
+    they would a real one."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    state = {"full": False}
+
+    def before_execute(_conn, _cursor, statement, *_rest):
+        if state["full"] and not statement.lstrip().upper().startswith(("SELECT", "PRAGMA")):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    event.listen(Engine, "before_cursor_execute", before_execute)
+    yield state
+    event.remove(Engine, "before_cursor_execute", before_execute)
+
+
+def test_a_full_disk_while_the_study_is_created_is_one_line_and_leaves_nothing(
+    tmp_path, capsys, full_disk, mini_zoo_dir, mini_zoo
+):
+    full_disk["full"] = True
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--trials", "2", "--no-progress"]
+    assert main([*argv, "--cache-dir", str(mini_zoo_dir)]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "no space left on the disk" in line and "run again" in line, line
+    assert not out.exists()  # nothing that blocks the same command once there is room
+
+
+def test_a_full_disk_mid_search_and_at_export_keeps_the_study_and_resumes(
+    tmp_path, monkeypatch, capsys, full_disk, mini_zoo_dir, mini_zoo
+):
+    import errno
+
+    from stitch_nas.export import _files
+    from stitch_nas.search import StitchObjective
+
+    calls = {"n": 0}
+    evaluate = StitchObjective.__call__
+
+    def fill_on_the_third(self, trial):  # the disk fills while the third trial runs
+        calls["n"] += 1
+        full_disk["full"] = calls["n"] >= 3
+        return evaluate(self, trial)
+
+    monkeypatch.setattr(StitchObjective, "__call__", fill_on_the_third)
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--no-export", "--no-progress", "--seed", "1"]
+    argv += ["--cache-dir", str(mini_zoo_dir)]
+    assert main([*argv, "--trials", "4"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "no space left on the disk for the study database" in line, line
+    assert "rerun with --resume" in line, line
+    storage = f"sqlite:///{out / 'study.db'}"
+    kept = [t.number for t in optuna.load_study(study_name="o", storage=storage).trials
+            if t.state.is_finished()]  # fmt: skip
+    assert len(kept) >= 2, kept
+
+    full_disk["full"] = False  # room again: --resume goes on from the kept trials
+    monkeypatch.setattr(StitchObjective, "__call__", evaluate)
+    assert main([*argv, "--trials", "4", "--resume"]) == 0
+    capsys.readouterr()
+    study = optuna.load_study(study_name="o", storage=storage)
+    assert [t.number for t in study.trials if t.state.is_finished()][: len(kept)] == kept
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+    def no_room(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(_files, "atomic_write", no_room)  # the export's weights
+    assert main(["export", str(out), "--format", "safetensors", "-q"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "no space left on the disk writing" in line and "export again" in line, line
+    models = out / "models"  # no network half-written, no temporary left behind
+    assert not models.exists() or not list(models.iterdir()), list(models.iterdir())
+    monkeypatch.undo()
+    assert main(["export", str(out), "--format", "safetensors", "-q"]) == 0
+    assert (out / "models").is_dir()
+
+
+@pytest.mark.parametrize(
+    "asked, left, cpus, memory_gb, expect, says",
+    [
+        (64, 50, 2, 100, 2, "2 CPU(s), 1 each"),
+        (64, 3, 16, 100, 3, "3 trial(s) left"),
+        (8, 50, 16, 2.5, 2, "2.5 GB of memory free, about 1.0 GB each"),
+        (8, 50, 16, 0.2, 1, "0.2 GB of memory free"),  # never none: the driver runs anyway
+        (2, 50, 16, 100, 2, None),
+    ],
+    ids=["cpus", "trials", "memory", "no memory", "fits"],
+)
+def test_workers_are_capped_by_trials_cpus_and_memory(asked, left, cpus, memory_gb, expect, says):
+    from stitch_nas.search._ray_resources import fit_workers
+
+    n, why = fit_workers(asked, left, cpus, 1.0, memory_gb * 2**30, 2**30)
+    assert n == expect
+    assert (says is None and why == []) or (says is not None and says in "; ".join(why)), why
+
+
+@pytest.mark.slow  # starts Ray: 20-80 s on a 2-core machine
+def test_workers_64_on_this_machine_start_no_more_than_it_has(
+    tmp_path, monkeypatch, caplog, mini_zoo_dir, mini_zoo
+):
+    import logging
+    import os
+
+    pytest.importorskip("ray")
+    import stitch_nas.search as search
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    made = []
+    real = search.executor_from_settings
+
+    def keep(settings):
+        made.append(real(settings))
+        return made[-1]
+
+    monkeypatch.setattr(search, "executor_from_settings", keep)
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--workers", "64", "--trials", "3", "--no-export", "-q"]
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.search._ray_executor"):
+        assert main([*argv, "--cache-dir", str(mini_zoo_dir)]) == 0
+    cpus = len(os.sched_getaffinity(0))
+    started = made[0].last_run["workers"]
+    assert 1 <= started <= min(cpus, 3), made[0].last_run
+    warned = [r.getMessage() for r in caplog.records if "Ray worker(s), not 64" in r.getMessage()]
+    assert len(warned) == 1 and f"starting {started} Ray worker(s)" in warned[0], warned

@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from stitch_nas.errors import ConfigError, StitchNASError
 
@@ -345,8 +346,28 @@ def _after_disk_full(args: argparse.Namespace) -> str:
     return "free space, then run again"
 
 
+def _quiet_full_disk_in_threads() -> None:
+    """A full disk also fails Optuna's heartbeat thread, whose default hook prints a
+    traceback; the main thread meets the same fault and says it in one line."""
+    import threading
+
+    from stitch_nas.files import disk_full
+
+    default = threading.excepthook
+    if getattr(default, "quiet_full_disk", False):  # main() ran before in this process
+        return
+
+    def hook(args: Any) -> None:
+        if disk_full(args.exc_value) is None:
+            default(args)
+
+    hook.quiet_full_disk = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _quiet_full_disk_in_threads()
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -83,7 +83,8 @@ def run_settings(
     from stitch_nas.search import executor_from_settings
 
     from ._lock import claim_out
-    from ._preflight import check_plugins, check_resumed, check_run, check_study_in
+    from ._preflight import check_plugins, check_run, check_study_in
+    from ._resume import check_resumed
 
     search = settings.search
     check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out

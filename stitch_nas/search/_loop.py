@@ -23,7 +23,8 @@ from stitch_nas.errors import BudgetError, ConfigError, StitchNASError
 from stitch_nas.fragments import count_params
 from stitch_nas.stitching import fragment_macs, measure
 
-from ._ray_executor import RayExecutor, check_ray_address
+from ._ray_executor import RayExecutor
+from ._ray_resources import check_ray_address
 from ._runner import StitchObjective
 from ._studies import completed_count
 
