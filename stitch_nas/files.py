@@ -9,6 +9,7 @@ concurrent reader never meets a half-written file.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -18,7 +19,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_file", "atomic_folder", "atomic_write", "default_cache_dir", "sha256_file"]
+__all__ = [
+    "atomic_file",
+    "atomic_folder",
+    "atomic_write",
+    "default_cache_dir",
+    "disk_full",
+    "sha256_file",
+]
 
 
 def default_cache_dir() -> Path:
@@ -80,3 +88,20 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def disk_full(exc: BaseException | None) -> str | None:
+    """What ran out of room when ``exc``, or an exception it arose from, is a full disk (an
+    ``OSError`` ENOSPC / EDQUOT, or SQLite's "database or disk is full", which Optuna wraps and
+    may even hide behind an ``AssertionError``); None for any other fault."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "no space left on the disk" + (
+                f" writing {exc.filename}" if exc.filename else ""
+            )
+        if "database or disk is full" in str(exc):
+            return "no space left on the disk for the study database"
+        exc = exc.__cause__ or exc.__context__
+    return None

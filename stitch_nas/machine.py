@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["machine_memory_bytes"]
+__all__ = ["available_memory_bytes", "machine_memory_bytes"]
 
 
 def machine_memory_bytes() -> int:
@@ -13,3 +13,16 @@ def machine_memory_bytes() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, OSError, ValueError):
         return 0
+
+
+def available_memory_bytes() -> int:
+    """Memory this machine can give new processes now (Linux ``MemAvailable``), else its
+    physical memory (0 where the OS says neither)."""
+    try:
+        with open("/proc/meminfo") as stream:
+            for line in stream:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return machine_memory_bytes()

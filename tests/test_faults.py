@@ -12,7 +12,7 @@ import pytest
 from stitch_nas.cli import main
 from stitch_nas.cli._lock import LOCK_NAME, claim_out
 from stitch_nas.config import Fragment, StitchConfig
-from stitch_nas.errors import ConfigError
+from stitch_nas.errors import ConfigError, DataError
 
 # what the stitch-nas console script runs, without needing it on PATH
 _CONSOLE = "import sys; from stitch_nas.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -321,3 +321,456 @@ def test_a_search_whose_trials_all_miss_the_budget_still_ends_well(tmp_path):
     study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
     summary = export_study(study, None, folder / "models", skip_failures=True)  # type: ignore[arg-type]
     assert summary.describe().startswith("nothing exported: none of the 2 completed trials")
+
+
+# --- bad data ------------------------------------------------------------------------------
+
+
+def _npz_search(folder: Path, x, *, compressed: bool) -> Path:
+    """A search file over one .npz of images ``x`` (rows 0..39 probe, 40..59 val, 60..79 test,
+    the rest train), with no zoo of its own: the data must fail before any model loads."""
+    import numpy as np
+
+    folder.mkdir()
+    save = np.savez_compressed if compressed else np.savez
+    save(folder / "images.npz", x=x, y=np.arange(len(x)) % 4)
+    rows = {"probe": (0, 40), "val": (40, 20), "test": (60, 20), "train": (80, None)}
+    splits = "".join(
+        f"    {name}: {{file: images.npz, start: {start}, count: {'null' if n is None else n}}}\n"
+        for name, (start, n) in rows.items()
+    )
+    config = folder / "run.yaml"
+    config.write_text(f"data:\n  kind: npz\n  shuffle: false\n  splits:\n{splits}")
+    return config
+
+
+@pytest.mark.parametrize("compressed", [True, False], ids=["loaded whole", "read in place"])
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_nan_or_inf_images_are_refused_at_load_naming_the_file_and_row(
+    tmp_path, monkeypatch, capsys, compressed, bad
+):
+    import numpy as np
+
+    from stitch_nas.cli import _pipeline
+
+    def no_zoo(*_args, **_kwargs):
+        raise AssertionError("the zoo was built: the data passed its check")
+
+    monkeypatch.setattr(_pipeline, "load_zoo", no_zoo)
+    x = np.random.default_rng(0).random((120, 8, 8, 3), dtype=np.float32)
+    x[97, 3, 4, 1] = float(bad)
+    x[110, 0, 0, 0] = float("nan")  # a later bad row: the first one is named
+    config = _npz_search(tmp_path / "data", x, compressed=compressed)
+    out = tmp_path / "o"
+    assert main(["search", str(config), "--out", str(out), "--no-progress"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "images.npz:x holds NaN or Inf in row 97" in line, line
+    assert not out.exists()
+
+
+def test_nan_images_of_ones_own_tensors_are_refused(tmp_path):
+    import torch
+
+    from stitch_nas.data import Split
+
+    x = torch.rand(10, 3, 4, 4)
+    Split(x, torch.zeros(10, dtype=torch.int64))  # finite: accepted
+    x[6, 2, 1, 1] = float("nan")
+    with pytest.raises(DataError, match="split tensor x holds NaN or Inf in row 6"):
+        Split(x, torch.zeros(10, dtype=torch.int64))
+
+
+# --- caches --------------------------------------------------------------------------------
+
+
+def _unwritable(tmp_path: Path) -> Path:
+    """A folder this process cannot write in (root writes anywhere chmod allows nothing:
+    /sys then, which the kernel keeps read-only)."""
+    import os
+
+    if os.geteuid() != 0:
+        folder = tmp_path / "locked"
+        folder.mkdir(mode=0o500)
+        return folder / "cache"
+    if not Path("/sys").is_dir() or os.access("/sys", os.W_OK) and _writes_in("/sys"):
+        pytest.skip("no folder root cannot write in")
+    return Path("/sys/stitch_nas_cache")
+
+
+def _writes_in(folder: str) -> bool:
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "unwritable"])
+@pytest.mark.parametrize("how", ["--cache-dir", "STITCH_NAS_CACHE", "search.cache_dir"])
+def test_a_cache_that_is_no_writable_folder_is_one_line_before_any_work(
+    tmp_path, monkeypatch, capsys, where, how
+):
+    from stitch_nas.cli import _pipeline
+
+    def no_data(*_args, **_kwargs):
+        raise AssertionError("the data loaded before the cache was checked")
+
+    monkeypatch.setattr(_pipeline, "load_data", no_data)
+    (tmp_path / "afile").write_text("a file of the user's\n")
+    bad = {
+        "a file": tmp_path / "afile",
+        "under a file": tmp_path / "afile" / "cache",
+        "unwritable": _unwritable(tmp_path),
+    }[where]
+    out = tmp_path / "o"
+    argv = ["--out", str(out), "--trials", "2", "--no-progress"]
+    if how == "--cache-dir":
+        argv = ["demo", *argv, "--cache-dir", str(bad)]
+    elif how == "STITCH_NAS_CACHE":
+        monkeypatch.setenv("STITCH_NAS_CACHE", str(bad))
+        argv = ["demo", *argv]
+    else:
+        config = tmp_path / "run.yaml"
+        config.write_text(f"search:\n  cache_dir: {bad}\n")
+        argv = ["search", str(config), *argv]
+    assert main(argv) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    named = {"--cache-dir": "zoo.cache_dir (--cache-dir)", "STITCH_NAS_CACHE": "STITCH_NAS_CACHE"}
+    assert named.get(how, how) in line and str(bad) in line, line
+    assert "is a file" in line if where != "unwritable" else "cannot write in" in line, line
+    assert not out.exists()
+    assert (tmp_path / "afile").read_text() == "a file of the user's\n"
+
+
+# --- the user's own modules ----------------------------------------------------------------
+
+_GOOD_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x):
+        {forward}
+        return self.fc(x.flatten(1))
+
+
+def net():
+    {factory}
+    return Net()
+"""
+
+_USER_FAULTS = {
+    "syntax error": ("def net(:\n", "SyntaxError: "),
+    "raises on import": (
+        "raise RuntimeError('no licence file found\\nsecond line')\n",
+        "RuntimeError: no licence file found;",
+    ),
+    "missing import": (
+        "import not_a_package_anywhere\n",
+        "No module named 'not_a_package_anywhere'",
+    ),
+    "factory raises": (
+        _GOOD_NET.format(forward="pass", factory="raise ValueError('width must be even\\nmore')"),
+        "raised ValueError: width must be even;",
+    ),
+    "forward raises": (
+        _GOOD_NET.format(forward="raise KeyError('stem')", factory="pass"),
+        "fails on a 1x3x8x8 input: KeyError: 'stem';",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_USER_FAULTS))
+def test_a_user_module_that_fails_is_one_line_naming_it(tmp_path, capsys, case):
+    code, says = _USER_FAULTS[case]
+    module = "user_net_" + case.replace(" ", "_")  # one name per case: imports are cached
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / f"{module}.py").write_text(code)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "zoo:\n  mini_zoo: false\n  models:\n"
+        f"    - {{source: module, module: '{module}:net', module_path: code, input_size: 8,\n"
+        "       mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\n"
+        "data: {kind: digits, size: 8}\n"
+    )
+    out = tmp_path / "o"
+    assert main(["search", str(config), "--out", str(out), "--no-progress"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert module in line and says in line, line
+    assert "second line" not in line and "more" not in line.split(says)[-1][:6], line
+    assert not out.exists()
+
+
+# --- the search's own export ---------------------------------------------------------------
+
+
+def test_a_models_file_in_out_is_refused_before_the_search(tmp_path, monkeypatch, capsys):
+    from stitch_nas.cli import _pipeline
+
+    monkeypatch.setattr(_pipeline, "load_data", lambda *a: pytest.fail("the data loaded"))
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "models").write_text("a file of the user's\n")
+    assert main(["demo", "--out", str(out), "--trials", "2", "--no-progress"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{out / 'models'} is a file" in line and "--no-export" in line, line
+    assert sorted(p.name for p in out.iterdir()) == ["models"]
+    assert (out / "models").read_text() == "a file of the user's\n"
+
+
+def test_a_models_file_made_during_the_search_keeps_study_and_report(
+    tmp_path, monkeypatch, capsys, mini_zoo_dir, mini_zoo
+):
+    import stitch_nas.report as report  # _search imports write_report from here as it runs
+
+    out = tmp_path / "o"
+    real = report.write_report
+
+    def write_then_block(study, folder):  # another process takes DIR/models meanwhile
+        summary = real(study, folder)
+        (Path(folder) / "models").write_text("a file of the user's\n")
+        return summary
+
+    monkeypatch.setattr(report, "write_report", write_then_block)
+    argv = ["demo", "--out", str(out), "--trials", "3", "--no-progress"]
+    assert main([*argv, "--cache-dir", str(mini_zoo_dir)]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{out / 'models'} is a file" in line and "stitch-nas export" in line, line
+    assert (out / "pareto.json").is_file() and (out / "study.db").is_file()
+    assert (out / "models").read_text() == "a file of the user's\n"
+
+
+# --- resuming another search's study -------------------------------------------------------
+
+
+def _recorded_study(out: Path, config: Path) -> None:
+    """A study in ``out`` as the search of ``config`` leaves it: its settings and one trial."""
+    from dataclasses import asdict
+
+    from optuna.trial import create_trial
+
+    from stitch_nas import attrs
+    from stitch_nas.cli._settings import load_settings
+
+    out.mkdir()
+    study = optuna.create_study(
+        storage=f"sqlite:///{out / 'study.db'}", study_name=out.name, directions=["maximize"] * 2
+    )
+    study.set_user_attr(attrs.SETTINGS, asdict(load_settings(config)))
+    config_json = StitchConfig((Fragment("resnet", None, None),)).to_dict()
+    study.add_trial(create_trial(values=[0.9, 1e6], user_attrs={"config": config_json}))
+
+
+_SEARCHED = "zoo:\n  models: [{source: timm, model: test_resnet, num_classes: 10}]\n"
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ("", None),  # the same search: resumed (up to the zoo load, stubbed here)
+        ("zoo:\n  models: []\n", "zoo.models = ['test_resnet'], this run has []"),
+        (
+            "zoo:\n  models: [{source: timm, model: test_vit, num_classes: 10}]\n",
+            "zoo.models[0].model = 'test_resnet', this run has 'test_vit'",
+        ),
+        (_SEARCHED + "search: {space: chain}\n", "search.space = 'pairwise', this run has 'chain'"),
+        (_SEARCHED + "data: {size: 16}\n", "data.size = 32, this run has 16"),
+    ],
+    ids=["same", "model removed", "model changed", "space", "data"],
+)
+def test_resuming_with_another_zoo_or_space_is_refused_before_any_trial(
+    tmp_path, monkeypatch, capsys, change, says
+):
+    from stitch_nas.cli import _pipeline
+
+    def prepare(*_args, **_kwargs):
+        raise ConfigError("injected: the zoo loads")
+
+    monkeypatch.setattr(_pipeline, "_prepare", prepare)
+    searched, resumed = tmp_path / "searched.yaml", tmp_path / "resumed.yaml"
+    searched.write_text(_SEARCHED)
+    resumed.write_text(change or _SEARCHED)
+    out = tmp_path / "run"
+    _recorded_study(out, searched)
+    assert main(["search", str(resumed), "--out", str(out), "--resume", "--trials", "3"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    if says is None:
+        assert "injected: the zoo loads" in line, line
+    else:
+        assert f"the study 'run' was searched with {says};" in line, line
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{out / 'study.db'}")
+    assert len(study.trials) == 1  # nothing added
+
+
+# --- Ray ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address, timeout_s",
+    [("127.0.0.1:1", None), ("ray://127.0.0.1:1", None), ("192.0.2.1:6379", 0.5)],
+    ids=["refused", "ray client refused", "no answer"],  # 192.0.2.0/24: reserved, unrouted
+)
+def test_an_unreachable_ray_address_fails_fast_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, address, timeout_s
+):
+    import time
+
+    pytest.importorskip("ray")
+    from stitch_nas.search import _ray_resources
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    if timeout_s is not None:
+        monkeypatch.setattr(_ray_resources, "CONNECT_TIMEOUT_S", timeout_s)
+    out = tmp_path / "o"
+    start = time.perf_counter()
+    code = main(["demo", "--out", str(out), "--ray-address", address, "--trials", "2", "-q"])
+    elapsed = time.perf_counter() - start
+    assert code == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"cannot reach the Ray cluster at {address!r}" in line, line
+    assert elapsed < 10, elapsed  # was: minutes of silent retries
+    assert not out.exists()  # nothing written before Ray answers
+
+
+# --- a full disk ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_disk():
+    """``full_disk["full"] = True`` fills the disk under the study database: every write
+    statement then fails with the error SQLite gives on a full disk (SQLITE_FULL, "database or
+    disk is full"), raised where the driver raises it, so SQLAlchemy and Optuna wrap it as
+    they would a real one."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    state = {"full": False}
+
+    def before_execute(_conn, _cursor, statement, *_rest):
+        if state["full"] and not statement.lstrip().upper().startswith(("SELECT", "PRAGMA")):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    event.listen(Engine, "before_cursor_execute", before_execute)
+    yield state
+    event.remove(Engine, "before_cursor_execute", before_execute)
+
+
+def test_a_full_disk_while_the_study_is_created_is_one_line_and_leaves_nothing(
+    tmp_path, capsys, full_disk, mini_zoo_dir, mini_zoo
+):
+    full_disk["full"] = True
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--trials", "2", "--no-progress"]
+    assert main([*argv, "--cache-dir", str(mini_zoo_dir)]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "no space left on the disk" in line and "run again" in line, line
+    assert not out.exists()  # nothing that blocks the same command once there is room
+
+
+def test_a_full_disk_mid_search_and_at_export_keeps_the_study_and_resumes(
+    tmp_path, monkeypatch, capsys, full_disk, mini_zoo_dir, mini_zoo
+):
+    import errno
+
+    from stitch_nas.export import _files
+    from stitch_nas.search import StitchObjective
+
+    calls = {"n": 0}
+    evaluate = StitchObjective.__call__
+
+    def fill_on_the_third(self, trial):  # the disk fills while the third trial runs
+        calls["n"] += 1
+        full_disk["full"] = calls["n"] >= 3
+        return evaluate(self, trial)
+
+    monkeypatch.setattr(StitchObjective, "__call__", fill_on_the_third)
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--no-export", "--no-progress", "--seed", "1"]
+    argv += ["--cache-dir", str(mini_zoo_dir)]
+    assert main([*argv, "--trials", "4"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "no space left on the disk for the study database" in line, line
+    assert "rerun with --resume" in line, line
+    storage = f"sqlite:///{out / 'study.db'}"
+    kept = [t.number for t in optuna.load_study(study_name="o", storage=storage).trials
+            if t.state.is_finished()]  # fmt: skip
+    assert len(kept) >= 2, kept
+
+    full_disk["full"] = False  # room again: --resume goes on from the kept trials
+    monkeypatch.setattr(StitchObjective, "__call__", evaluate)
+    assert main([*argv, "--trials", "4", "--resume"]) == 0
+    capsys.readouterr()
+    study = optuna.load_study(study_name="o", storage=storage)
+    assert [t.number for t in study.trials if t.state.is_finished()][: len(kept)] == kept
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+
+    def no_room(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(_files, "atomic_write", no_room)  # the export's weights
+    assert main(["export", str(out), "--format", "safetensors", "-q"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "no space left on the disk writing" in line and "export again" in line, line
+    models = out / "models"  # no network half-written, no temporary left behind
+    assert not models.exists() or not list(models.iterdir()), list(models.iterdir())
+    monkeypatch.undo()
+    assert main(["export", str(out), "--format", "safetensors", "-q"]) == 0
+    assert (out / "models").is_dir()
+
+
+@pytest.mark.parametrize(
+    "asked, left, cpus, memory_gb, expect, says",
+    [
+        (64, 50, 2, 100, 2, "2 CPU(s), 1 each"),
+        (64, 3, 16, 100, 3, "3 trial(s) left"),
+        (8, 50, 16, 2.5, 2, "2.5 GB of memory free, about 1.0 GB each"),
+        (8, 50, 16, 0.2, 1, "0.2 GB of memory free"),  # never none: the driver runs anyway
+        (2, 50, 16, 100, 2, None),
+    ],
+    ids=["cpus", "trials", "memory", "no memory", "fits"],
+)
+def test_workers_are_capped_by_trials_cpus_and_memory(asked, left, cpus, memory_gb, expect, says):
+    from stitch_nas.search._ray_resources import fit_workers
+
+    n, why = fit_workers(asked, left, cpus, 1.0, memory_gb * 2**30, 2**30)
+    assert n == expect
+    assert (says is None and why == []) or (says is not None and says in "; ".join(why)), why
+
+
+@pytest.mark.slow  # starts Ray: 20-80 s on a 2-core machine
+def test_workers_64_on_this_machine_start_no_more_than_it_has(
+    tmp_path, monkeypatch, caplog, mini_zoo_dir, mini_zoo
+):
+    import logging
+    import os
+
+    pytest.importorskip("ray")
+    import stitch_nas.search as search
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    made = []
+    real = search.executor_from_settings
+
+    def keep(settings):
+        made.append(real(settings))
+        return made[-1]
+
+    monkeypatch.setattr(search, "executor_from_settings", keep)
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--workers", "64", "--trials", "3", "--no-export", "-q"]
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.search._ray_executor"):
+        assert main([*argv, "--cache-dir", str(mini_zoo_dir)]) == 0
+    cpus = len(os.sched_getaffinity(0))
+    started = made[0].last_run["workers"]
+    assert 1 <= started <= min(cpus, 3), made[0].last_run
+    warned = [r.getMessage() for r in caplog.records if "Ray worker(s), not 64" in r.getMessage()]
+    assert len(warned) == 1 and f"starting {started} Ray worker(s)" in warned[0], warned

@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from stitch_nas.errors import ConfigError, StitchNASError
 
@@ -321,6 +322,12 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _zoo(args: argparse.Namespace) -> int:
+    from ._preflight import check_caches
+    from ._settings import Settings
+
+    settings = Settings()  # a cache it cannot write in: one line before any training
+    settings.zoo.cache_dir = args.cache_dir
+    check_caches(settings)
     from stitch_nas.data import load_digits_splits
     from stitch_nas.zoo import load_mini_zoo
 
@@ -341,8 +348,39 @@ def _one_line(message: str, limit: int = 1000) -> str:
     return f"{message[: limit * 2 // 3]} [... {cut:,} characters ...] {message[-limit // 3 :]}"
 
 
+def _after_disk_full(args: argparse.Namespace) -> str:
+    """How to go on once there is room again."""
+    if args.command in ("demo", "search"):
+        if args.storage or (Path(args.out) / "study.db").is_file():
+            return "the finished trials are kept: free space, then rerun with --resume"
+        return "free space, then run again"
+    if args.command in ("export", "report"):
+        return f"the study is untouched: free space, then run stitch-nas {args.command} again"
+    return "free space, then run again"
+
+
+def _quiet_full_disk_in_threads() -> None:
+    """A full disk also fails Optuna's heartbeat thread, whose default hook prints a
+    traceback; the main thread meets the same fault and says it in one line."""
+    import threading
+
+    from stitch_nas.files import disk_full
+
+    default = threading.excepthook
+    if getattr(default, "quiet_full_disk", False):  # main() ran before in this process
+        return
+
+    def hook(args: Any) -> None:
+        if disk_full(args.exc_value) is None:
+            default(args)
+
+    hook.quiet_full_disk = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _quiet_full_disk_in_threads()
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -358,6 +396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except StitchNASError as exc:
         print(f"stitch-nas: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from stitch_nas.files import disk_full
+
+        full = disk_full(exc)  # at any phase; whatever was written is whole (atomic writes)
+        if full is None:
+            raise
+        print(f"stitch-nas: error: {full}; {_after_disk_full(args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(

@@ -84,6 +84,7 @@ def run_settings(
 
     from ._lock import claim_out
     from ._preflight import check_plugins, check_run, check_study_in
+    from ._resume import check_resumed
 
     search = settings.search
     check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out
@@ -102,7 +103,9 @@ def run_settings(
             # again under the lock: another run may have written its study since check_run
             check_study_in(Path(out_dir), resume=resume, join=join, storage=search.storage)
             if search.storage is not None or resume or join:  # check_run saw to a new one
-                check_study(out_dir, **study_options)  # a taken study name fails before work
+                name = check_study(out_dir, **study_options)  # a taken name fails before work
+                if resume or join:  # another search's trials would break the study
+                    check_resumed(settings, Path(out_dir), name)
             ctx, objective = _prepare(settings, device, progress, echo)
             study = create_study(
                 objective,
@@ -207,6 +210,11 @@ def _search(
     summary = write_report(study, out_dir)
     if search.export:
         models = Path(out_dir) / "models"
+        if models.exists() and not models.is_dir():  # made while the search ran
+            raise ExportError(
+                f"{models} is a file; the study and the report are kept: move it away, then "
+                f"run `stitch-nas export {out_dir}`"
+            )
         # the search itself is done and reported: a network that cannot be exported is
         # named, not a reason to fail the run
         export = export_study(

@@ -29,6 +29,7 @@ from ._lock import check_free
 
 __all__ = [
     "check_budgets",
+    "check_caches",
     "check_first_sample",
     "check_folder",
     "check_formats",
@@ -37,6 +38,7 @@ __all__ = [
     "check_run",
     "check_study_file",
     "check_study_in",
+    "check_writable",
 ]
 
 # stitch_nas.search.SAMPLERS / BUDGET_KEYS / EXECUTORS / RAY_MODES, repeated here to stay
@@ -127,7 +129,14 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
             raise ConfigError(f"search.objectives holds {name!r}; give objective names")
         OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
     check_builtin_names(search)
+    check_caches(settings)
     check_out(out_dir, resume=resume, join=join, storage=search.storage)
+    models = Path(out_dir) / "models"
+    if search.export and models.exists() and not models.is_dir():  # the run ends writing there
+        raise ConfigError(
+            f"{models} is a file; move it away (the Pareto front is exported there) or pass "
+            "--no-export"
+        )
 
 
 def _at_least(key: str, value: int, minimum: int) -> None:
@@ -166,25 +175,47 @@ def check_budgets(budgets: Mapping[str, Any]) -> dict[str, float]:
 def check_out(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -> None:
     """``out_dir`` is (or can become) a writable folder, holding a study only if it goes on."""
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {str(out)!r} is a file, not a folder; choose a folder")
-    parent = out
+    check_writable(out, "--out", "choose another --out")
+    check_free(out, shared=join)  # another run's study may be half-written: say so instead
+    check_study_in(out, resume=resume, join=join, storage=storage)
+
+
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """``folder`` is a folder this process can write in, or can be created as one."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{what} {str(folder)!r} is a file, not a folder; {fix}")
+    parent = folder
     while not parent.exists():  # the nearest folder that exists is where the run writes
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(
-            f"--out {str(out)!r}: {str(parent)!r} is a file, not a folder; choose another --out"
-        )
+        raise ConfigError(f"{what} {str(folder)!r}: {str(parent)!r} is a file, not a folder; {fix}")
     try:  # os.access says yes to root even on a read-only file system; a real write does not
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as exc:
         raise ConfigError(
-            f"--out {str(out)!r}: cannot write in {str(parent)!r} ({exc.strerror}); "
-            "choose a folder you can write to"
+            f"{what} {str(folder)!r}: cannot write in {str(parent)!r} ({exc.strerror}); {fix}"
         ) from None
-    check_free(out, shared=join)  # another run's study may be half-written: say so instead
-    check_study_in(out, resume=resume, join=join, storage=storage)
+
+
+def check_caches(settings: Any) -> None:
+    """The cache folders the run writes in (the mini zoo's weights, spilled activations) are
+    folders it can write in, so a bad one answers now rather than after the data load."""
+    from stitch_nas.files import default_cache_dir
+
+    zoo = settings.zoo
+    if zoo.mini_zoo:
+        if zoo.cache_dir is not None:
+            root, what = Path(zoo.cache_dir).expanduser(), "zoo.cache_dir (--cache-dir)"
+            fix = "choose a folder you can write to"
+        else:
+            root, what = default_cache_dir(), "the cache folder"
+            fix = "set STITCH_NAS_CACHE (or --cache-dir) to a folder you can write to"
+        if not (root / "mini_zoo").is_dir():  # built before: a read-only cache may do
+            check_writable(root / "mini_zoo", what, fix)
+    if settings.search.cache_dir is not None:
+        spill = Path(settings.search.cache_dir).expanduser()
+        check_writable(spill, "search.cache_dir", "choose a folder you can write to")
 
 
 def check_study_in(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -> None:

@@ -27,7 +27,13 @@ from stitch_nas.errors import DataError
 
 from ._npz_files import NpzFileImages, npz_array_place
 from ._npz_unpack import UNPACK_BYTES, compressed_size, npy_header, unpack_array
-from ._sources import ArrayImages, channels_first, is_channels_last, resize_images
+from ._sources import (
+    ArrayImages,
+    channels_first,
+    check_finite_rows,
+    is_channels_last,
+    resize_images,
+)
 from ._splits import DataSplits, Split
 
 __all__ = ["load_npz_splits", "images_to_tensor"]
@@ -37,14 +43,16 @@ logger = logging.getLogger(__name__)
 _SPLITS = ("train", "probe", "val", "test")
 
 
-def images_to_tensor(x: np.ndarray, what: str) -> torch.Tensor:
+def images_to_tensor(x: np.ndarray, what: str, rows: np.ndarray | None = None) -> torch.Tensor:
     """``(N, H, W, C)``, ``(N, C, H, W)`` or ``(N, H, W)`` images (uint8, or floats in
-    ``[0, 1]``) as float32 ``(N, 3, H, W)`` in ``[0, 1]``; grey images are repeated to RGB."""
+    ``[0, 1]``) as float32 ``(N, 3, H, W)`` in ``[0, 1]``; grey images are repeated to RGB.
+    ``rows``: the file rows ``x`` holds, to name a bad one (None: ``x`` is rows 0, 1, ...)."""
     x = channels_first(x, what)
     if x.dtype == np.uint8:
         t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
     elif np.issubdtype(x.dtype, np.floating):
         t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        check_finite_rows(t, what, rows)
         low, high = float(t.min()), float(t.max())
         if low < 0.0 or high > 1.0:
             raise DataError(
@@ -56,7 +64,9 @@ def images_to_tensor(x: np.ndarray, what: str) -> torch.Tensor:
     return t.expand(-1, 3, -1, -1).contiguous()
 
 
-def _images(x: np.ndarray, what: str, size: int | None) -> torch.Tensor | ArrayImages:
+def _images(
+    x: np.ndarray, what: str, size: int | None, rows: np.ndarray
+) -> torch.Tensor | ArrayImages:
     """One split's images: square uint8 images stay uint8 (4 times smaller than float32 at
     the stored size, and at any output size), made float32 one batch at a time; other images
     become one float32 tensor."""
@@ -64,7 +74,7 @@ def _images(x: np.ndarray, what: str, size: int | None) -> torch.Tensor | ArrayI
     if x.dtype == np.uint8 and (size is not None or x.shape[2] == x.shape[3]):
         pixels = torch.from_numpy(np.ascontiguousarray(x))
         return ArrayImages(pixels, size or x.shape[3])
-    images = images_to_tensor(x, what)
+    images = images_to_tensor(x, what, rows)
     return images if size is None else resize_images(images, size)
 
 
@@ -143,7 +153,7 @@ def load_npz_splits(
                 file, x_key, place, rows, size
             )
         else:
-            images = _images(x[rows], f"{file}:{x_key}", size)
+            images = _images(x[rows], f"{file}:{x_key}", size, rows)
         labels = _labels(y[rows], f"{file}:{y_key}")
         top = max(top, int(labels.max()))
         parts[split] = Split(images, labels)

@@ -29,7 +29,7 @@ import torch
 from stitch_nas.errors import DataError
 
 from ._npz_unpack import npy_header, unpack_array
-from ._sources import channels_first, resize_images
+from ._sources import channels_first, check_finite_rows, resize_images
 
 __all__ = ["NpzFileImages", "npz_array_place"]
 
@@ -79,7 +79,8 @@ class NpzFileImages:
             ``file`` (a Ray worker on another node) unpacks it again on first use.
 
     Raises:
-        DataError: float images outside ``[0, 1]`` (checked now, a chunk of rows at a time).
+        DataError: float images outside ``[0, 1]`` or holding NaN or Inf (checked now, a chunk
+            of rows at a time).
     """
 
     def __init__(
@@ -161,6 +162,7 @@ class NpzFileImages:
         step = max(1, _RANGE_CHUNK_BYTES // row_bytes)
         for start in range(0, len(self.rows), step):
             chunk = self._rows(self.rows[start : start + step])
+            check_finite_rows(chunk, f"{self.source}:{self.key}", self.rows[start : start + step])
             low, high = min(low, float(chunk.min())), max(high, float(chunk.max()))
         if low < 0.0 or high > 1.0:
             raise DataError(

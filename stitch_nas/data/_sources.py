@@ -22,7 +22,14 @@ import torch.nn.functional as F
 
 from stitch_nas.errors import DataError
 
-__all__ = ["ArrayImages", "ImageSource", "channels_first", "is_channels_last", "resize_images"]
+__all__ = [
+    "ArrayImages",
+    "ImageSource",
+    "channels_first",
+    "check_finite_rows",
+    "is_channels_last",
+    "resize_images",
+]
 
 _CHUNK = 4096  # images resized per call, to bound peak memory on large data sets
 
@@ -37,6 +44,30 @@ def resize_images(x: torch.Tensor, size: int) -> torch.Tensor:
         for chunk in x.split(_CHUNK)
     ]
     return torch.cat(out).clamp_(0.0, 1.0)
+
+
+def check_finite_rows(
+    x: np.ndarray | torch.Tensor, what: str, rows: np.ndarray | None = None
+) -> None:
+    """Refuse float images holding NaN or Inf, naming the first such row (``rows``: the file
+    rows ``x`` holds, in order; None: ``x`` starts at row 0).
+
+    A NaN passes a ``[0, 1]`` range check (every comparison with it is false) and only shows up
+    once the whole search has run, as accuracies that make no sense: refused at load instead.
+
+    Raises:
+        DataError: an image holds NaN or Inf.
+    """
+    t = torch.as_tensor(x)
+    # a float64 sum is NaN or Inf exactly when an element is: one pass, no boolean copy
+    if not t.is_floating_point() or bool(t.sum(dtype=torch.float64).isfinite()):
+        return
+    bad = int((~t.isfinite()).flatten(1).any(1).nonzero()[0])
+    row = bad if rows is None else int(rows[bad])
+    raise DataError(
+        f"{what} holds NaN or Inf in row {row} (the first such row); store finite pixel "
+        "values in [0, 1], or drop that image"
+    )
 
 
 def is_channels_last(shape: tuple[int, ...], what: str) -> bool:

@@ -28,7 +28,7 @@ import torch
 
 from stitch_nas.errors import ConfigError, DataError
 
-from ._sources import ArrayImages, ImageSource, resize_images
+from ._sources import ArrayImages, ImageSource, check_finite_rows, resize_images
 
 __all__ = ["PROBE_SIZE_RANGE", "Split", "DataSplits", "load_digits_splits"]
 
@@ -62,6 +62,7 @@ class Split:
                 raise DataError(f"split images have shape {shape}; expected (N, 3, H, W)")
             if self.x.dtype != torch.float32:
                 raise DataError(f"split images have dtype {self.x.dtype}; convert them to float32")
+            check_finite_rows(self.x, "split tensor x")  # a NaN image fails here, not in the search
         if self.y.ndim != 1 or self.y.dtype != torch.int64:
             raise DataError(
                 f"split labels have shape {tuple(self.y.shape)} and dtype {self.y.dtype}; "

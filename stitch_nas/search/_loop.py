@@ -24,6 +24,7 @@ from stitch_nas.fragments import count_params
 from stitch_nas.stitching import fragment_macs, measure
 
 from ._ray_executor import RayExecutor
+from ._ray_resources import check_ray_address
 from ._runner import StitchObjective
 from ._studies import completed_count
 
@@ -186,6 +187,7 @@ def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
                 f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
             )
         gpus = None if search.gpus_per_worker == -1 else search.gpus_per_worker
+        check_ray_address(search.ray_address)  # before the study or anything else is written
         return RayExecutor(
             workers=search.workers,
             address=search.ray_address,

@@ -46,8 +46,16 @@ import torch
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError, StitchNASError
+from stitch_nas.machine import available_memory_bytes
 
 from ._fidelity import gates_training
+from ._ray_resources import (
+    WORKER_BASE_BYTES,
+    check_ray_address,
+    context_bytes,
+    fit_workers,
+    local_cpus,
+)
 from ._ray_shared import SNNetShipper, import_ray, share_context
 from ._ray_study_workers import StudyWorker, StudyWorkerRun
 from ._ray_workers import TrialWorker, _Pending, _Pool
@@ -104,6 +112,8 @@ class RayExecutor:
     mode: str = "auto"
     worker_class: type[TrialWorker] = StudyWorker
     last_run: dict[str, Any] = field(default_factory=dict)
+    #: workers the latest :meth:`run` started: ``workers`` capped by what there is
+    running: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
@@ -150,7 +160,14 @@ class RayExecutor:
         """Run until ``study`` holds ``n_trials`` finished (complete or pruned) networks."""
         mode = self.mode_for(objective, study)  # a bad mode fails before Ray starts
         ray = import_ray()
+        left = max(1, n_trials - completed_count(study))
+        here = self.address is None and not ray.is_initialized()  # a Ray of our own
+        if here:  # sized before it starts: it gets as many CPUs as workers need
+            self.running = self._fit(objective, left, local_cpus(), available_memory_bytes())
         started = self._init_ray(ray)
+        if not here:  # a cluster (or a Ray already running): what it has
+            have = ray.cluster_resources()
+            self.running = self._fit(objective, left, have.get("CPU", 1), have.get("memory", 0))
         pool: _Pool | None = None
         try:
             start = time.perf_counter()
@@ -162,7 +179,7 @@ class RayExecutor:
                 self._resources(objective),
                 self.worker_class,
             )
-            pool.start(self.workers)
+            pool.start(self.running)
             session = None
             if mode == "workers":  # each worker opens the study: start-up, like the pool's
                 session = self._session(ray, objective, study, pool)
@@ -173,7 +190,7 @@ class RayExecutor:
             self.last_run = {
                 **counts,
                 "mode": mode,
-                "workers": self.workers,
+                "workers": self.running,
                 "startup_seconds": ready - start,
                 "search_seconds": end - ready,
                 # the driver's own CPU time (asking, sampling, recording): what limits scaling
@@ -192,9 +209,10 @@ class RayExecutor:
         """Start or join Ray unless it is running in this process; True if we started it."""
         if ray.is_initialized():
             return False
+        check_ray_address(self.address)  # ray.init would retry an unreachable one for minutes
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
         if self.address is None:
-            kwargs["num_cpus"] = max(1, math.ceil(self.workers * self.cpus_per_worker))
+            kwargs["num_cpus"] = max(1, math.ceil(self.running * self.cpus_per_worker))
         try:
             ray.init(address=self.address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -203,15 +221,23 @@ class RayExecutor:
             raise ConfigError(f"could not start {where}: {first}; check --ray-address") from exc
         return True
 
+    def _fit(self, objective: StitchObjective, left: int, cpus: float, memory: float) -> int:
+        """:func:`fit_workers` for this search, with a one-line warning when it caps them."""
+        each = WORKER_BASE_BYTES + context_bytes(objective.ctx)
+        n, why = fit_workers(self.workers, left, cpus, self.cpus_per_worker, memory, each)
+        if why:
+            logger.warning("starting %d Ray worker(s), not %d: %s", n, self.workers, "; ".join(why))
+        return n
+
     def _resources(self, objective: StitchObjective) -> dict[str, float]:
         gpus = self.gpus_per_worker
         if gpus is None:
             cuda = objective.ctx.device.type == "cuda" and torch.cuda.is_available()
-            gpus = min(1.0, torch.cuda.device_count() / self.workers) if cuda else 0.0
+            gpus = min(1.0, torch.cuda.device_count() / self.running) if cuda else 0.0
         return {"num_cpus": self.cpus_per_worker, "num_gpus": gpus}
 
     def _limit(self) -> int:
-        return self.max_failures_in_a_row or max(10, 2 * self.workers)
+        return self.max_failures_in_a_row or max(10, 2 * self.running)
 
     def _session(
         self, ray: Any, objective: StitchObjective, study: optuna.Study, pool: _Pool
@@ -247,7 +273,7 @@ class RayExecutor:
         counts: dict[str, Any] = {"complete": 0, "pruned": 0, "failed": 0, "duplicates": 0}
         nodes: dict[str, int] = {}
         in_flight: dict[Any, _Pending] = {}
-        idle = list(range(self.workers))
+        idle = list(range(self.running))
         heartbeat = heartbeat_of(study)
         wait_s = None if heartbeat is None else heartbeat.interval / 2
         done, failed_in_a_row, told = completed_count(study), 0, 0

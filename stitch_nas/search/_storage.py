@@ -34,6 +34,7 @@ from optuna.trial import TrialState
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
 from stitch_nas.extras import require
+from stitch_nas.files import disk_full
 
 __all__ = [
     "BufferedTrial",
@@ -115,6 +116,11 @@ def open_storage(
                 engine_kwargs=_engine_kwargs(url),
             )
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy/driver errors of every kind
+        if disk_full(exc):  # SQLite creating its tables on a full disk: say so plainly
+            raise ConfigError(
+                f"no space left on the disk for the study at {shown_url(url)!r}; free space, "
+                "then run again"
+            ) from None
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(
             f"cannot open the study at storage {shown_url(url)!r}: {shown_url(url, first)}"

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stitch_nas.errors import ConfigError
+from stitch_nas.errors import ConfigError, shorten
 from stitch_nas.fragments import declare_blocks
 
 from ._entry import InputSpec, ZooEntry
@@ -36,6 +36,13 @@ __all__ = [
 
 # the module_path folders import_factory put on sys.path, resolved
 _USER_FOLDERS: set[Path] = set()
+
+
+def first_line(exc: BaseException) -> str:
+    """``"ValueError: its message's first line"``: what a one-line error quotes of the user's
+    exception (a multi-line message or a traceback would break the line)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _side(size: int | Sequence[int]) -> tuple[int, int]:
@@ -118,6 +125,11 @@ def import_factory(spec: str, module_path: str | Sequence[str] | None = None) ->
             f"cannot import module {module_name!r} of {spec!r}: {exc}{where}; set module_path "
             "to the folder that holds it"
         ) from exc
+    except Exception as exc:  # noqa: BLE001 - the user's code: a SyntaxError, or its own raise
+        raise ConfigError(
+            f"importing module {module_name!r} of {spec!r} failed: {first_line(exc)}; fix "
+            "the module"
+        ) from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"module {module_name!r} has no {attr!r}; check module: {spec!r}")
@@ -152,6 +164,11 @@ def module_entry(item: dict[str, Any], data_labels: Sequence[str]) -> ZooEntry:
         model = factory(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{item['module']}(**{kwargs!r}) failed: {exc}; fix kwargs") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's factory may raise anything
+        raise ConfigError(
+            f"{item['module']}(**{shorten(kwargs)}) raised {first_line(exc)}; fix the factory "
+            "or its kwargs"
+        ) from exc
     if not isinstance(model, nn.Module):
         raise ConfigError(
             f"{item['module']} returned a {type(model).__name__}; it must return an nn.Module"
@@ -171,8 +188,14 @@ def module_entry(item: dict[str, Any], data_labels: Sequence[str]) -> ZooEntry:
         label_names=labels,
         source=f"module:{item['module']}",
     )
-    with torch.no_grad():  # one image: a wrong output size fails here, not in the search
-        outputs = entry.model(torch.zeros(1, 3, *spec.size)).shape
+    try:
+        with torch.no_grad():  # one image: a wrong output size fails here, not in the search
+            outputs = entry.model(torch.zeros(1, 3, *spec.size)).shape
+    except Exception as exc:  # noqa: BLE001 - the user's forward may raise anything
+        raise ConfigError(
+            f"model {name!r} ({item['module']}) fails on a 1x3x{spec.size[0]}x{spec.size[1]} "
+            f"input: {first_line(exc)}; check input_size and the model's forward"
+        ) from exc
     if len(outputs) != 2 or outputs[1] != len(labels):
         raise ConfigError(
             f"model {name!r} maps a 1x3x{spec.size[0]}x{spec.size[1]} input to shape "
