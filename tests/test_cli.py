@@ -175,7 +175,7 @@ def test_search_with_a_small_activation_cache_spills_to_its_folder(
 
 
 def test_search_with_snnet_joint_training_exports_from_a_fresh_context(
-    capsys, tmp_path, mini_zoo, mini_zoo_dir
+    capsys, tmp_path, mini_zoo, mini_zoo_dir, digits
 ):
     """`stitch-nas export` rebuilds the zoo and retrains the SN-Net: the same weights, seeded."""
     config = tmp_path / "c.yaml"
@@ -192,6 +192,27 @@ def test_search_with_snnet_joint_training_exports_from_a_fresh_context(
     code, stdout, err = _run(capsys, "export", str(out), "--no-progress")
     assert code == 0, err
     assert (out / "models").is_dir() and "exported" in stdout
+    # what it exported: the Pareto front of pareto.json, one folder each, each loading as the
+    # network whose figures the front records (an SN-Net stitch among them)
+    import json
+
+    import torch
+
+    from stitch_nas import load
+    from stitch_nas.stitching._measure import LOW_PRECISION_TOLERANCE
+
+    front = {
+        f"trial_{r['number']}": r for r in json.loads((out / "pareto.json").read_text())["front"]
+    }
+    folders = {p.name for p in (out / "models").iterdir() if p.name.startswith("trial_")}
+    assert folders == set(front), (folders, set(front))
+    assert any("-snnet->" in row["describe"] for row in front.values()), front
+    for name, row in front.items():
+        loaded = load(out / "models" / name)
+        assert loaded.metrics["accuracy"] == row["accuracy"], name
+        with torch.no_grad():
+            correct = int((loaded(digits.val.x).argmax(1) == digits.val.y).sum())
+        assert abs(correct / len(digits.val.y) - row["accuracy"]) <= LOW_PRECISION_TOLERANCE
 
 
 # --- per-run flags over the YAML file -------------------------------------------------------
