@@ -35,9 +35,14 @@ def mini_zoo(digits: DataSplits, mini_zoo_dir: Path) -> Zoo:
 
 
 @pytest.fixture(autouse=True)
-def no_default_probe_pruning(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_default_probe_pruning(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Most tests search the untrained tiny zoo (``tests._tiny``), where every stitch predicts
     at chance and the default probe pruning would prune them all. Objectives made without an
     explicit ``probe_threshold`` skip probe pruning here; tests of it pass the threshold, and
-    the CLI's settings always pass theirs (``tests/test_proxy.py``)."""
+    the CLI's settings always pass theirs (``tests/test_proxy.py``). A test marked
+    ``real_probe_default`` keeps the documented default (on the trained mini zoo)."""
+    if request.node.get_closest_marker("real_probe_default") is not None:
+        return
     monkeypatch.setattr("stitch_nas.search._runner.DEFAULT_PROBE_THRESHOLD", 0.0)

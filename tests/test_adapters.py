@@ -258,6 +258,49 @@ def test_adapter_macs_count_and_depend_on_the_kind(ctx):
     assert not math.isnan(sum(macs.values()))
 
 
+# Hand counts, fvcore convention (stitch_nas.fragments.count_macs): one multiply-add per weight
+# use, biases, activations, softmax and residual adds free; BatchNorm in eval with its affine
+# part 2 per element, LayerNorm 5 per element. The joint: an NCHW cut of C_IN x 6 x 6 into one
+# of C_OUT x 6 x 6 (same grid: no resizing, stride 1), so P = 36 positions.
+C_IN, C_OUT, P = 12, 32, 36
+_LINEAR = C_IN * C_OUT * P  # a 1x1 convolution
+_BODY = {
+    "linear": _LINEAR,
+    "linear_relu": _LINEAR,
+    "conv3x3": 9 * C_IN * C_OUT * P,  # 3x3 taps, padding 1
+    # width C_OUT / 4 = 8: 1x1 reduce, 3x3, 1x1 expand, 1x1 shortcut, and the block's own
+    # BatchNorms (bn1, bn2 over 8 channels, bn3 over C_OUT)
+    "bottleneck": (C_IN * 8 + 9 * 8 * 8 + 8 * C_OUT + C_IN * C_OUT) * P + 2 * (8 + 8 + C_OUT) * P,
+    # 1x1 projection, then a ViT block over P tokens of width D = C_OUT (2 heads, mlp_ratio 4):
+    # LayerNorm, qkv, Q.K^T and attn.V (P*P*D each, whatever the heads), out projection,
+    # LayerNorm, MLP up and down
+    "transformer_block": _LINEAR
+    + 5 * P * C_OUT
+    + P * C_OUT * 3 * C_OUT
+    + 2 * P * P * C_OUT
+    + P * C_OUT * C_OUT
+    + 5 * P * C_OUT
+    + 2 * P * C_OUT * 4 * C_OUT,
+    # frozen least-squares map plus the rank-8 update B(Ax); no norms
+    "lowrank": _LINEAR + (C_IN * 8 + 8 * C_OUT) * P,
+}
+_NORMS = 2 * (C_IN + C_OUT) * P  # norm="batch": a BatchNorm before the body and one after
+
+
+@pytest.mark.parametrize("norm", ["none", "batch"])
+def test_each_trained_adapter_kind_costs_its_hand_counted_macs(norm):
+    src = CutPoint("src", 0, "nchw", (C_IN, 6, 6))
+    dst = CutPoint("dst", 1, "nchw", (C_OUT, 6, 6))
+    trained = {k for k in adapters.list_adapters() if adapters.get_adapter(k).trainable}
+    assert trained == set(_BODY)  # a new kind needs its hand count here
+    for kind, body in _BODY.items():
+        options = {"norm": norm} if "norm" in adapters.get_adapter(kind).options else {}
+        adapter = adapters.create(kind, src, dst, **options)
+        expected = body + (_NORMS if options.get("norm") == "batch" else 0)
+        assert count_macs(adapter, (1, C_IN, 6, 6)) == expected, kind
+        assert count_macs(adapter, (3, C_IN, 6, 6)) == 3 * expected, kind  # per image
+
+
 def test_device_option_is_checked(ctx):
     with pytest.raises(errors.ConfigError, match="device='nowhere'"):
         _fit(ctx, AdapterSpec("linear", {"device": "nowhere", "steps": 1}))

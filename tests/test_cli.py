@@ -100,9 +100,14 @@ def test_bad_zoo_entry_fails_before_any_zoo_build(capsys, tmp_path):
     assert not (tmp_path / "cache").exists()  # failed before the mini zoo was built
 
 
-def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir):
+def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir, digits):
     """The README's main job on the session's zoo: files, a stitched front, a report."""
     import json
+
+    import torch
+
+    from stitch_nas import load
+    from stitch_nas.stitching._measure import LOW_PRECISION_TOLERANCE
 
     out = tmp_path / "demo"
     code, stdout, _ = _run(
@@ -123,6 +128,27 @@ def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir):
     exported = sorted(p.name for p in (out / "models").iterdir())
     assert "elastic" in exported and f"trial_{report['front'][0]['number']}" in exported
     assert "exported" in stdout
+    # every front row carries both figures, each inside its 95 % interval, on the whole splits
+    n_val, n_test = len(digits.val.y), len(digits.test.y)
+    for row in report["front"]:
+        assert (row["val_images"], row["test_images"]) == (n_val, n_test), row
+        for acc in ("accuracy", "test_accuracy"):
+            low, high = row[f"{acc}_interval"]
+            assert 0.0 <= low <= row[acc] <= high <= 1.0 and low < high, row
+    # the exported stitched front networks load and score what the front says they score. The
+    # search stores activations in float16, so a network recomputed in float32 may flip a
+    # near-tie: within reproduces()' tolerance, or one image on a split too small for it (the
+    # 369 test images: seen once, trial_56 of this demo, 156 vs 155 correct)
+    for row in stitched:
+        folder = out / "models" / f"trial_{row['number']}"
+        loaded = load(folder)
+        assert loaded.metrics["accuracy"] == row["accuracy"]
+        assert loaded.metrics["test_accuracy"] == pytest.approx(row["test_accuracy"], abs=1e-9)
+        with torch.no_grad():
+            for split, key in ((digits.val, "accuracy"), (digits.test, "test_accuracy")):
+                acc = int((loaded(split.x).argmax(1) == split.y).sum()) / len(split.y)
+                tolerance = max(LOW_PRECISION_TOLERANCE, 1 / len(split.y) + 1e-12)
+                assert abs(acc - row[key]) <= tolerance, (folder.name, key, acc, row[key])
     code, stdout, _ = _run(capsys, "export", str(out), "--trials", "0,zero")
     assert code == 2
     code, _, err = _run(capsys, "demo", "--out", str(out), "--cache-dir", str(mini_zoo_dir))
@@ -149,7 +175,7 @@ def test_search_with_a_small_activation_cache_spills_to_its_folder(
 
 
 def test_search_with_snnet_joint_training_exports_from_a_fresh_context(
-    capsys, tmp_path, mini_zoo, mini_zoo_dir
+    capsys, tmp_path, mini_zoo, mini_zoo_dir, digits
 ):
     """`stitch-nas export` rebuilds the zoo and retrains the SN-Net: the same weights, seeded."""
     config = tmp_path / "c.yaml"
@@ -166,6 +192,27 @@ def test_search_with_snnet_joint_training_exports_from_a_fresh_context(
     code, stdout, err = _run(capsys, "export", str(out), "--no-progress")
     assert code == 0, err
     assert (out / "models").is_dir() and "exported" in stdout
+    # what it exported: the Pareto front of pareto.json, one folder each, each loading as the
+    # network whose figures the front records (an SN-Net stitch among them)
+    import json
+
+    import torch
+
+    from stitch_nas import load
+    from stitch_nas.stitching._measure import LOW_PRECISION_TOLERANCE
+
+    front = {
+        f"trial_{r['number']}": r for r in json.loads((out / "pareto.json").read_text())["front"]
+    }
+    folders = {p.name for p in (out / "models").iterdir() if p.name.startswith("trial_")}
+    assert folders == set(front), (folders, set(front))
+    assert any("-snnet->" in row["describe"] for row in front.values()), front
+    for name, row in front.items():
+        loaded = load(out / "models" / name)
+        assert loaded.metrics["accuracy"] == row["accuracy"], name
+        with torch.no_grad():
+            correct = int((loaded(digits.val.x).argmax(1) == digits.val.y).sum())
+        assert abs(correct / len(digits.val.y) - row["accuracy"]) <= LOW_PRECISION_TOLERANCE
 
 
 # --- per-run flags over the YAML file -------------------------------------------------------

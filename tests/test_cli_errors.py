@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,18 +242,51 @@ def test_bad_input_is_one_line_exit_2_and_leaves_out_alone(case, tmp_path, capsy
     assert _tree(out) == before  # not created, or byte-identical
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_out_folder_is_refused_before_any_work(tmp_path, capsys):
-    parent = tmp_path / "locked"
-    parent.mkdir()
-    parent.chmod(0o500)
-    try:
-        code = main(["demo", "--out", str(parent / "run")])
-    finally:
-        parent.chmod(0o700)
+def _one_line_error(argv: list[str], capsys) -> str:
+    capsys.readouterr()
+    code = main(argv)
     err = capsys.readouterr().err
-    assert code == 2 and "cannot write" in err and "locked" in err
-    assert not (parent / "run").exists()
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def unwritable_folder(tmp_path) -> Iterator[Path]:
+    """A folder in which no file can be created, by this user: a read-only folder, or, as root
+    (CI runs as root, and root writes into read-only folders), ``/proc``, where no one can."""
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        try:
+            yield locked
+        finally:
+            locked.chmod(0o700)
+        return
+    proc = Path("/proc")
+    if not (proc / "self").is_dir():
+        pytest.skip("running as root without /proc: no folder that root cannot write into")
+    yield proc
+
+
+def test_a_read_only_out_folder_is_refused_before_any_work(unwritable_folder, capsys):
+    out = unwritable_folder / f"stitch_nas_run_{os.getpid()}"
+    line = _one_line_error(["demo", "--out", str(out)], capsys)
+    assert f"error: --out {str(out)!r}: cannot write in {str(unwritable_folder)!r}" in line
+    assert not out.exists()
+
+
+def test_an_out_folder_under_a_file_is_refused_before_any_work(tmp_path, capsys):
+    """A path whose parent is a regular file cannot be made by anyone, root included."""
+    parent = tmp_path / "notes.txt"
+    parent.write_text("a file\n")
+    out = parent / "run"
+    line = _one_line_error(["demo", "--out", str(out)], capsys)
+    assert f"{str(parent)!r} is a file, not a folder" in line, line
+    assert parent.read_text() == "a file\n"
 
 
 # what the stitch-nas console script runs, without needing it on PATH

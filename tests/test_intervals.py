@@ -24,6 +24,7 @@ from stitch_nas.report import (
     write_report,
     zoo_claims,
 )
+from tests._hypervolume import grid_hypervolume
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -197,28 +198,40 @@ def test_report_files_show_the_test_split(tmp_path: Path) -> None:
     assert summary.png_path.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_hypervolume_matches_optuna_on_random_2d_fronts() -> None:
-    wfg = pytest.importorskip("optuna._hypervolume").compute_hypervolume
+def test_the_grid_reference_by_hand() -> None:
+    # two boxes of 2 x 1 and 1 x 2 overlapping in a 1 x 1 square: 3; a dominated point adds 0
+    points = np.array([[1.0, 2.0], [2.0, 1.0], [2.5, 2.5]])
+    assert grid_hypervolume(points, np.array([3.0, 3.0])) == 3.0
+    # a 2 x 2 x 2 cube and a 3 x 3 x 1 slab overlapping in 2 x 2 x 1: 8 + 9 - 4
+    cube = np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 2.0]])
+    assert grid_hypervolume(cube, np.array([3.0, 3.0, 3.0])) == 8.0 + 9.0 - 4.0
+    assert grid_hypervolume(np.array([[3.0, 1.0]]), np.array([3.0, 3.0])) == 0.0  # on the edge
+
+
+def test_hypervolume_matches_a_brute_force_grid_on_random_fronts() -> None:
     rng = np.random.default_rng(12)
     for case in range(200):
-        n = int(rng.integers(1, 40))
-        if case % 2:  # a true front: x up, y down
+        dims = 2 if case % 5 else 3
+        n = int(rng.integers(1, 40 if dims == 2 else 12))
+        if case % 2 and dims == 2:  # a true front: x up, y down
             x, y = np.sort(rng.uniform(0, 1, n)), np.sort(rng.uniform(0, 1, n))[::-1]
             points = np.stack([x, y], axis=1)
         else:  # any cloud, with dominated points and ties
             points = (
-                rng.choice([0.1, 0.3, 0.5], size=(n, 2)) if case % 4 == 0 else rng.random((n, 2))
+                rng.choice([0.1, 0.3, 0.5], size=(n, dims))
+                if case % 4 == 0
+                else rng.random((n, dims))
             )
-        scale = 10.0 ** rng.uniform(-3, 7, size=2)  # accuracy-like and MAC-like magnitudes
+        scale = 10.0 ** rng.uniform(-3, 7, size=dims)  # accuracy-like and MAC-like magnitudes
         points = points * scale
-        ref = scale * rng.uniform(1.0, 1.5, size=2)
-        expected = wfg(points, ref)
-        assert hypervolume(points, ["minimize", "minimize"], ref) == pytest.approx(
-            expected, rel=1e-9, abs=0.0
-        )
-        # the same front as accuracy (maximised) against MACs: mirrored, same volume
-        mirrored = points * [-1.0, 1.0]
-        got = hypervolume(mirrored, ["maximize", "minimize"], ref * [-1.0, 1.0])
+        ref = scale * rng.uniform(1.0, 1.5, size=dims)
+        expected = grid_hypervolume(points, ref)
+        assert expected > 0.0
+        got = hypervolume(points, ["minimize"] * dims, ref)
+        assert got == pytest.approx(expected, rel=1e-9, abs=0.0), (case, points, ref)
+        # the first objective as accuracy (maximised): mirrored, same volume
+        flip = np.array([-1.0] + [1.0] * (dims - 1))
+        got = hypervolume(points * flip, ["maximize"] + ["minimize"] * (dims - 1), ref * flip)
         assert math.isclose(got, expected, rel_tol=1e-9)
 
 

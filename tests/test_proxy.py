@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import optuna
 import pytest
+import torch
 
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
@@ -117,3 +118,51 @@ def test_seeded_trials_reuse_the_probe_score_seeding_computed(ctx, monkeypatch):
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 2 and all("probe_accuracy" in t.user_attrs for t in done)
     assert builds == []  # neither trial scored its config again
+
+
+# --- the documented default threshold, on the trained mini zoo -------------------------------
+
+
+@pytest.mark.real_probe_default
+def test_the_default_threshold_prunes_a_stitch_at_chance_and_keeps_a_good_one(ctx, digits):
+    """Without ``probe_threshold`` a search prunes on 1.5 x chance (docs/guide/objectives.md):
+    a stitch into an untrained suffix, which predicts at chance, is pruned with the probe
+    accuracy as its reason; a stitch between two trained models is measured."""
+    import timm
+
+    from stitch_nas.search import _runner
+    from stitch_nas.zoo import Zoo, ZooEntry
+
+    assert _runner.DEFAULT_PROBE_THRESHOLD == 1.5  # the documented value, not conftest's 0
+    resnet = ctx.entry("resnet")
+    torch.manual_seed(0)
+    untrained = ZooEntry(
+        "untrained",
+        timm.create_model("test_resnet", pretrained=False, num_classes=10).eval(),
+        resnet.input_spec,
+        resnet.label_names,
+        source="timm:test_resnet",
+    )
+    both = StitchContext(Zoo([resnet, ctx.entry("convnext"), untrained]), digits)
+    objective = StitchObjective(both)  # no threshold given: the default
+    assert objective.probe_threshold == 1.5
+    src = both.cuts("resnet")[len(both.cuts("resnet")) // 2].name
+    dst = both.cuts("untrained")[len(both.cuts("untrained")) // 2].name
+    at_chance = StitchConfig(
+        (Fragment("resnet", None, src), Fragment("untrained", dst, None)), (AdapterSpec(),)
+    )
+    good = _pair(both)
+    study = optuna.create_study(directions=objective.directions)
+    for config in (at_chance, good):
+        study.enqueue_trial({}, user_attrs={"config": config.to_dict()})
+    study.optimize(objective, n_trials=2)
+    pruned, kept = study.trials
+    floor = 1.5 / both.num_classes
+    assert pruned.user_attrs["config"] == at_chance.to_dict()
+    assert pruned.state == optuna.trial.TrialState.PRUNED
+    probe = pruned.user_attrs["probe_accuracy"]
+    assert probe < floor
+    assert pruned.user_attrs["prune_reason"] == f"probe accuracy {probe:.3f} < {floor:.3f}"
+    assert kept.user_attrs["config"] == good.to_dict()
+    assert kept.state == optuna.trial.TrialState.COMPLETE
+    assert kept.user_attrs["probe_accuracy"] >= floor

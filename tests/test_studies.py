@@ -2,13 +2,14 @@
 several drivers on one PostgreSQL server, one of them killed mid-trial, and Ray workers that
 open a PostgreSQL study themselves.
 
-The PostgreSQL fixture starts a throwaway server (PostgreSQL's own ``initdb`` and ``pg_ctl``)
-in a temporary folder, listening on 127.0.0.1 at a free port and on a unix socket in that
-folder, with trust authentication and ``fsync=off`` (nothing in it outlives the test). initdb
-refuses to run as root, so as root the folder is handed to the ``nobody`` user and the server
-runs as ``nobody`` through ``runuser``. The server is stopped (``-m immediate``) and the folder
-removed after the test. Without initdb, pg_ctl, runuser (as root) or psycopg the tests skip and
-say which is missing.
+The PostgreSQL fixture starts a throwaway server (PostgreSQL's own ``initdb`` and ``pg_ctl``,
+found on the PATH or under ``/usr/lib/postgresql/<major>/bin`` by ``tests._postgres``) in a
+temporary folder, listening on 127.0.0.1 at a free port and on a unix socket in that folder, with
+trust authentication and ``fsync=off`` (nothing in it outlives the test). initdb refuses to run as
+root, so as root the folder is handed to the ``nobody`` user and the server runs as ``nobody``
+through ``runuser``. The server is stopped (``-m immediate``) and the folder removed after the
+test. Without initdb, pg_ctl, runuser (as root) or psycopg the tests skip and say which is
+missing and where it was looked for.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from stitch_nas.search import (
     load_folder_study,
     run_search,
 )
+from tests._postgres import server_programs
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -211,9 +213,10 @@ def _free_port() -> int:
 @pytest.fixture
 def postgres() -> Iterator[str]:
     """A throwaway PostgreSQL server; yields its URL (see the module docstring)."""
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        pytest.skip("PostgreSQL's initdb and pg_ctl are not on the PATH")
+    programs = server_programs()
+    if isinstance(programs, str):
+        pytest.skip(programs)
+    initdb, pg_ctl = programs
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[postgres]')")
     as_user: list[str] = []
     root = Path(tempfile.mkdtemp(prefix="stitch_nas_pg_"))
@@ -243,6 +246,36 @@ def postgres() -> Iterator[str]:
             run(pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _programs(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for name in ("initdb", "pg_ctl"):
+        (folder / name).write_text("#!/bin/sh\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def test_postgresql_programs_are_found_where_debian_and_ubuntu_put_them(tmp_path):
+    """Not on the PATH: the newest ``<root>/<major>/bin`` holding both wins (Debian, Ubuntu)."""
+    root, empty = tmp_path / "usr/lib/postgresql", str(tmp_path / "empty")
+    _programs(root / "9.6/bin")
+    newest = _programs(root / "16/bin")
+    (root / "17/bin").mkdir(parents=True)  # a client-only install: no server programs
+    (root / "17/bin/pg_ctl").write_text("#!/bin/sh\n")
+    _programs(root / "15/bin")
+    found = server_programs(path=empty, roots=[tmp_path / "absent", root])
+    assert found == (str(newest / "initdb"), str(newest / "pg_ctl"))
+    # the PATH comes first
+    on_path = _programs(tmp_path / "bin")
+    assert server_programs(path=str(on_path), roots=[root]) == (
+        str(on_path / "initdb"),
+        str(on_path / "pg_ctl"),
+    )
+    # none anywhere: the skip reason says where they were looked for
+    missing = server_programs(path=empty, roots=[tmp_path / "absent"])
+    assert isinstance(missing, str) and "neither on the PATH nor in" in missing
+    assert f"{tmp_path / 'absent'}/<version>/bin" in missing
 
 
 SEARCH = """
