@@ -186,6 +186,7 @@ def evaluate(
         "complete": len(done),
         "pruned": sum(t.state.name == "PRUNED" for t in study.trials),
         "zoo": zoo,
+        "trials_by_macs": _trials_by_macs(study, zoo),
         "hv_at": {
             str(floor): {
                 "zoo": round(_normalised_hv(zoo, max_macs, floor), 4),
@@ -195,6 +196,34 @@ def evaluate(
             for floor in floors
         },
     }
+
+
+def _trials_by_macs(study: Any, zoo: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """How much of the trial budget went to each MACs range between the zoo's models: the
+    search's own trials (not zoo references, repeats or fine-tunes), complete or pruned."""
+    edges = sorted({r["macs"] for r in zoo})
+    names = {m: ", ".join(r["name"] for r in zoo if r["macs"] == m) for m in edges}
+    ranges = [(0.0, edges[0])] + list(zip(edges, edges[1:], strict=False)) + [(edges[-1], None)]
+    rows = [
+        {
+            "from_macs": low,
+            "below_macs": high,
+            "between": f"{names.get(low, '0')} .. {names.get(high, 'beyond')}",
+            "complete": 0,
+            "pruned": 0,
+        }
+        for low, high in ranges
+    ]
+    skip = (attrs.REFERENCE_OF, attrs.DUPLICATE_OF, attrs.FINETUNES)
+    for t in study.trials:
+        if "macs" not in t.user_attrs or any(k in t.user_attrs for k in skip):
+            continue
+        macs = float(t.user_attrs["macs"])
+        row = next(r for r in rows if r["below_macs"] is None or macs < r["below_macs"])
+        state = t.state.name.lower()
+        if state in row:
+            row[state] += 1
+    return rows
 
 
 def main() -> None:

@@ -14,6 +14,12 @@ the only parameter every trial shares. That suits TPE, but NSGA-II crosses over 
 parameters only and mutates each with probability 1 / (their number), so it degenerates into
 random search. ``cut_params="depth"`` samples ``src_depth`` and ``dst_depth`` in [0, 1) instead,
 the relative position among the route's joinable cuts, shared by every route.
+
+Seed proposals (:func:`matched_depths`, offered as ``pairwise.proposals``): SN-Net observes
+that stitching a cheaper model into a dearer one of the same kind at matching depth
+interpolates their accuracy and cost, the region between strong models that random draws
+rarely visit (few routes join two members of one family). Seeding scores these stitches
+beside its random pool and gives a share of the seeds to the best of them.
 """
 
 from __future__ import annotations
@@ -29,12 +35,16 @@ from stitch_nas.adapters import joinable
 from stitch_nas.config import DIRECTIONS, AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
-from stitch_nas.stitching import model_macs
+from stitch_nas.stitching import fragment_macs, model_macs
 
 from ._adapter_choice import AdapterChoices, can_join, suggest_adapter
 from ._registry import register_space
 
 CUT_PARAMS = ("named", "depth")
+#: the relative depths (share of the model's MACs before the cut) seed proposals stitch at,
+#: and how far from one a cut's share may be (no proposal where a model has no cut that near)
+MATCHED_DEPTHS = (0.25, 0.5, 0.75)
+MATCHED_TOLERANCE = 0.15
 
 
 @register_space("pairwise")
@@ -61,19 +71,8 @@ def pairwise(
         cut_params: "named" (a categorical per route) or "depth" (relative depth, shared by
             all routes; lets NSGA-II's crossover work, see the module docstring).
     """
-    if cut_params not in CUT_PARAMS:
-        raise ConfigError(f"unknown cut_params {cut_params!r}; use one of {CUT_PARAMS}")
     choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
-    names = zoo_models(ctx, models, 2)
-    bad = set(directions) - set(DIRECTIONS)
-    if bad:
-        raise ConfigError(f"unknown direction(s) {sorted(bad)}; use {DIRECTIONS}")
-    routes = [r for r in _routes(ctx, names, choices.kinds) if r[2] in directions]
-    if not routes:
-        raise ConfigError(
-            f"no two of {names} can be joined by {list(choices.kinds)} in directions "
-            f"{list(directions)}; add CNN models, other adapters, or allow both directions"
-        )
+    routes = _allowed_routes(ctx, models, directions, choices, cut_params)
     choice = trial.suggest_categorical("route", [f"{src}>{dst}" for src, dst, _ in routes])
     src, dst = choice.split(">")
     trial.set_user_attr("direction", next(r[2] for r in routes if r[:2] == (src, dst)))
@@ -92,6 +91,96 @@ def pairwise(
     return StitchConfig(
         (Fragment(src, None, src_cut.name), Fragment(dst, dst_cut.name, None)), (spec,)
     )
+
+
+def matched_depths(
+    ctx: StitchContext,
+    accuracy: Mapping[str, float],
+    *,
+    models: Sequence[str] | None = None,
+    directions: Sequence[str] = DIRECTIONS,
+    adapter: str = "lstsq",
+    adapters: Sequence[str] | None = None,
+    resizes: Sequence[str] = registry.RESIZE_MODES,
+    losses: Sequence[str] = ("match",),
+    trains: Sequence[str] = ("adapter",),
+    adapter_options: Mapping[str, Any] | None = None,
+    cut_params: str = "named",
+    depths: Sequence[float] = MATCHED_DEPTHS,
+) -> list[dict[str, Any]]:
+    """Trial params of ``cheap[input:cut] -> dear[cut:output]`` at matching relative depths.
+
+    For each pair of the space's models where the one of fewer MACs is also the less accurate
+    (``accuracy``: validation, by model name), and each of ``depths``: the cheaper model's
+    joinable cut whose prefix holds the share of its MACs nearest the depth, and the dearer
+    model's cut (of those that cut joins) nearest the same share; a pair with no cut within
+    ``MATCHED_TOLERANCE`` of the depth, in either model, is left out. The params fix the route
+    and the cuts; adapter choices, if any, are left to the sampler. Takes the space's own
+    options, so it proposes only what the space can sample.
+    """
+    choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
+    routes = _allowed_routes(ctx, models, directions, choices, cut_params)
+    proposals = []
+    for src, dst, direction in routes:
+        if direction != "fast_to_slow" or not accuracy[src] < accuracy[dst]:
+            continue
+        kinds = choices.kinds
+        src_cuts = [c for c in ctx.cuts(src) if any(joins(kinds, c, d) for d in ctx.cuts(dst))]
+        for depth in depths:
+            src_cut = _nearest(ctx, src, src_cuts, depth)
+            dst_cuts = [d for d in ctx.cuts(dst) if joins(kinds, src_cut, d)]
+            dst_cut = _nearest(ctx, dst, dst_cuts, depth)
+            if any(
+                abs(_share(ctx, model, cut) - depth) > MATCHED_TOLERANCE
+                for model, cut in ((src, src_cut), (dst, dst_cut))
+            ):
+                continue
+            params: dict[str, Any] = {"route": f"{src}>{dst}"}
+            if cut_params == "named":
+                params[f"src_{src}_to_{dst}"] = src_cut.name
+                params[f"dst_{dst}_from_{_layout_group(src_cut)}"] = dst_cut.name
+            else:  # the middle of the cut's share of [0, 1), as _suggest_cut reads it
+                params["src_depth"] = (src_cuts.index(src_cut) + 0.5) / len(src_cuts)
+                params["dst_depth"] = (dst_cuts.index(dst_cut) + 0.5) / len(dst_cuts)
+            if params not in proposals:
+                proposals.append(params)
+    return proposals
+
+
+pairwise.proposals = matched_depths  # type: ignore[attr-defined]  # read by seeding
+
+
+def _nearest(ctx: StitchContext, model: str, cuts: list[CutPoint], depth: float) -> CutPoint:
+    """The cut of ``cuts`` whose prefix holds the share of ``model``'s MACs nearest ``depth``."""
+    return min(cuts, key=lambda c: abs(_share(ctx, model, c) - depth))
+
+
+def _share(ctx: StitchContext, model: str, cut: CutPoint) -> float:
+    """The share of ``model``'s MACs before ``cut``: its relative depth."""
+    return fragment_macs(ctx, model, None, cut.name) / model_macs(ctx, model)
+
+
+def _allowed_routes(
+    ctx: StitchContext,
+    models: Sequence[str] | None,
+    directions: Sequence[str],
+    choices: AdapterChoices,
+    cut_params: str,
+) -> list[tuple[str, str, str]]:
+    """The routes the space samples from: checked options, at least one route."""
+    if cut_params not in CUT_PARAMS:
+        raise ConfigError(f"unknown cut_params {cut_params!r}; use one of {CUT_PARAMS}")
+    names = zoo_models(ctx, models, 2)
+    bad = set(directions) - set(DIRECTIONS)
+    if bad:
+        raise ConfigError(f"unknown direction(s) {sorted(bad)}; use {DIRECTIONS}")
+    routes = [r for r in _routes(ctx, names, choices.kinds) if r[2] in directions]
+    if not routes:
+        raise ConfigError(
+            f"no two of {names} can be joined by {list(choices.kinds)} in directions "
+            f"{list(directions)}; add CNN models, other adapters, or allow both directions"
+        )
+    return routes
 
 
 def _routes(

@@ -120,6 +120,50 @@ def test_seeded_trials_reuse_the_probe_score_seeding_computed(ctx, monkeypatch):
     assert builds == []  # neither trial scored its config again
 
 
+def test_pairwise_proposes_cheaper_less_accurate_into_dearer_at_matching_depth(ctx):
+    """Each proposal, asked through the space, builds the stitch it names: the model of fewer
+    MACs and lower accuracy first, both cuts nearest the same share of their model's MACs."""
+    from search_spaces.pairwise import MATCHED_DEPTHS, MATCHED_TOLERANCE, matched_depths
+    from stitch_nas.stitching import fragment_macs, model_macs
+
+    names = ctx.zoo.names()
+    by_macs = sorted(names, key=lambda n: model_macs(ctx, n))
+    # the cheapest model the least accurate: every fast-to-slow pair from it qualifies
+    accuracy = {n: 0.5 + 0.1 * i for i, n in enumerate(by_macs)}
+    proposals = matched_depths(ctx, accuracy)
+    assert proposals and all(p["route"].split(">")[0] != by_macs[-1] for p in proposals)
+    space = StitchObjective(ctx).space
+    depths = set()
+    for params in proposals:
+        config = space(optuna.trial.FixedTrial(params), ctx)
+        (src, dst), (a, b) = params["route"].split(">"), config.fragments
+        assert (a.model, b.model) == (src, dst) and model_macs(ctx, src) <= model_macs(ctx, dst)
+        assert accuracy[src] < accuracy[dst]
+        share_a = fragment_macs(ctx, src, None, a.end) / model_macs(ctx, src)
+        share_b = fragment_macs(ctx, dst, None, b.start) / model_macs(ctx, dst)
+        depth = min(MATCHED_DEPTHS, key=lambda d: abs(share_a - d))
+        assert abs(share_a - depth) <= MATCHED_TOLERANCE
+        assert abs(share_b - depth) <= MATCHED_TOLERANCE
+        depths.add(depth)
+    assert len(depths) >= 2  # not one depth only
+    # reversed accuracies: no cheaper model is the less accurate, nothing is proposed
+    assert matched_depths(ctx, {n: -accuracy[n] for n in names}) == []
+
+
+def test_seeding_gives_a_share_of_the_seeds_to_the_spaces_proposals(ctx):
+    from stitch_nas.search._seeding import MATCHED_SHARE
+
+    objective = StitchObjective(ctx, probe_threshold=0.0)
+    study = optuna.create_study(directions=objective.directions)
+    lines = []
+    assert seed_study(study, objective, 8, seed=0, echo=lines.append) == 8
+    refs = {r["name"]: r["accuracy"] for r in study.user_attrs["references"]}
+    proposed = objective.space.proposals(ctx, refs)
+    waiting = [t.system_attrs["fixed_params"] for t in study.trials][: int(8 * MATCHED_SHARE)]
+    assert proposed and all(p in proposed for p in waiting)  # the space's come first
+    assert "the space proposed" in lines[0]
+
+
 # --- the documented default threshold, on the trained mini zoo -------------------------------
 
 

@@ -10,6 +10,12 @@ up, the search's cost objectives down), best layer first, so the first trials th
 learns from already span the front. Candidates over a budget are skipped (up to 3 x as many
 draws are made to find enough within it). The enqueued trials are measured like any other.
 
+A space may also propose params of its own (``space.proposals(ctx, accuracy, **options)``, a
+list of params dicts; ``pairwise`` proposes stitches from a cheaper, less accurate model into
+a dearer one at matching depth, the region between strong models). They are scored beside
+the random pool, and up to ``MATCHED_SHARE`` of the seeds go to the best of them, so the
+budget does not follow only the easy hypervolume at the cheap end of the zoo.
+
 Why a pool larger than the default pays on a real zoo: the stitches that add to a zoo's front
 (cheap ones that skip a block of a strong model) are a few percent of a pairwise space, so 4
 random candidates per seed rarely hold one; scoring costs about a second per candidate, a
@@ -24,19 +30,23 @@ from collections.abc import Callable
 
 import optuna
 
+from stitch_nas import attrs
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import LayoutError
 from stitch_nas.fragments import count_params_of
 from stitch_nas.stitching import ProbeScore, keep_probe_score, network_macs, probe_accuracy
 
+from ._loop import measure_references
 from ._runner import StitchObjective
 
-__all__ = ["CANDIDATES_PER_SEED", "pareto_order", "seed_study"]
+__all__ = ["CANDIDATES_PER_SEED", "MATCHED_SHARE", "pareto_order", "seed_study"]
 
 logger = logging.getLogger(__name__)
 
 #: configs drawn and scored per config enqueued
 CANDIDATES_PER_SEED = 4
+#: the most of the seeds that go to the space's own proposals (the best by probe first)
+MATCHED_SHARE = 0.25
 
 
 def pareto_order(points: list[tuple[float, ...]]) -> list[int]:
@@ -83,8 +93,13 @@ def seed_study(
     scratch = optuna.create_study(
         directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=seed)
     )
+    proposals = _proposals(study, objective)
+    for params in proposals:  # asked first: scratch trials 0 .. len - 1
+        scratch.enqueue_trial(params)
     seen: set[str] = set()
     scored: list[tuple[tuple[float, ...], dict, StitchConfig, ProbeScore]] = []
+    proposed: list[int] = []  # indices into scored
+    wanted += len(proposals)
     bar = tqdm(total=wanted, desc="seeding", unit="config", disable=not progress)
     for _ in range(wanted * 3):  # repeats are skipped; give up eventually
         if len(scored) >= wanted:
@@ -104,16 +119,37 @@ def seed_study(
         if any(costs[key] > limit for key, limit in objective.budgets.items()):
             continue  # over a budget: it could never join the front
         point = (-probe.accuracy, *(float(costs[n]) for n in objective.names if n in costs))
+        if trial.number < len(proposals):
+            proposed.append(len(scored))
         scored.append((point, trial.params, config, probe))
         bar.update()
     bar.close()
-    chosen = [scored[i] for i in pareto_order([row[0] for row in scored])[:count]]
+    share = min(len(proposed), int(count * MATCHED_SHARE))
+    first = [proposed[i] for i in pareto_order([scored[i][0] for i in proposed])[:share]]
+    rest = [i for i in pareto_order([row[0] for row in scored]) if i not in first]
+    chosen = [scored[i] for i in (first + rest)[:count]]
     for _, params, config, probe in chosen:
         study.enqueue_trial(params, skip_if_exists=True)
         keep_probe_score(ctx, config, probe)  # its trial reuses it instead of scoring again
     if echo is not None:
+        of = f"{len(scored) - len(proposed)} random configs"
+        if proposals:
+            of += f" and {len(proposed)} the space proposed ({len(first)} seeded first)"
         echo(
             f"seeded {len(chosen)} trials: the best by least-squares probe accuracy of "
-            f"{len(scored)} random configs, in {time.perf_counter() - start:.1f} s"
+            f"{of}, in {time.perf_counter() - start:.1f} s"
         )
     return len(chosen)
+
+
+def _proposals(study: optuna.Study, objective: StitchObjective) -> list[dict]:
+    """The space's own proposals, given the zoo models' validation accuracy (measured here
+    for the study when the space has proposals; the search would measure them next)."""
+    propose = getattr(objective.space, "proposals", None)
+    if propose is None:
+        return []
+    if attrs.REFERENCES not in study.user_attrs:
+        refs = measure_references(objective.ctx, latency=objective.latency)
+        study.set_user_attr(attrs.REFERENCES, refs)
+    accuracy = {r["name"]: float(r["accuracy"]) for r in study.user_attrs[attrs.REFERENCES]}
+    return propose(objective.ctx, accuracy, **objective.space_options)
