@@ -14,6 +14,7 @@ import optuna
 from stitch_nas import attrs
 
 from ._claims import DOMINATION_RULE
+from ._history import HypervolumeHistory, history_svg
 from ._kinds import kind_text
 from ._plot import Mark, Panel, human, label_offsets, labelled, panels
 
@@ -202,9 +203,10 @@ def report_html(
     front: list[dict[str, Any]],
     references: list[dict[str, Any]],
     lines: list[str],
+    history: HypervolumeHistory,
 ) -> str:
-    """The page: heading, panels, front and zoo tables (rows of ``pareto.json``), then
-    ``lines`` (hypervolumes and claims, as the terminal prints them)."""
+    """The page: heading, panels, the hypervolume history, front and zoo tables (rows of
+    ``pareto.json``), then ``lines`` (hypervolumes and claims, as the terminal prints them)."""
     drawn = panels(study)[::-1]  # test first, as in pareto.png
     figures = "<p>no completed trial to draw</p>"
     if drawn:
@@ -226,6 +228,11 @@ contributes a block of its own; "new head" / "new stem" when one model only lend
 score intervals on the number of images of each split. The front is chosen on validation; the
 test split is used by no choice of the search.</p>
 {figures}
+<h2>Hypervolume history</h2>
+<p class="note">Blue: the validation hypervolume of front + zoo once each trial had ended
+(fine-tuned networks count at their own trial); dashed red: the zoo's models alone. The last
+line under "Hypervolumes and claims" says how much the last 20 % of trials added.</p>
+{history_svg(history)}
 <h2>Pareto front (chosen on validation)</h2>
 {front_table}
 <h2>Zoo models</h2>
