@@ -16,7 +16,8 @@ from stitch_nas import attrs
 from ._claims import DOMINATION_RULE
 from ._history import HypervolumeHistory, history_svg
 from ._kinds import kind_text
-from ._plot import Mark, Panel, human, label_offsets, labelled, panels
+from ._labels import label_offsets, labelled, text_anchor
+from ._plot import Mark, Panel, human, panels
 
 __all__ = ["report_html", "panel_svg"]
 
@@ -128,15 +129,15 @@ def panel_svg(panel: Panel) -> str:
         out.append(_mark(m, px, py, _ZOO, star=True))
     # SVG's y points down: the placement works with y up, so flip it there and back
     items = labelled(panel)
-    anchors = [(px(m.x), -py(m.y), 0.62 * size * len(m.label), size) for m, size in items]
+    anchors = [(px(m.x), -py(m.y), 0.62 * size * len(text), size) for m, text, size in items]
     dots = [(px(m.x), -py(m.y)) for m in panel.front + panel.zoo]
-    for (m, size), (dx, dy) in zip(items, label_offsets(anchors, dots), strict=True):
-        anchor = "end" if dx < 0 else "start"
+    for (m, text, size), (dx, dy) in zip(items, label_offsets(anchors, dots), strict=True):
+        anchor = {"left": "start", "right": "end", "center": "middle"}[text_anchor(dx)]
         weight = ' font-weight="bold"' if size > 8 else ""
         out.append(
             f'<text x="{px(m.x) + dx:.1f}" y="{py(m.y) - dy:.1f}" font-size="{size:g}" '
             f'text-anchor="{anchor}"{weight} opacity="{0.5 if m.faint else 1}">'
-            f"{escape(m.label)}</text>"
+            f"{escape(text)}</text>"
         )
     out.append("</svg>")
     return "\n".join(out)

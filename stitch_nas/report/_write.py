@@ -27,6 +27,7 @@ from stitch_nas.stitching import STITCHED
 
 from ._claims import DOMINATION_RULE, control_accuracies, split_hypervolumes, zoo_claims
 from ._csv import METRICS, trials_csv
+from ._figure import plot_png
 from ._history import HypervolumeHistory, hypervolume_history
 from ._holdout import holdout_accuracies, split_sizes
 from ._html import report_html
@@ -42,7 +43,7 @@ from ._pareto import (
     trial_metric,
     zoo_references,
 )
-from ._plot import human, plot_png
+from ._plot import human
 
 __all__ = ["ReportSummary", "write_report"]
 
@@ -357,7 +358,7 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     front_rows = {r["number"]: r for r in front}
     atomic_write(paths[0], trials_csv(study, objectives, front_rows, summary.history))
     atomic_write(paths[1], text.encode())
-    atomic_write(paths[2], plot_png(study, heading, note))
+    atomic_write(paths[2], plot_png(study, heading, note, summary.history))
     lines = [
         *summary.hypervolume_lines(),
         "",
