@@ -218,7 +218,8 @@ def plot_figure(
         low.tick_params(labelsize=7)
         overviews.append(low)
     hist = grid[-1, :n].subgridspec(1, 2, wspace=0.08)
-    draw_history(fig.add_subplot(hist[0, 0]), fig.add_subplot(hist[0, 1]), history)
+    by_trial = fig.add_subplot(hist[0, 0])
+    draw_history(by_trial, fig.add_subplot(hist[0, 1], sharey=by_trial), history)
     if has_zoo:
         side = grid[:, n].subgridspec(2, 1, height_ratios=[1, 2.2])
         key = fig.add_subplot(side[0, 0])

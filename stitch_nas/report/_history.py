@@ -169,6 +169,7 @@ def draw_history(ax_trials: Any, ax_time: Any, history: HypervolumeHistory) -> N
     ax_trials.set_title("hypervolume of front + zoo, by trial", fontsize=9)
     ax_time.set_title("... and over time", fontsize=9)
     ax_trials.legend(loc="lower right", fontsize=7)
+    ax_time.tick_params(labelleft=False)  # the same y axis as the panel on its left
 
 
 def _polyline(xs: list[float], ys: list[float], box: tuple[float, float, float, float]) -> str:

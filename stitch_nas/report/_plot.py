@@ -103,11 +103,14 @@ class Panel:
         return stairs(self.zoo)
 
     def top_range(self) -> tuple[float, float] | None:
-        """The y range where the zoo's stronger models live, when the whole range is much wider.
+        """The y range where the zoo's strong models live, when the whole range is much wider.
 
-        From below the median zoo model (by half the gap from it to the highest point drawn)
-        to that highest point; None when that would still cover more than 60 % of the panel's
-        range, or when fewer than two zoo models are drawn.
+        The strong zoo models are those less than twice the spread from the median to the best
+        zoo model below the median (weak outliers, such as a LeNet in a zoo of ResNets, are
+        not); the range runs from a bit below the weakest of them (the lower end of its
+        interval, or 15 % of the strong models' spread further down) to the highest point drawn.
+        None when that would still cover more than 60 % of the panel's range, or when fewer than
+        two zoo models are drawn.
         """
         if len(self.zoo) < 2:
             return None
@@ -116,8 +119,12 @@ class Panel:
             ys += [m.y, *(m.interval or ())]
         low, high = min(ys), max(ys)
         median = statistics.median(m.y for m in self.zoo)
-        gap = max(high - median, 0.05 * (high - low))
-        bottom = median - 0.5 * gap
+        best = max(m.y for m in self.zoo)
+        weakest = min(
+            (m for m in self.zoo if m.y >= median - 2 * (best - median)), key=lambda m: m.y
+        )
+        spread = max(best - weakest.y, 0.02 * (high - low))
+        bottom = min(weakest.y - 0.15 * spread, weakest.interval[0] if weakest.interval else high)
         return (bottom, high) if high - bottom < 0.6 * (high - low) else None
 
     def log_x(self) -> bool:
