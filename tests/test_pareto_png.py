@@ -175,4 +175,8 @@ def test_label_offsets_separate_labels_of_marks_at_one_spot() -> None:
 def test_the_report_of_a_crowded_study_renders(study: optuna.Study, tmp_path) -> None:
     summary = write_report(study, tmp_path)
     assert summary.png_path.read_bytes()[:4] == b"\x89PNG"
-    assert "hypervolume of front + zoo" in summary.html_path.read_text()
+    html = summary.html_path.read_text()
+    assert "hypervolume of front + zoo" in html
+    # the page keys the zoo's numbers too, and draws the zoo's own front dashed
+    assert "<th>#</th><th>zoo model</th>" in html and "<td>1</td><td>yuebk_lenet5_bn</td>" in html
+    assert 'stroke="#d62728" stroke-dasharray="5 3"' in html

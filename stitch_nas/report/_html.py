@@ -117,12 +117,16 @@ def panel_svg(panel: Panel) -> str:
         out.append(
             f'<text x="{px(x):.1f}" y="{py(y) + 4:.1f}" text-anchor="middle" fill="#aaa">x</text>'
         )
-    line = panel.staircase()
-    if line:
-        steps = [f"M{px(line[0].x):.1f},{py(line[0].y):.1f}"]
-        for b in line[1:]:
-            steps.append(f"H{px(b.x):.1f}V{py(b.y):.1f}")
-        out.append(f'<path d="{"".join(steps)}" fill="none" stroke="{_FRONT}"/>')
+    # the front's staircase, and the zoo's own front dashed
+    for line, style in (
+        (panel.staircase(), f'stroke="{_FRONT}"'),
+        (panel.zoo_staircase(), f'stroke="{_ZOO}" stroke-dasharray="5 3"'),
+    ):
+        if line:
+            steps = [f"M{px(line[0].x):.1f},{py(line[0].y):.1f}"]
+            for b in line[1:]:
+                steps.append(f"H{px(b.x):.1f}V{py(b.y):.1f}")
+            out.append(f'<path d="{"".join(steps)}" fill="none" {style}/>')
     for m in panel.front:
         out.append(_mark(m, px, py, _FRONT, star=False))
     for m in panel.zoo:
@@ -217,7 +221,11 @@ def report_html(
         ["trial", *cols, "kind", "network"],
         [[f"#{r['number']}", *_figures(r), kind_text(r.get("kind")), r["describe"]] for r in front],
     )
-    zoo = _table(["zoo model", *cols], [[str(r["name"]), *_figures(r)] for r in references])
+    keys = {m.label: m.key for p in drawn for m in p.zoo}  # the numbers on the panels
+    zoo = _table(
+        ["#", "zoo model", *cols],
+        [[keys.get(str(r["name"]), ""), str(r["name"]), *_figures(r)] for r in references],
+    )
     text = "\n".join(escape(line) for line in lines)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(heading)}</title>
