@@ -24,9 +24,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from ._pareto import (
     as_losses,
+    hypervolume,
     hypervolume_box,
     is_feasible,
-    normalised_hypervolume,
     objective_names,
     reference_values,
     zoo_references,
@@ -37,30 +37,49 @@ __all__ = ["LAST_SHARE", "HypervolumeHistory", "draw_history", "history_svg", "h
 LAST_SHARE = 0.2  #: the share of trials at the end whose gain the report prints
 
 
+def _nondominated(losses: np.ndarray) -> np.ndarray:
+    """The rows no other row dominates (all objectives as losses), once each."""
+    losses = np.unique(losses, axis=0)  # sorted by the first objective, then the next
+    keep = np.ones(len(losses), dtype=bool)
+    for i in range(1, len(losses)):  # only an earlier row can dominate a later one
+        keep[i] = not np.any(np.all(losses[:i][keep[:i]] <= losses[i], axis=1))
+    return losses[keep]
+
+
 class _Front:
-    """A non-dominated set and its normalised hypervolume, recomputed when a point joins."""
+    """A non-dominated set and its hypervolume in the report's box (:func:`hypervolume` from the
+    report's reference point, over the box's volume, at most 1).
+
+    A point that joins adds its exclusive volume: the volume of its own box less the part the
+    front covers already, the hypervolume of the front's points clipped to its box. That set is
+    small, where recomputing the whole front each time costs much with three objectives.
+    """
 
     def __init__(
         self, directions: Sequence[StudyDirection], worst: list[float], ideal: list[float]
     ) -> None:
-        self.directions, self.worst, self.ideal = directions, worst, ideal
-        self.points: list[list[float]] = []
+        self.directions, self.worst = directions, worst
+        self.box = float(np.prod(np.abs(np.subtract(ideal, worst))))
         self.losses = np.empty((0, len(directions)))
-        self.value = 0.0
+        self.volume = 0.0
+
+    @property
+    def value(self) -> float:
+        return min(1.0, self.volume / self.box) if self.box > 0 else 0.0
 
     def add(self, points: Iterable[Sequence[float]]) -> float:
-        changed = False
+        """Add ``points`` (raw objective values); the normalised hypervolume after them."""
         for point in points:
             loss = as_losses(np.asarray([point], dtype=float), self.directions)[0]
             if np.any(np.all(self.losses <= loss, axis=1)):
                 continue  # dominated by (or equal to) a point already in
+            clipped = _nondominated(np.maximum(self.losses, loss)) if len(self.losses) else []
+            own = hypervolume([point], self.directions, self.worst)
+            if len(clipped):
+                own -= hypervolume(as_losses(clipped, self.directions), self.directions, self.worst)
+            self.volume += own
             keep = ~np.all(loss <= self.losses, axis=1)
-            self.points = [p for p, k in zip(self.points, keep, strict=True) if k] + [list(point)]
             self.losses = np.vstack([self.losses[keep], loss])
-            changed = True
-        if changed:
-            box = (self.worst, self.ideal)
-            self.value = normalised_hypervolume(self.points, self.directions, *box)
         return self.value
 
 
@@ -132,11 +151,15 @@ def hypervolume_history(study: optuna.Study) -> HypervolumeHistory:
     by_time: list[float] = []
     if starts and timed:
         first = min(starts)
-        front = _Front(directions, worst, ideal)
-        front.add(zoo)
-        for t in timed:
-            seconds.append(max(0.0, (t.datetime_complete - first).total_seconds()))
-            by_time.append(front.add([t.values]))
+        seconds = [max(0.0, (t.datetime_complete - first).total_seconds()) for t in timed]
+        order = [t.number for t in timed]
+        if order == sorted(order):  # they ended in the order of their numbers: the same values
+            after = dict(zip((t.number for t in trials), by_number, strict=True))
+            by_time = [after[n] for n in order]
+        else:
+            front = _Front(directions, worst, ideal)
+            front.add(zoo)
+            by_time = [front.add([t.values]) for t in timed]
     return HypervolumeHistory(start, [t.number for t in trials], by_number, seconds, by_time, worst)
 
 
