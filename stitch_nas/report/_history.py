@@ -1,12 +1,12 @@
 """Hypervolume history: how much the search added to the zoo, trial by trial and over time.
 
 The value after a trial is the report's validation hypervolume of front + zoo
-(``split_hypervolumes(study)["val"]["union"]``: :func:`~stitch_nas.report.hypervolume_box`'s
-reference point and :func:`~stitch_nas.report._pareto.normalised_hypervolume`) over the zoo's
-models and the feasible COMPLETE trials up to it; a fine-tune trial counts at its own number
-and completion time. Its last value is that hypervolume; its first, before any trial, the
-zoo's alone. The front is kept incrementally and the hypervolume recomputed only when a trial
-joins it, so a study of thousands of trials costs little more than one front.
+(``split_hypervolumes(study)["val"]["union"]``: :func:`~stitch_nas.report.hypervolume` from the
+reference point of :func:`~stitch_nas.report.hypervolume_box`, over the box's volume) over the
+zoo's models and the feasible COMPLETE trials up to it; a fine-tune trial counts at its own
+number and completion time. Its last value is that hypervolume; its first, before any trial,
+the zoo's alone. The front is kept incrementally: a trial that joins it adds the volume it
+covers alone, so a study of a thousand trials takes about a second.
 """
 
 from __future__ import annotations
@@ -134,7 +134,17 @@ def _usable(trial: FrozenTrial) -> bool:
 
 
 def hypervolume_history(study: optuna.Study) -> HypervolumeHistory:
-    """The history of ``study``'s validation hypervolume of front + zoo (module docstring)."""
+    """The validation hypervolume of front + zoo after each trial and over wall-clock time.
+
+    The value after a trial is the report's ``split_hypervolumes(study)["val"]["union"]`` (same
+    function, same reference point and box) over the zoo's models and the feasible COMPLETE
+    trials numbered up to it; pruned, failed and running trials add nothing, a fine-tune trial
+    counts at its own number. Over time, trials count from their completion, in seconds from the
+    first trial's start.
+
+    Returns:
+        The history; its ``final`` equals the report's front + zoo hypervolume.
+    """
     objectives, directions = objective_names(study), study.directions
     worst, ideal = hypervolume_box(study)
     zoo = [v for r in zoo_references(study) if (v := reference_values(r, objectives)) is not None]
