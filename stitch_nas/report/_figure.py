@@ -172,7 +172,7 @@ def plot_figure(
     bottom = 0.65 + (0.2 if note is not None else 0.0)  # a panel's x label and ticks
     height = 1.45 * sum(heights) + top + bottom
     fig = Figure(figsize=(width, height), dpi=110)
-    FigureCanvasAgg(fig)
+    canvas = FigureCanvasAgg(fig)
     fig.suptitle(title, fontsize=11, y=1 - 0.12 / height, va="top")
     if not drawn:
         ax = fig.add_subplot()
@@ -197,7 +197,8 @@ def plot_figure(
         hspace=0.85 / (1.45 * sum(heights) / len(heights)),
         wspace=0.9 / (sum(widths) / len(widths)),
     )
-    mains, overviews = [], []
+    mains: list[Any] = []
+    overviews: list[Any] = []  # None where a panel is not zoomed
     for i, (panel, zoom) in enumerate(zip(drawn, zooms, strict=True)):
         ax = fig.add_subplot(grid[0, i] if zoom or not any(zooms) else grid[0:2, i])
         _draw(ax, panel)
@@ -236,7 +237,7 @@ def plot_figure(
         mains[0].legend(loc="lower right", fontsize=7)
     if note is not None:
         fig.text(0.5, 0.06 / height, note, ha="center", va="bottom", fontsize=8, color="0.3")
-    renderer = fig.canvas.get_renderer()
+    renderer = canvas.get_renderer()
     inf = float("inf")
     for ax, low_ax, panel, zoom in zip(mains, overviews, drawn, zooms, strict=True):
         _place_labels(ax, panel, renderer, *(zoom or (-inf, inf)))

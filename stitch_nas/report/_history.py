@@ -73,10 +73,10 @@ class _Front:
             loss = as_losses(np.asarray([point], dtype=float), self.directions)[0]
             if np.any(np.all(self.losses <= loss, axis=1)):
                 continue  # dominated by (or equal to) a point already in
-            clipped = _nondominated(np.maximum(self.losses, loss)) if len(self.losses) else []
             own = hypervolume([point], self.directions, self.worst)
-            if len(clipped):
-                own -= hypervolume(as_losses(clipped, self.directions), self.directions, self.worst)
+            if len(self.losses):
+                clipped = as_losses(_nondominated(np.maximum(self.losses, loss)), self.directions)
+                own -= hypervolume(clipped, self.directions, self.worst)
             self.volume += own
             keep = ~np.all(loss <= self.losses, axis=1)
             self.losses = np.vstack([self.losses[keep], loss])
@@ -161,7 +161,8 @@ def hypervolume_history(study: optuna.Study) -> HypervolumeHistory:
     by_time: list[float] = []
     if starts and timed:
         first = min(starts)
-        seconds = [max(0.0, (t.datetime_complete - first).total_seconds()) for t in timed]
+        ends = [t.datetime_complete for t in timed if t.datetime_complete is not None]
+        seconds = [max(0.0, (end - first).total_seconds()) for end in ends]
         order = [t.number for t in timed]
         if order == sorted(order):  # they ended in the order of their numbers: the same values
             after = dict(zip((t.number for t in trials), by_number, strict=True))
