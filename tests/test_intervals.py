@@ -188,7 +188,9 @@ def test_report_files_show_the_test_split(tmp_path: Path) -> None:
     study = _study({"resnet": (291, 358, 4e6)}, [(292, 355, 1e6)])
     summary = write_report(study, tmp_path)
     html = summary.html_path.read_text()
-    assert html.count("<svg") == 2 and "test, used by no choice (369 images)" in html
+    # the two splits' panels, then the hypervolume history
+    assert html.count("<svg") == 3 and "test, used by no choice (369 images)" in html
+    assert "hypervolume of front + zoo (validation), by trial number" in html
     assert "<title>#0\na[input:x] -lstsq-&gt; b[y:output]" in html  # what a hover shows
     assert "&quot;fragments&quot;" in html
     header, row = summary.csv_path.read_text().splitlines()[:2]

@@ -3,6 +3,7 @@ hypervolumes, claims over zoo models, and the CSV / JSON / PNG / HTML files of a
 """
 
 from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
+from ._history import HypervolumeHistory, hypervolume_history
 from ._holdout import (
     HoldoutPass,
     accuracy_on,
@@ -35,6 +36,7 @@ from ._write import (
 __all__ = [
     "DOMINATION_RULE",
     "HoldoutPass",
+    "HypervolumeHistory",
     "ReportSummary",
     "accuracy_figures",
     "accuracy_on",
@@ -45,6 +47,7 @@ __all__ = [
     "holdout_trials",
     "hypervolume",
     "hypervolume_box",
+    "hypervolume_history",
     "measure_holdout",
     "objective_names",
     "reference_values",

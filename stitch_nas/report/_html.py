@@ -14,8 +14,10 @@ import optuna
 from stitch_nas import attrs
 
 from ._claims import DOMINATION_RULE
+from ._history import HypervolumeHistory, history_svg
 from ._kinds import kind_text
-from ._plot import Mark, Panel, human, label_offsets, labelled, panels
+from ._labels import label_offsets, labelled, text_anchor
+from ._plot import Mark, Panel, human, panels
 
 __all__ = ["report_html", "panel_svg"]
 
@@ -115,27 +117,31 @@ def panel_svg(panel: Panel) -> str:
         out.append(
             f'<text x="{px(x):.1f}" y="{py(y) + 4:.1f}" text-anchor="middle" fill="#aaa">x</text>'
         )
-    line = panel.staircase()
-    if line:
-        steps = [f"M{px(line[0].x):.1f},{py(line[0].y):.1f}"]
-        for b in line[1:]:
-            steps.append(f"H{px(b.x):.1f}V{py(b.y):.1f}")
-        out.append(f'<path d="{"".join(steps)}" fill="none" stroke="{_FRONT}"/>')
+    # the front's staircase, and the zoo's own front dashed
+    for line, style in (
+        (panel.staircase(), f'stroke="{_FRONT}"'),
+        (panel.zoo_staircase(), f'stroke="{_ZOO}" stroke-dasharray="5 3"'),
+    ):
+        if line:
+            steps = [f"M{px(line[0].x):.1f},{py(line[0].y):.1f}"]
+            for b in line[1:]:
+                steps.append(f"H{px(b.x):.1f}V{py(b.y):.1f}")
+            out.append(f'<path d="{"".join(steps)}" fill="none" {style}/>')
     for m in panel.front:
         out.append(_mark(m, px, py, _FRONT, star=False))
     for m in panel.zoo:
         out.append(_mark(m, px, py, _ZOO, star=True))
     # SVG's y points down: the placement works with y up, so flip it there and back
     items = labelled(panel)
-    anchors = [(px(m.x), -py(m.y), 0.62 * size * len(m.label), size) for m, size in items]
+    anchors = [(px(m.x), -py(m.y), 0.62 * size * len(text), size) for m, text, size in items]
     dots = [(px(m.x), -py(m.y)) for m in panel.front + panel.zoo]
-    for (m, size), (dx, dy) in zip(items, label_offsets(anchors, dots), strict=True):
-        anchor = "end" if dx < 0 else "start"
+    for (m, text, size), (dx, dy) in zip(items, label_offsets(anchors, dots), strict=True):
+        anchor = {"left": "start", "right": "end", "center": "middle"}[text_anchor(dx)]
         weight = ' font-weight="bold"' if size > 8 else ""
         out.append(
             f'<text x="{px(m.x) + dx:.1f}" y="{py(m.y) - dy:.1f}" font-size="{size:g}" '
             f'text-anchor="{anchor}"{weight} opacity="{0.5 if m.faint else 1}">'
-            f"{escape(m.label)}</text>"
+            f"{escape(text)}</text>"
         )
     out.append("</svg>")
     return "\n".join(out)
@@ -202,9 +208,10 @@ def report_html(
     front: list[dict[str, Any]],
     references: list[dict[str, Any]],
     lines: list[str],
+    history: HypervolumeHistory,
 ) -> str:
-    """The page: heading, panels, front and zoo tables (rows of ``pareto.json``), then
-    ``lines`` (hypervolumes and claims, as the terminal prints them)."""
+    """The page: heading, panels, the hypervolume history, front and zoo tables (rows of
+    ``pareto.json``), then ``lines`` (hypervolumes and claims, as the terminal prints them)."""
     drawn = panels(study)[::-1]  # test first, as in pareto.png
     figures = "<p>no completed trial to draw</p>"
     if drawn:
@@ -214,7 +221,11 @@ def report_html(
         ["trial", *cols, "kind", "network"],
         [[f"#{r['number']}", *_figures(r), kind_text(r.get("kind")), r["describe"]] for r in front],
     )
-    zoo = _table(["zoo model", *cols], [[str(r["name"]), *_figures(r)] for r in references])
+    keys = {m.label: m.key for p in drawn for m in p.zoo}  # the numbers on the panels
+    zoo = _table(
+        ["#", "zoo model", *cols],
+        [[keys.get(str(r["name"]), ""), str(r["name"]), *_figures(r)] for r in references],
+    )
     text = "\n".join(escape(line) for line in lines)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{escape(heading)}</title>
@@ -226,6 +237,11 @@ contributes a block of its own; "new head" / "new stem" when one model only lend
 score intervals on the number of images of each split. The front is chosen on validation; the
 test split is used by no choice of the search.</p>
 {figures}
+<h2>Hypervolume history</h2>
+<p class="note">Blue: the validation hypervolume of front + zoo once each trial had ended
+(fine-tuned networks count at their own trial); dashed red: the zoo's models alone. The last
+line under "Hypervolumes and claims" says how much the last 20 % of trials added.</p>
+{history_svg(history)}
 <h2>Pareto front (chosen on validation)</h2>
 {front_table}
 <h2>Zoo models</h2>

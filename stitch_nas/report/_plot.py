@@ -1,23 +1,24 @@
 """The accuracy-against-cost picture of a search: what ``pareto.png`` and ``report.html`` draw.
 
-One panel per split. Validation: every completed trial (faint), the front the search selected
-on it, and the zoo's models as stars. Test (once measured): the same front networks and zoo
-models on the held-out split, each with its 95 % Wilson interval as an error bar, the front
-networks that the test split shows dominated (by another front network or a zoo model) faint.
+This module holds what is drawn (:class:`Panel`, :class:`Mark`); :mod:`._figure` draws it with
+matplotlib and :mod:`._html` as SVG. One panel per split. Validation: every completed trial
+(faint), the front the search selected on it, and the zoo's models as stars. Test (once
+measured): the same front networks and zoo models on the held-out split, each with its 95 %
+Wilson interval as an error bar, the front networks that the test split shows dominated (by
+another front network or a zoo model) faint. Each panel has two staircases: the front's and the
+zoo's own front. Zoo models are numbered (cheapest first, by their validation cost) and labelled
+by number; a table keys the numbers.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
@@ -36,7 +37,7 @@ from ._pareto import (
     zoo_references,
 )
 
-__all__ = ["Mark", "Panel", "human", "label_offsets", "labelled", "panels", "plot_png"]
+__all__ = ["Mark", "Panel", "human", "panels", "stairs"]
 
 AXIS_LABELS = {
     "macs": "MACs per image",
@@ -68,6 +69,16 @@ class Mark:
     stitched: bool = False
     faint: bool = False  #: dominated in this panel's plane
     tip: str = ""  #: what a hover shows: description, config, figures
+    key: str = ""  #: a zoo model's number, its label on the plot
+
+
+def stairs(marks: list[Mark]) -> list[Mark]:
+    """The marks not dominated by another of ``marks`` (lower x, higher y), by increasing x."""
+    line: list[Mark] = []
+    for m in sorted(marks, key=lambda m: (m.x, -m.y)):
+        if not line or m.y > line[-1].y:
+            line.append(m)
+    return line
 
 
 @dataclass
@@ -85,11 +96,36 @@ class Panel:
 
     def staircase(self) -> list[Mark]:
         """The front marks not dominated by another front mark, by increasing x."""
-        line: list[Mark] = []
-        for m in sorted(self.front, key=lambda m: (m.x, -m.y)):
-            if not line or m.y > line[-1].y:
-                line.append(m)
-        return line
+        return stairs(self.front)
+
+    def zoo_staircase(self) -> list[Mark]:
+        """The zoo's own front: its models that no other zoo model dominates, by increasing x."""
+        return stairs(self.zoo)
+
+    def top_range(self) -> tuple[float, float] | None:
+        """The y range where the zoo's strong models live, when the whole range is much wider.
+
+        The strong zoo models are those less than twice the spread from the median to the best
+        zoo model below the median (weak outliers, such as a LeNet in a zoo of ResNets, are
+        not); the range runs from a bit below the weakest of them (the lower end of its
+        interval, or 15 % of the strong models' spread further down) to the highest point drawn.
+        None when that would still cover more than 60 % of the panel's range, or when fewer than
+        two zoo models are drawn.
+        """
+        if len(self.zoo) < 2:
+            return None
+        ys = [y for _, y in self.others + self.infeasible]
+        for m in self.front + self.zoo:
+            ys += [m.y, *(m.interval or ())]
+        low, high = min(ys), max(ys)
+        median = statistics.median(m.y for m in self.zoo)
+        best = max(m.y for m in self.zoo)
+        weakest = min(
+            (m for m in self.zoo if m.y >= median - 2 * (best - median)), key=lambda m: m.y
+        )
+        spread = max(best - weakest.y, 0.02 * (high - low))
+        bottom = min(weakest.y - 0.15 * spread, weakest.interval[0] if weakest.interval else high)
+        return (bottom, high) if high - bottom < 0.6 * (high - low) else None
 
     def log_x(self) -> bool:
         xs = [m.x for m in self.front + self.zoo if m.x > 0] + [x for x, _ in self.others if x > 0]
@@ -126,6 +162,18 @@ def _tip(head: str, describe: str, config: dict[str, Any], figures: str) -> str:
     return "\n".join(s for s in (head, describe, figures, config_text) if s)
 
 
+def _numbered(refs: list[dict[str, Any]], xname: str) -> list[tuple[str, dict[str, Any]]]:
+    """Zoo references with their numbers: 1, 2, ... cheapest first (then by name); those
+    without a cost come last."""
+    inf = float("inf")
+
+    def order(r: dict[str, Any]) -> tuple[float, str]:
+        cost = lookup_metric(r, xname)
+        return (inf if cost is None else float(cost), str(r["name"]))
+
+    return [(str(i + 1), r) for i, r in enumerate(sorted(refs, key=order))]
+
+
 def panels(study: optuna.Study) -> list[Panel]:
     """The validation panel, and the test panel once test figures exist for the whole front.
 
@@ -141,7 +189,7 @@ def panels(study: optuna.Study) -> list[Panel]:
     sizes, tests = split_sizes(study), holdout_accuracies(study)
     front = pareto_trials(study)
     on_front = {t.number for t in front}
-    refs = zoo_references(study)
+    refs = _numbered(zoo_references(study), xname)
     has_acc = yname == "accuracy"
     val_n = sizes.get("val") if has_acc else None
     words = {"val": "validation, what the search selected on", "test": "test, used by no choice"}
@@ -178,11 +226,11 @@ def panels(study: optuna.Study) -> list[Panel]:
                 tip=tip,
             )
         )
-    for r in refs:
+    for key, r in refs:
         x, y = lookup_metric(r, xname), lookup_metric(r, yname)
         if x is not None and y is not None:
             tip = _tip(str(r["name"]), "zoo model", {}, f"validation {yname} {y:.4f}")
-            val.zoo.append(Mark(str(r["name"]), x, y, _interval(y, val_n), tip=tip))
+            val.zoo.append(Mark(str(r["name"]), x, y, _interval(y, val_n), tip=tip, key=key))
     out = [val]
     test_n = sizes.get("test")
     if has_acc and front and all(t.number in tests for t in front):
@@ -192,161 +240,12 @@ def panels(study: optuna.Study) -> list[Panel]:
             held_out.front.append(
                 Mark(m.label, m.x, y, _interval(y, test_n), m.stitched, tip=m.tip)
             )
-        for r in refs:
+        for key, r in refs:
             x, y = lookup_metric(r, xname), finite_number(r.get(attrs.TEST_ACCURACY))
             if x is not None and y is not None:
                 tip = _tip(str(r["name"]), "zoo model", {}, f"test accuracy {y:.4f}")
-                held_out.zoo.append(Mark(str(r["name"]), x, y, _interval(y, test_n), tip=tip))
+                mark = Mark(str(r["name"]), x, y, _interval(y, test_n), tip=tip, key=key)
+                held_out.zoo.append(mark)
         _mark_dominated(held_out.front, held_out.zoo)
         out.append(held_out)
     return out
-
-
-# label offsets tried in turn, in points: right, below right, left, below left, further out
-_OFFSETS = ((7, 3), (7, -11), (-7, 3), (-7, -11), (7, 12), (7, -20), (-7, 12), (-7, -20))
-
-
-def _overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
-    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
-
-
-def label_offsets(
-    anchors: Sequence[tuple[float, float, float, float]], dots: Sequence[tuple[float, float]]
-) -> list[tuple[float, float]]:
-    """Offsets for labels at ``anchors`` (x, y, text width, text height; y pointing up, one
-    unit), each the first of :data:`_OFFSETS` whose box covers no earlier label and no dot:
-    neighbours on a log axis otherwise print over each other."""
-    placed: list[tuple[float, ...]] = [(x - 5, y - 5, x + 5, y + 5) for x, y in dots]
-    out: list[tuple[float, float]] = []
-    for x, y, w, h in anchors:
-        box: tuple[float, ...] = ()
-        for dx, dy in _OFFSETS:
-            left = x + dx - (w if dx < 0 else 0)
-            box = (left, y + dy, left + w, y + dy + h)
-            if not any(_overlaps(box, other) for other in placed):
-                break
-        placed.append(box)
-        out.append((dx, dy))
-    return out
-
-
-def labelled(panel: Panel) -> list[tuple[Mark, float]]:
-    """The marks that get a label, with its font size: zoo models, then stitched networks."""
-    return [(m, 9.0) for m in panel.zoo] + [(m, 7.0) for m in panel.front if m.stitched]
-
-
-def _place_labels(ax: Any, panel: Panel) -> None:
-    """Label the panel's marks; run after the layout is final (pixel positions)."""
-    scale = ax.figure.dpi / 72
-    to_px = ax.transData.transform
-    items = labelled(panel)
-    anchors = []
-    for m, size in items:
-        x, y = to_px((m.x, m.y)) / scale  # in points
-        anchors.append((x, y, 0.62 * size * len(m.label), size))
-    dots = [tuple(to_px((m.x, m.y)) / scale) for m in panel.front + panel.zoo]
-    for (m, size), (dx, dy) in zip(items, label_offsets(anchors, dots), strict=True):
-        ax.annotate(
-            m.label,
-            (m.x, m.y),
-            xytext=(dx, dy),
-            textcoords="offset points",
-            ha="right" if dx < 0 else "left",
-            fontsize=size,
-            alpha=0.5 if m.faint else 1.0,
-            weight="bold" if size > 8 else "normal",
-        )
-
-
-def _errorbars(ax: Any, marks: list[Mark], **style: Any) -> None:
-    marks = [m for m in marks if m.interval is not None]
-    if marks:
-        low = [m.y - m.interval[0] for m in marks if m.interval]
-        high = [m.interval[1] - m.y for m in marks if m.interval]
-        ax.errorbar(
-            [m.x for m in marks], [m.y for m in marks], yerr=[low, high], fmt="none", **style
-        )
-
-
-def _draw(ax: Any, panel: Panel) -> None:
-    if panel.others:
-        ax.scatter(*zip(*panel.others, strict=True), s=12, c="0.82", label="other trials")
-    if panel.infeasible:  # drawn apart, or a trial off the front looks like a bug
-        ax.scatter(
-            *zip(*panel.infeasible, strict=True), s=16, c="0.7", marker="x", label="infeasible"
-        )
-    line = panel.staircase()
-    ax.step([m.x for m in line], [m.y for m in line], where="post", c="C0", zorder=2)
-    for faint, alpha in ((False, 1.0), (True, 0.35)):
-        marks = [m for m in panel.front if m.faint == faint]
-        if not marks:
-            continue
-        _errorbars(ax, marks, ecolor="C0", elinewidth=1, capsize=2, alpha=alpha, zorder=2)
-        label = "front (dominated here)" if faint else "Pareto front (chosen on validation)"
-        ax.scatter(
-            [m.x for m in marks],
-            [m.y for m in marks],
-            s=36,
-            c="C0",
-            edgecolors="k",
-            linewidths=0.5,
-            alpha=alpha,
-            zorder=3,
-            label=label,
-        )
-    if panel.zoo:
-        _errorbars(ax, panel.zoo, ecolor="C3", elinewidth=1, capsize=3, zorder=3)
-        ax.scatter(
-            [m.x for m in panel.zoo],
-            [m.y for m in panel.zoo],
-            marker="*",
-            s=260,
-            c="C3",
-            edgecolors="k",
-            zorder=4,
-            label="zoo models",
-        )
-    if panel.log_x():
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(v)))
-    ax.margins(0.08)
-    ax.set_title(panel.title, fontsize=10)
-    ax.set_xlabel(panel.xlabel)
-    ax.set_ylabel(panel.ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7)
-
-
-def plot_png(study: optuna.Study, heading: str, note: str | None = None) -> bytes:
-    """``pareto.png``: one panel per split (see the module docstring), ``heading`` above."""
-    drawn = panels(study)
-    # Figure + FigureCanvasAgg instead of pyplot: the process-wide backend and figure registry
-    # of whoever imports us stay untouched.
-    fig = Figure(figsize=(6.5 * max(1, len(drawn)), 5.2), dpi=110)
-    FigureCanvasAgg(fig)
-    if not drawn:
-        ax = fig.add_subplot()
-        why = (
-            "no completed trial"
-            if not study.get_trials(states=(TrialState.COMPLETE,))
-            else ("no minimised/maximised pair to plot")
-        )
-        ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-    # the test panel, what a reader wants, comes first; each panel keeps its own y range so
-    # that the front and the zoo models are not squeezed by the search's worst trials
-    drawn = drawn[::-1]
-    axes = [fig.add_subplot(1, len(drawn), i + 1) for i in range(len(drawn))]
-    for ax, panel in zip(axes, drawn, strict=True):
-        _draw(ax, panel)
-    fig.suptitle(heading, fontsize=11)
-    if note is not None:
-        fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8, color="0.3")
-    fig.tight_layout(rect=(0, 0.04 if note else 0, 1, 1))
-    for ax, panel in zip(axes, drawn, strict=True):
-        _place_labels(ax, panel)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()

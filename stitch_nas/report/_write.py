@@ -8,8 +8,6 @@ the test split only, which :func:`~stitch_nas.report.measure_holdout` fills in a
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import os
@@ -28,13 +26,15 @@ from stitch_nas.files import atomic_write
 from stitch_nas.stitching import STITCHED
 
 from ._claims import DOMINATION_RULE, control_accuracies, split_hypervolumes, zoo_claims
+from ._csv import METRICS, trials_csv
+from ._figure import plot_png
+from ._history import HypervolumeHistory, hypervolume_history
 from ._holdout import holdout_accuracies, split_sizes
 from ._html import report_html
 from ._intervals import accuracy_figures
 from ._kinds import kind_text, recorded_kinds, stitched_front, trial_kind
 from ._pareto import (
     finite_number,
-    is_feasible,
     lookup_metric,
     n_fragments,
     objective_names,
@@ -43,13 +43,12 @@ from ._pareto import (
     trial_metric,
     zoo_references,
 )
-from ._plot import human, plot_png
+from ._plot import human
 
 __all__ = ["ReportSummary", "write_report"]
 
 logger = logging.getLogger(__name__)
 
-_METRICS = ("accuracy", "macs", "params", "cka", "latency_ms")
 INTERVALS = "95 % Wilson score interval"
 
 
@@ -64,7 +63,7 @@ def _front_row(
         "number": trial.number,
         "values": [finite_number(v) for v in trial.values],
     }
-    row.update({m: trial_metric(trial, m, objectives) for m in _METRICS})
+    row.update({m: trial_metric(trial, m, objectives) for m in METRICS})
     val, test = row["accuracy"], tests.get(trial.number)
     row.update(accuracy_figures(val, sizes.get("val"), test, sizes.get("test")))
     kind = trial_kind(trial, kinds)
@@ -139,6 +138,7 @@ class ReportSummary:
     counts: dict[str, int]
     references: list[dict[str, Any]]
     sizes: dict[str, Any]  #: data set name and images per split
+    history: HypervolumeHistory  #: :func:`~stitch_nas.report.hypervolume_history`
     csv_path: Path
     json_path: Path
     png_path: Path
@@ -190,6 +190,7 @@ class ReportSummary:
         lines.append(
             "  (stitched + zoo: the front of the stitched networks alone, with the zoo's models)"
         )
+        lines.append(self.history.line(_corner(self.objectives, hv["reference_point"])))
         return lines
 
     def claim_lines(self, control: bool = False) -> list[str]:
@@ -280,40 +281,6 @@ class ReportSummary:
         return "\n".join(lines)
 
 
-def _trials_csv(
-    study: optuna.Study, objectives: list[str], front: dict[int, dict[str, Any]]
-) -> bytes:
-    buf = io.StringIO()
-    writer = csv.writer(buf)  # writes None as an empty field
-    intervals = "accuracy_low accuracy_high".split()
-    tested = [attrs.TEST_ACCURACY, "test_accuracy_low", "test_accuracy_high"]
-    names = "feasible is_pareto n_fragments kind models describe prune_reason fail_reason"
-    names += " duration_s"
-    tail = [*names.split(), "config"]
-    writer.writerow(
-        ["number", "state", *(f"value_{n}" for n in objectives), *_METRICS, *intervals, *tested]
-        + tail
-    )
-    sizes, tests, kinds = split_sizes(study), holdout_accuracies(study), recorded_kinds(study)
-    for t in study.get_trials(deepcopy=False):
-        ua, config = t.user_attrs, trial_config(t)
-        values = list(t.values) if t.values is not None else [None] * len(objectives)
-        metrics = [trial_metric(t, m, objectives) for m in _METRICS]
-        acc = accuracy_figures(metrics[0], sizes.get("val"), tests.get(t.number), sizes.get("test"))
-        low_high = [*(acc["accuracy_interval"] or [None, None])]
-        test = [acc[attrs.TEST_ACCURACY], *(acc["test_accuracy_interval"] or [None, None])]
-        duration = t.duration.total_seconds() if t.duration is not None else None
-        models = "+".join(str(m) for m in ua.get(attrs.MODELS, []))
-        config_json = json.dumps(config, sort_keys=True, default=str) if config else None
-        flags = [is_feasible(t), t.number in front, n_fragments(t), trial_kind(t, kinds), models]
-        reasons = [ua.get(attrs.DESCRIBE), ua.get(attrs.PRUNE_REASON), ua.get(attrs.FAIL_REASON)]
-        writer.writerow(
-            [t.number, t.state.name, *values, *metrics, *low_high, *test, *flags, *reasons]
-            + [duration, config_json]
-        )
-    return buf.getvalue().encode()
-
-
 def _jsonable(obj: Any) -> Any:
     """Replace NaN/Inf (not valid JSON) by None, recursively."""
     if isinstance(obj, dict):
@@ -362,6 +329,7 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
         counts=counts,
         references=refs,
         sizes=sizes,
+        history=hypervolume_history(study),
         csv_path=paths[0],
         json_path=paths[1],
         png_path=paths[2],
@@ -387,16 +355,17 @@ def write_report(study: optuna.Study, out_dir: str | os.PathLike[str]) -> Report
     note = None
     if summary.hypervolumes.get("test") is not None:
         note = f"error bars: {INTERVALS}s; the test split is used by no choice of the search"
-    atomic_write(paths[0], _trials_csv(study, objectives, {r["number"]: r for r in front}))
+    front_rows = {r["number"]: r for r in front}
+    atomic_write(paths[0], trials_csv(study, objectives, front_rows, summary.history))
     atomic_write(paths[1], text.encode())
-    atomic_write(paths[2], plot_png(study, heading, note))
+    atomic_write(paths[2], plot_png(study, heading, note, summary.history))
     lines = [
         *summary.hypervolume_lines(),
         "",
         *summary.claim_lines(),
         *summary.claim_lines(control=True),
     ]
-    page = report_html(study, heading, front, refs, lines)
+    page = report_html(study, heading, front, refs, lines, summary.history)
     atomic_write(paths[3], page.encode())
     logger.info("wrote the report of %d trials to %s", len(study.trials), out)
     return summary
