@@ -116,7 +116,12 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--out", default=default_out, help="output folder (study, report)")
     parser.add_argument("--trials", type=int, default=None, help="total trials (default 50)")
     parser.add_argument("--resume", action="store_true", help="continue the study in --out")
-    parser.add_argument("--sampler", default=None, help="tpe (default), nsga2 or random")
+    parser.add_argument(
+        "--sampler",
+        default=None,
+        help="tpe (default), nsga2, nsga3, gp, qmc, random, or package.module:Class for any "
+        "other Optuna sampler (its keyword arguments: the YAML's search.sampler_options)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (default 0)")
     parser.add_argument("--cache-dir", default=None, help="where the mini zoo is cached")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")

@@ -112,6 +112,7 @@ def run_settings(
                 out_dir,
                 sampler=search.sampler,
                 seed=search.seed,
+                sampler_options=search.sampler_options,
                 **study_options,
             )
             where = shown_url(search.storage) if search.storage else Path(out_dir) / "study.db"

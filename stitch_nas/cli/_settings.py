@@ -61,7 +61,10 @@ class SearchSettings:
     space_options: dict = field(default_factory=dict)  #: the space's own options
     #: registered objective names (accuracy, macs, params, latency, cka)
     objectives: list = field(default_factory=lambda: ["accuracy", "macs"])
-    sampler: str = "tpe"  #: tpe, nsga2 or random
+    #: tpe, nsga2, nsga3, gp, qmc, random, or package.module:Class for any Optuna sampler
+    sampler: str = "tpe"
+    #: keyword arguments of the sampler's class, e.g. {population_size: 50} for nsga2
+    sampler_options: dict = field(default_factory=dict)
     seed: int = 0  #: the sampler's seed
     trials: int = 50  #: total trials (repeats of a config already measured do not count)
     #: prune stitched configs whose least-squares probe accuracy is below this times chance
