@@ -52,6 +52,8 @@ def _run_search(args: argparse.Namespace) -> int:
         settings.zoo.cache_dir = args.cache_dir
     if args.no_export:
         settings.search.export = False
+    if args.artifacts is not None:
+        settings.search.artifacts = args.artifacts
     if args.finetune is not None:
         settings.finetune.enabled = args.finetune
         if args.command == "demo":  # digits: a mirrored 2 is no 2, and the demo stays short
@@ -96,11 +98,13 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ._preflight import check_folder, check_formats
+    from ._preflight import check_artifacts, check_folder, check_formats
 
     trials = trial_numbers(args.trials)
     formats = check_formats(args.format)
     check_folder(Path(args.dir), args.storage)
+    if args.artifacts is not None:
+        check_artifacts(Path(args.artifacts))
     from ._pipeline import export_folder  # torch loads from here on
 
     _quiet_optuna(args)
@@ -112,6 +116,7 @@ def _export(args: argparse.Namespace) -> int:
         progress=not (args.no_progress or args.quiet),
         storage=args.storage,
         study_name=args.study_name,
+        artifacts=args.artifacts,
     )
     print(summary.describe())
     return 0

@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated: safetensors (always written), onnx, torchscript",
     )
     export.add_argument("--elastic", action="store_true", help="also write one elastic package")
+    _artifacts(export)
     export.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _quiet(export)
     _study_location(export)
@@ -99,6 +100,16 @@ def _quiet(parser: argparse.ArgumentParser) -> None:
     # also after the command (stitch-nas demo -q); SUPPRESS keeps a -q given before it
     parser.add_argument(
         "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help="no progress bars"
+    )
+
+
+def _artifacts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--artifacts",
+        default=None,
+        metavar="DIR",
+        help="also upload each exported network's folder (one tar archive) to an Optuna "
+        "artifact store in DIR, as an artifact of the study",
     )
 
 
@@ -129,6 +140,7 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument(
         "--no-export", action="store_true", help="do not export the Pareto front to OUT/models"
     )
+    _artifacts(parser)
     parser.add_argument(
         "--finetune",
         action=argparse.BooleanOptionalAction,

@@ -30,6 +30,7 @@ from ._catalogue import check_builtin_names, check_lists, names
 from ._lock import check_free
 
 __all__ = [
+    "check_artifacts",
     "check_budgets",
     "check_caches",
     "check_first_sample",
@@ -131,6 +132,13 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
     check_builtin_names(search)
     check_caches(settings)
     check_out(out_dir, resume=resume, join=join, storage=search.storage)
+    if search.artifacts is not None:
+        if not search.export:
+            raise ConfigError(
+                "search.artifacts (--artifacts) uploads the exported networks, and the export "
+                "is off (--no-export, search.export: false); drop one of them"
+            )
+        check_artifacts(Path(search.artifacts))
     models = Path(out_dir) / "models"
     if search.export and models.exists() and not models.is_dir():  # the run ends writing there
         raise ConfigError(
@@ -196,6 +204,13 @@ def check_writable(folder: Path, what: str, fix: str) -> None:
         raise ConfigError(
             f"{what} {str(folder)!r}: cannot write in {str(parent)!r} ({exc.strerror}); {fix}"
         ) from None
+
+
+def check_artifacts(folder: Path) -> None:
+    """``--artifacts DIR``: a folder the artifact store can be made in and written to."""
+    check_writable(
+        Path(folder).expanduser(), "--artifacts", "give a folder you can write to for the store"
+    )
 
 
 def check_caches(settings: Any) -> None:

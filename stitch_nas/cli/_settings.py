@@ -88,6 +88,9 @@ class SearchSettings:
     cache_memory_gb: float | None = None  #: None: 5 % of this machine's memory
     cache_dir: str | None = None  #: folder activations spill to, shared by processes (None: none)
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
+    #: also upload each exported network's folder, as one tar archive, to an Optuna artifact
+    #: store in this folder (an artifact of the study; None: no upload)
+    artifacts: str | None = None
     executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
     workers: int = 2  #: Ray workers, i.e. trials in flight (executor "ray")
     ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray
