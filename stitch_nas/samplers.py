@@ -80,18 +80,19 @@ def _imported_class(spec: str) -> type:
     except Exception as exc:  # noqa: BLE001 - whatever the module raises, say it in one line
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
         raise ConfigError(
-            f"{_where(spec)}: module {module_name!r} does not import ({why}); install it, or "
-            "put its folder on PYTHONPATH"
+            f"{_where(spec)}: module {shorten(module_name)} does not import ({why}); install "
+            "it, or put its folder on PYTHONPATH"
         ) from None
     for part in attr.split("."):
         if not hasattr(found, part):
             raise ConfigError(
-                f"{_where(spec)}: {module_name!r} has no {attr!r}; check the name after the ':'"
+                f"{_where(spec)}: {shorten(module_name)} has no {shorten(attr)}; check the "
+                "name after the ':'"
             )
         found = getattr(found, part)
     if not (isinstance(found, type) and issubclass(found, optuna.samplers.BaseSampler)):
         raise ConfigError(
-            f"{_where(spec)}: {attr!r} is not a subclass of optuna.samplers.BaseSampler; "
+            f"{_where(spec)}: {shorten(attr)} is not a subclass of optuna.samplers.BaseSampler; "
             "name a sampler class"
         )
     return found
