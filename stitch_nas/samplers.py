@@ -156,7 +156,8 @@ def resolve_sampler(
         if unknown:
             raise ConfigError(
                 f"search.sampler_options: {cls.__name__} takes no {unknown[0]!r} "
-                f"({_where(spec)}); it takes {', '.join(k for k in named if k != 'seed')}"
+                f"({_where(spec)}); it takes "
+                f"{', '.join(k for k in named if k != 'seed') or 'none but seed'}"
             )
     return cls, {**kwargs, **given}
 
@@ -181,9 +182,11 @@ def make_sampler(
             return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001 - the class's own check of a value: one line
         why = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if not options:
+            raise ConfigError(f"{_where(name)} could not be built ({why})") from None
         raise ConfigError(
-            f"{_where(name)} with search.sampler_options {shorten(dict(options or {}))} "
-            f"refused them ({why}); fix the options"
+            f"{_where(name)} with search.sampler_options {shorten(dict(options))} refused "
+            f"them ({why}); fix the options"
         ) from None
 
 

@@ -31,4 +31,11 @@ class Picky(optuna.samplers.RandomSampler):
         super().__init__()
 
 
+class Broken(optuna.samplers.RandomSampler):
+    """A sampler whose constructor fails whatever it is given."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("no backend here")
+
+
 NOT_A_CLASS = 3

@@ -79,6 +79,8 @@ def test_options_replace_the_defaults_and_reach_the_class():
         ("tests._samplers:", None, "package.module:Class"),
         ("nsga2", {"population_sise": 4}, "'population_sise'"),
         ("tests._samplers:Picky", {"width": 0}, "width must be >= 1"),
+        ("tests._samplers:Broken", None, "could not be built (RuntimeError: no backend here)"),
+        ("tests._samplers:Broken", {"x": 1}, "takes no 'x'"),
         ("gp", {"seed": 1}, "search.seed"),
         ("random", [1], "mapping"),
     ],
