@@ -1,13 +1,15 @@
 """How close each search gets to the exhaustive Pareto front of a small, enumerable space.
 
     python benchmarks/search_quality.py [--models resnet,convnext,...] [--seeds 3]
+        [--methods tpe,gp/depth,...] [--out results.json]
 
 The space is ``pairwise`` with least-squares stitches on the embedded mini zoo (two different
 models, one cut each, both directions): every config in it is measured once (accuracy on the
-validation split, MACs, CKA) to get the exhaustive front. Then TPE, NSGA-II and random search
-(the runner's samplers, CKA pruning at ``--cka-threshold`` before fitting, as in a real study)
-and the StitchNet recursion (Alg. 1, K=2, T=0.5, L=16, one stitch so its networks lie in the
-same space; evaluated best score first) run at budgets of 5 %, 10 % and 25 % of the space.
+validation split, MACs, CKA) to get the exhaustive front. Then TPE, NSGA-II, NSGA-III, GP, QMC
+and random search (the runner's built-in samplers, ``stitch_nas.samplers``; CKA pruning at
+``--cka-threshold`` before fitting, as in a real study) and the StitchNet recursion (Alg. 1,
+K=2, T=0.5, L=16, one stitch so its networks lie in the same space; evaluated best score
+first) run at budgets of 5 %, 10 % and 25 % of the space.
 Each sampler runs twice: on the space as it is (cut parameters named by route) and with
 ``cut_params="depth"`` (``tpe/depth``, ...: relative depths shared by all routes).
 Least-squares stitches are deterministic, so a search's trial reads the exhaustive
@@ -17,7 +19,8 @@ Reported: hypervolume (accuracy up, MACs down; reference point accuracy 0 and 1.
 largest MACs in the space) of each found front as a fraction of the exhaustive front's, median
 and range over seeds; the share of trials CKA pruning answered without fitting; the Spearman
 correlation between CKA score and accuracy over the whole space. Writes
-benchmarks/results/search_quality.json and prints a table.
+benchmarks/results/search_quality.json (``--out``: another file, e.g. for a run of some
+``--methods`` only) and prints a table.
 
     python benchmarks/search_quality.py --fidelity 0.15 [--seeds 3] [--trials-share 0.25]
 
@@ -72,7 +75,8 @@ FIDELITY_RESULTS = RESULTS.with_name("search_quality_fidelity.json")
 BUDGETS = (0.05, 0.10, 0.25)
 DIRECTIONS = ("maximize", "minimize")
 #: samplers on the space as it is, and with its cut parameters as relative depths
-METHODS = ("tpe", "nsga2", "random", "tpe/depth", "nsga2/depth", "random/depth")
+SAMPLER_NAMES = ("tpe", "nsga2", "nsga3", "gp", "qmc", "random")
+METHODS = (*SAMPLER_NAMES, *(f"{name}/depth" for name in SAMPLER_NAMES))
 
 
 def enumerate_pairwise(ctx: StitchContext, models: list[str]) -> list[StitchConfig]:
@@ -143,9 +147,17 @@ def main() -> None:
     parser.add_argument("--fidelity", type=float, default=0.0, help="compare the gate at this")
     parser.add_argument("--trials-share", type=float, default=0.25, help="with --fidelity")
     parser.add_argument("--samplers", default="tpe,nsga2", help="with --fidelity")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated, of the default list"
+    )
+    parser.add_argument("--out", default=str(RESULTS), help="the JSON file written")
     parser.add_argument("--adapter", default="lstsq", help="with --fidelity: a trained kind")
     parser.add_argument("--steps", type=int, default=30, help="with --adapter: training steps")
     args = parser.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; use some of {', '.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     data = load_digits_splits()
     zoo = load_mini_zoo(data)
@@ -190,7 +202,7 @@ def main() -> None:
     in_space = [r.config for r in ranked if r.config.stable_hash() in table]
     for fraction in BUDGETS:
         n = max(1, round(fraction * len(configs)))
-        for name in METHODS:
+        for name in methods:
             fracs, pruned_share = [], []
             for seed in range(args.seeds):
                 points, pruned = run_sampler(name, seed, n, ctx, table, models, thresholds)
@@ -230,8 +242,9 @@ def main() -> None:
             "platform": platform.platform(),
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    written = Path(args.out)
+    written.parent.mkdir(parents=True, exist_ok=True)
+    written.write_text(json.dumps(out, indent=2) + "\n")
     _print(out)
 
 

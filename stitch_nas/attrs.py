@@ -8,6 +8,7 @@ them through these constants only.
 from __future__ import annotations
 
 __all__ = [
+    "ARTIFACTS",
     "BUDGETS",
     "CKA",
     "CONFIG",
@@ -85,6 +86,10 @@ RAY_WORKER = "ray_worker"
 # The measured figures are stored under the field names of ``stitch_nas.Measurement``.
 
 # --- on the study ---
+#: ``{"<export folder name>": artifact id}`` of exported networks uploaded to an Optuna artifact
+#: store (``trial_12``, ``elastic``). They are artifacts of the study, each named after its
+#: folder, because Optuna refuses to change a finished trial.
+ARTIFACTS = "artifacts"
 #: the objective names, in the order of ``trial.values``
 OBJECTIVES = "objectives"
 #: the search space's name

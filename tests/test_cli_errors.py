@@ -98,6 +98,13 @@ CASES = [
     Case("unknown space", _search("search: {space: nowhere}\n"), "nowhere", _kept),
     Case("unknown sampler (YAML)", _search("search: {sampler: cmaes}\n"), "cmaes"),
     Case("unknown sampler (flag)", _demo("--sampler", "grid"), "grid", _kept),
+    Case("sampler module missing (flag)", _demo("--sampler", "no_such_mod:S"), "no_such_mod"),
+    Case(
+        "bad sampler option (YAML)",
+        _search("search: {sampler: nsga2, sampler_options: {population_sise: 4}}\n"),
+        "population_sise",
+        _kept,
+    ),
     Case("unknown objective", _demo("--objectives", "accuracy,speed"), "speed"),
     Case("unknown objective (YAML)", _search("search: {objectives: [speed]}\n"), "speed", _kept),
     Case(
@@ -373,10 +380,9 @@ def test_the_torch_free_copies_agree_with_the_library():
     from stitch_nas.activations import AUTOCAST_DTYPES
     from stitch_nas.cli import _preflight
     from stitch_nas.export import FORMATS
-    from stitch_nas.search import EXECUTORS, RAY_MODES, SAMPLERS
+    from stitch_nas.search import EXECUTORS, RAY_MODES
     from stitch_nas.search._runner import BUDGET_KEYS
 
-    assert _preflight.SAMPLERS == SAMPLERS
     assert _preflight.EXPORT_FORMATS == tuple(FORMATS)
     assert _preflight.EXECUTORS == EXECUTORS
     assert _preflight.RAY_MODES == RAY_MODES

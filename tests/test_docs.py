@@ -156,7 +156,7 @@ def test_every_settings_field_comment_is_found():
 
 
 def test_the_cli_reference_lists_every_command_and_flag():
-    from stitch_nas.cli._main import _parser
+    from stitch_nas.cli._parser import build_parser as _parser
 
     parser = _parser()
     (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

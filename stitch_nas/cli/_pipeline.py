@@ -112,6 +112,7 @@ def run_settings(
                 out_dir,
                 sampler=search.sampler,
                 seed=search.seed,
+                sampler_options=search.sampler_options,
                 **study_options,
             )
             where = shown_url(search.storage) if search.storage else Path(out_dir) / "study.db"
@@ -226,6 +227,7 @@ def _search(
             progress=progress,
             skip_failures=True,
             folder=out_dir,
+            artifact_store=search.artifacts,
         )
         echo(export.describe())
     return summary
@@ -337,12 +339,15 @@ def export_folder(
     progress: bool = True,
     storage: str | None = None,
     study_name: str | None = None,
+    artifacts: str | Path | None = None,
 ) -> ExportSummary:
     """Export trials of the search in ``out_dir`` to ``out_dir/models``.
 
     The zoo and data are rebuilt from the settings the search stored in its study, so the
     exported networks are the ones it measured (the export checks their accuracy again).
-    ``storage`` and ``study_name``: as for :func:`report_folder`.
+    ``storage`` and ``study_name``: as for :func:`report_folder`. ``artifacts``: a folder or
+    an Optuna artifact store each exported folder is also uploaded to (one tar archive each,
+    an artifact of the study).
     """
     study = load_folder_study(out_dir, storage=storage, study_name=study_name)
     # a trial that cannot be exported: refused before the zoo loads
@@ -361,4 +366,5 @@ def export_folder(
         fuse=settings.search.fuse,
         progress=progress,
         folder=Path(out_dir),
+        artifact_store=artifacts,
     )

@@ -1,7 +1,8 @@
 """Checks of a whole run before any slow work, so a bad value answers at once in one line.
 
-Two stages. :func:`check_run` reads nothing heavy (no torch, no Optuna): the search section's
-names, numbers and budgets, the built-in plug-ins' names and option names
+Two stages. :func:`check_run` reads nothing heavy (no torch; Optuna only for a sampler given
+by ``module:Class`` or with options): the search section's names, numbers and budgets, the
+sampler (:mod:`stitch_nas.samplers`), the built-in plug-ins' names and option names
 (:mod:`._catalogue`), and the output folder (a folder, writable, holding a study only when the
 run continues one). :func:`check_plugins` imports the plug-ins (and so torch) and checks the
 search space, its options and their values, the adapters and heads they name, third-party
@@ -23,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas.errors import ConfigError
+from stitch_nas.samplers import check_sampler
 
 from ._catalogue import check_builtin_names, check_lists, names
 from ._lock import check_free
 
 __all__ = [
+    "check_artifacts",
     "check_budgets",
     "check_caches",
     "check_first_sample",
@@ -41,9 +44,8 @@ __all__ = [
     "check_writable",
 ]
 
-# stitch_nas.search.SAMPLERS / BUDGET_KEYS / EXECUTORS / RAY_MODES, repeated here to stay
-# torch-free (tests/test_cli_errors.py checks they agree)
-SAMPLERS = ("tpe", "nsga2", "random")
+# stitch_nas.search.BUDGET_KEYS / EXECUTORS / RAY_MODES, repeated here to stay torch-free
+# (tests/test_cli_errors.py checks they agree)
 BUDGET_KEYS = ("macs", "params")
 EXECUTORS = ("local", "ray")
 RAY_MODES = ("auto", "driver", "workers")
@@ -75,8 +77,7 @@ def check_autocast_setting(autocast: str | None, device: str) -> None:
 def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None:
     """Everything about ``settings`` and ``out_dir`` that can be known without torch."""
     search = settings.search
-    if search.sampler not in SAMPLERS:
-        raise ConfigError(f"unknown sampler {search.sampler!r}; use one of {', '.join(SAMPLERS)}")
+    check_sampler(search.sampler, search.sampler_options)  # a module:Class imports here
     if search.executor not in EXECUTORS:
         raise ConfigError(
             f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}"
@@ -131,6 +132,13 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
     check_builtin_names(search)
     check_caches(settings)
     check_out(out_dir, resume=resume, join=join, storage=search.storage)
+    if search.artifacts is not None:
+        if not search.export:
+            raise ConfigError(
+                "search.artifacts (--artifacts) uploads the exported networks, and the export "
+                "is off (--no-export, search.export: false); drop one of them"
+            )
+        check_artifacts(Path(search.artifacts))
     models = Path(out_dir) / "models"
     if search.export and models.exists() and not models.is_dir():  # the run ends writing there
         raise ConfigError(
@@ -196,6 +204,13 @@ def check_writable(folder: Path, what: str, fix: str) -> None:
         raise ConfigError(
             f"{what} {str(folder)!r}: cannot write in {str(parent)!r} ({exc.strerror}); {fix}"
         ) from None
+
+
+def check_artifacts(folder: Path) -> None:
+    """``--artifacts DIR``: a folder the artifact store can be made in and written to."""
+    check_writable(
+        Path(folder).expanduser(), "--artifacts", "give a folder you can write to for the store"
+    )
 
 
 def check_caches(settings: Any) -> None:

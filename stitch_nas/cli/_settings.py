@@ -61,7 +61,10 @@ class SearchSettings:
     space_options: dict = field(default_factory=dict)  #: the space's own options
     #: registered objective names (accuracy, macs, params, latency, cka)
     objectives: list = field(default_factory=lambda: ["accuracy", "macs"])
-    sampler: str = "tpe"  #: tpe, nsga2 or random
+    #: tpe, nsga2, nsga3, gp, qmc, random, or package.module:Class for any Optuna sampler
+    sampler: str = "tpe"
+    #: keyword arguments of the sampler's class, e.g. {population_size: 50} for nsga2
+    sampler_options: dict = field(default_factory=dict)
     seed: int = 0  #: the sampler's seed
     trials: int = 50  #: total trials (repeats of a config already measured do not count)
     #: prune stitched configs whose least-squares probe accuracy is below this times chance
@@ -85,6 +88,9 @@ class SearchSettings:
     cache_memory_gb: float | None = None  #: None: 5 % of this machine's memory
     cache_dir: str | None = None  #: folder activations spill to, shared by processes (None: none)
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
+    #: also upload each exported network's folder, as one tar archive, to an Optuna artifact
+    #: store in this folder (an artifact of the study; None: no upload)
+    artifacts: str | None = None
     executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
     workers: int = 2  #: Ray workers, i.e. trials in flight (executor "ray")
     ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray

@@ -266,12 +266,15 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def load(
-    path: str | Path,
+    path: str | Path | None = None,
     *,
     modules: Mapping[str, nn.Module] | None = None,
     require_signature: bool | None = None,
+    artifact_id: str | None = None,
+    artifact_store: Any = None,
 ) -> ExportedNet | ElasticNet:
-    """Rebuild an exported network (or elastic package) from its folder.
+    """Rebuild an exported network (or elastic package) from its folder, or from the Optuna
+    artifact an export uploaded (``artifact_id`` and ``artifact_store``).
 
     Reads ``stitch.json`` and ``model.safetensors`` after checking both against the sha256 in
     ``meta.json``; creates each source architecture from its timm/torchvision recipe (no
@@ -281,6 +284,14 @@ def load(
 
     Args:
         path: an export folder (``.../models/<name>``) holding meta.json.
+        artifact_id: instead of ``path``, the id of the archive an export uploaded
+            (``--artifacts``, ``export_study(artifact_store=...)``); the study user attribute
+            ``artifacts`` maps folder names to ids, and
+            ``optuna.artifacts.get_all_artifact_meta(study)`` lists them. It is unpacked into
+            a temporary folder (members outside it, links and devices refused) and loaded
+            from there as a folder is.
+        artifact_store: with ``artifact_id``: the ``--artifacts`` folder, or an Optuna
+            artifact store (``FileSystemArtifactStore``, ``Boto3ArtifactStore``, ...).
         modules: instances for source models that were user modules, by zoo name.
         require_signature: None: a signature is required exactly when the key is set.
             False: load an unsigned folder even with the key set. True: refuse an unsigned
@@ -288,8 +299,22 @@ def load(
 
     Raises:
         IntegrityError: a missing, tampered or mismatched file, a signature that does not
-            match, or a missing one where it is required.
+            match, or a missing one where it is required; an archive member outside it.
+        ConfigError: both or neither of ``path`` and ``artifact_id``, or an artifact id the
+            store does not hold.
     """
+    if (path is None) == (artifact_id is None):
+        raise ConfigError(
+            "load() takes a folder, or artifact_id= and artifact_store=; give exactly one"
+        )
+    if artifact_id is not None:
+        if artifact_store is None:
+            raise ConfigError("load(artifact_id=...) needs artifact_store= too")
+        from ._artifacts import unpacked
+
+        with unpacked(artifact_id, artifact_store) as folder:  # removed once loaded
+            return load(folder, modules=modules, require_signature=require_signature)
+    assert path is not None
     folder = Path(path).expanduser()
     meta = _read_json(folder / "meta.json")
     signed = check_signature(folder, require_signature)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -18,6 +19,8 @@ from stitch_nas.report import pareto_trials, trial_weights
 from stitch_nas.report._pareto import first_of_each_network, is_feasible
 from stitch_nas.stitching import Measurement
 
+from ._artifacts import artifact_store as open_store
+from ._artifacts import upload_folder
 from ._write import FORMATS, ExportItem, export_elastic, export_network
 
 __all__ = ["FORMATS", "ExportSummary", "export_items", "export_study", "select_trials"]
@@ -38,6 +41,8 @@ class ExportSummary:
     elastic_bytes: int = 0  #: model.safetensors of the elastic package
     #: network name -> why not exported ("": why nothing was)
     skipped: dict[str, str] = field(default_factory=dict)
+    #: folder name -> Optuna artifact id of its archive (with an artifact store)
+    artifacts: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         skipped = "".join(f"\nnot exported: {why}" for k, why in self.skipped.items() if k)
@@ -51,7 +56,14 @@ class ExportSummary:
             line += (
                 f"; elastic package {self.elastic.name}/ stores them in {_mb(self.elastic_bytes)}"
             )
-        return line + f"; load one with stitch_nas.load('{self.folders[0]}')" + skipped
+        line += f"; load one with stitch_nas.load('{self.folders[0]}')"
+        if self.artifacts:
+            name, artifact = next(iter(self.artifacts.items()))
+            line += (
+                f"\nuploaded {len(self.artifacts)} archives as artifacts of the study; load "
+                f"{name} with stitch_nas.load(artifact_id='{artifact}', artifact_store=...)"
+            )
+        return line + skipped
 
 
 def _mb(size: int) -> str:
@@ -151,17 +163,23 @@ def export_study(
     progress: bool = False,
     skip_failures: bool = False,
     folder: Path | None = None,
+    artifact_store: Any = None,
 ) -> ExportSummary:
     """Export the chosen trials of ``study`` to ``dest/trial_<n>/`` (and ``dest/elastic/``).
 
     Args:
         folder: the search's folder, where fine-tuned networks keep their weights.
+        artifact_store: a folder or an Optuna artifact store: each exported folder is also
+            uploaded there as one tar archive, an artifact of ``study`` named after the folder
+            (``stitch_nas.export._artifacts``); ``summary.artifacts`` and the study user
+            attribute ``artifacts`` map folder names to artifact ids.
         skip_failures: a network that cannot be exported (it no longer measures as its trial
             did, e.g. an adapter trained under a ``seconds`` budget) is named in
             ``summary.skipped`` and the others are exported; otherwise its error is raised.
     """
     from tqdm.auto import tqdm
 
+    store = None if artifact_store is None else open_store(artifact_store)
     try:
         items = export_items(study, trials, folder)
     except ExportError as exc:
@@ -183,7 +201,26 @@ def export_study(
         exported.append(item)
         summary.folders.append(folder)
         summary.weights_bytes += (folder / "model.safetensors").stat().st_size
+        _upload(study, folder, store, summary, skip_failures)
     if elastic and exported:
         summary.elastic = export_elastic(ctx, exported, dest / "elastic", fuse=fuse)
         summary.elastic_bytes = (summary.elastic / "model.safetensors").stat().st_size
+        _upload(study, summary.elastic, store, summary, skip_failures)
     return summary
+
+
+def _upload(
+    study: optuna.Study, folder: Path, store: Any, summary: ExportSummary, skip_failures: bool
+) -> None:
+    """Upload ``folder`` to ``store`` (None: nothing to do); with ``skip_failures`` a store
+    that fails is named in ``summary.skipped``, and the exported folder stays."""
+    if store is None:
+        return
+    try:
+        summary.artifacts[folder.name] = upload_folder(study, folder, store)
+    except Exception as exc:  # noqa: BLE001 - any store's failure; the folder is written
+        why = f"{folder.name}: exported, but not uploaded to the artifact store ({exc})"
+        if not skip_failures:
+            raise ExportError(f"{why}; check the store and export again") from exc
+        summary.skipped[f"{folder.name} (artifact)"] = why
+        logger.warning("%s", why)

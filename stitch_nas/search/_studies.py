@@ -1,4 +1,4 @@
-"""The Optuna study a search writes to: samplers, names, creating, joining, resuming, reopening.
+"""The Optuna study a search writes to: its sampler, names, creating, joining, resuming, reopening.
 
 A search owns one named study: in ``DIR/study.db`` (SQLite), or at a ``--storage`` URL or
 journal file shared by several drivers (:mod:`stitch_nas.search._storage`). Its name defaults
@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
+from stitch_nas.samplers import SAMPLERS, make_sampler
 
 from ._storage import (
     DEFAULT_HEARTBEAT_S,
@@ -51,20 +53,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SAMPLERS = ("tpe", "nsga2", "random")
 #: the one name every study had before studies were named after their folder
 LEGACY_STUDY_NAME = "stitch_nas"
-
-
-def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """One of :data:`SAMPLERS`, seeded; TPE with constant liar so trials in flight differ."""
-    if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=16)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ConfigError(f"unknown sampler {name!r}; use one of {SAMPLERS}")
 
 
 def default_study_name(out_dir: str | Path) -> str:
@@ -87,6 +77,7 @@ def create_study(
     *,
     sampler: str = "tpe",
     seed: int | None = 0,
+    sampler_options: Mapping[str, Any] | None = None,
     resume: bool = False,
     storage: str | None = None,
     study_name: str | None = None,
@@ -98,8 +89,10 @@ def create_study(
     Args:
         objective: Lends the directions and objective names.
         out_dir: The output folder; the study lives in ``out_dir/study.db`` unless ``storage``.
-        sampler: One of :data:`SAMPLERS`.
-        seed: Sampler seed.
+        sampler: One of :data:`SAMPLERS`, or ``package.module:Class``
+            (:func:`~stitch_nas.samplers.make_sampler`).
+        seed: Sampler seed, passed where the sampler's class takes one.
+        sampler_options: Keyword arguments of the sampler's class.
         resume: Continue the study; no other driver runs on it, so trials left RUNNING are
             marked FAIL now.
         storage: Optuna RDB URL (``postgresql://user@host/db``) or journal file path shared by
@@ -112,7 +105,8 @@ def create_study(
 
     Raises:
         ConfigError: the study exists and neither ``resume`` nor ``join`` is given, there is
-            nothing to resume, the storage cannot be opened, or the objectives differ.
+            nothing to resume, the storage cannot be opened, the objectives differ, or the
+            sampler spec is bad.
     """
     backend, name = _open(out_dir, resume, storage, study_name, join, heartbeat_s)
     where = shown_url(storage) if storage else str(Path(out_dir) / "study.db")
@@ -120,7 +114,7 @@ def create_study(
         storage=backend,
         study_name=name,
         directions=objective.directions,
-        sampler=make_sampler(sampler, seed),
+        sampler=make_sampler(sampler, seed, sampler_options),
         load_if_exists=resume or join,  # join: two drivers may create it at once
     )
     remember_storage(study, backend, storage or f"sqlite:///{Path(out_dir) / 'study.db'}")
