@@ -198,6 +198,20 @@ def evaluate(
     }
 
 
+def _budget(settings: str, trials: int) -> dict[str, Any]:
+    """The settings that decide the run's cost, as the search reads them."""
+    raw = yaml.safe_load(Path(settings).read_text())
+    search, finetune = raw.get("search", {}), raw.get("finetune", {})
+    keys = ("trials", "seed_trials", "seed_pool", "refine_trials")
+    return {
+        **{key: search.get(key) for key in keys},
+        **({"trials": trials} if trials else {}),
+        "val_images": raw.get("data", {}).get("splits", {}).get("val", {}).get("count"),
+        "finetune_networks": finetune.get("networks"),
+        "finetune_recipe": finetune.get("recipe"),
+    }
+
+
 def _trials_by_macs(study: Any, zoo: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """How much of the trial budget went to each MACs range between the zoo's models: the
     search's own trials (not zoo references, repeats or fine-tunes), complete or pruned."""
@@ -237,11 +251,15 @@ def main() -> None:
     parser.add_argument(
         "--finetune", action="store_true", help="with the fine-tune stage and its control"
     )
+    parser.add_argument("--results", default=None, help="where the JSON goes (default: above)")
     args = parser.parse_args()
     name = Path(args.settings).name
+    budget = _budget(args.settings, args.trials)
     results = RESULTS if args.seed is None else RESULTS.with_name(f"realzoo_seed{args.seed}.json")
     if args.finetune:
         results = RESULTS.with_name(f"realzoo_finetune_seed{args.seed or 0}.json")
+    if args.results:
+        results = Path(args.results)
     seconds = peak_gb = None
     if not args.evaluate_only:
         copy = None
@@ -257,10 +275,15 @@ def main() -> None:
     record = {
         "command": f"stitch-nas search {name} --out {args.out}"
         + ("" if args.seed is None else f" (search.seed: {args.seed})"),
+        "budget": budget,
         "wall_seconds": None if seconds is None else round(seconds, 1),
         "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),
         **evaluate(args.out, floors=FLOORS if args.finetune else ()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
     }
     if args.finetune:
         record["before_finetune"] = evaluate(args.out, finetuned=False, floors=FLOORS)
