@@ -552,3 +552,91 @@ def test_zoo_list_prints_each_model_and_zoo_build_builds_only_what_is_missing(
     manifest = json.loads((cache / "mini_zoo" / "manifest.json").read_text())
     assert manifest["models"]["byobnet"]["sha256"] == sha256_file(weights)
     assert sha256_file(weights) == mini_zoo["byobnet"].weights_sha256  # deterministic training
+
+
+# --- demo --space: every registered space through the demo's path ---------------------------
+
+#: the trial parameters by which each registered space samples (its configs' shape is checked
+#: below); a space registered without an entry here fails the test that lists them
+SPACE_PARAMS = {
+    "pairwise": {"route"},
+    "chain": {"n_fragments"},
+    "gap": {"route"},
+    "restnet": {"pair", "budget_fraction"},
+    "snnet": {"snnet_stitch"},
+    "stitchnet": {"stitchnet_rank"},
+    "traft": {"traft_point"},
+}
+
+#: the demo's options per space (``_DEMO_SPACE_OPTIONS``) with the training budgets cut to a
+#: few steps and StitchNet's recursion to two models: the same options, tiny trials
+TINY_DEMO_OPTIONS = {
+    "chain": {"max_fragments": 3},
+    "stitchnet": {"max_joints": 1, "models": ["resnet", "efficientnet"]},
+    "gap": {"adapter_options": {"steps": 3}},
+    "restnet": {"adapter_options": {"steps": 3}},
+    "traft": {"adapter_options": {"steps": 3}},
+    "snnet": {"joint": {"steps": 5}},
+}
+
+
+def test_every_registered_space_has_a_demo_test():
+    import search_spaces
+    from stitch_nas.cli._main import _DEMO_SPACE_OPTIONS
+
+    assert set(SPACE_PARAMS) == set(search_spaces.list_spaces())
+    for space, options in _DEMO_SPACE_OPTIONS.items():  # the tiny options cut only sizes
+        assert set(options) <= set(TINY_DEMO_OPTIONS[space]), space
+
+
+@pytest.mark.parametrize("space", sorted(SPACE_PARAMS))
+def test_demo_space_samples_and_measures_configs_of_that_space(
+    capsys, tmp_path, monkeypatch, mini_zoo, mini_zoo_dir, space
+):
+    """`stitch-nas demo --space S` up to its trials (two, not seeded), the test pass, report and
+    export left out: what the demo samples is of S's shape, and is measured."""
+    import optuna
+
+    from stitch_nas import attrs
+    from stitch_nas.cli import _main, _pipeline
+    from stitch_nas.search import run_search
+
+    seen: dict = {}
+
+    def trials_only(settings, out_dir, ctx, objective, study, *args):
+        seen.update(settings=settings, study=run_search(objective, study, settings.search.trials))
+        return _Captured()
+
+    monkeypatch.setattr(_pipeline, "_search", trials_only)
+    monkeypatch.setattr(_main, "_DEMO_SPACE_OPTIONS", TINY_DEMO_OPTIONS)
+    argv = ["demo", "--space", space, "--trials", "2", "--out", str(tmp_path / "o"), "-q"]
+    argv += ["--cache-dir", str(mini_zoo_dir), "--fidelity", "0", "--probe-threshold", "0"]
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert seen["settings"].search.space == space
+    assert seen["settings"].search.space_options == TINY_DEMO_OPTIONS.get(space, {})
+    study = seen["study"]
+    assert study.user_attrs[attrs.SPACE] == space
+    states = [t.state for t in study.trials]
+    assert optuna.trial.TrialState.FAIL not in states, [t.user_attrs for t in study.trials]
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done, [t.user_attrs for t in study.trials]
+    for trial in study.trials:
+        assert SPACE_PARAMS[space] <= set(trial.params), (space, trial.params)
+        config = trial.user_attrs[attrs.CONFIG]
+        models = [f["model"] for f in config["fragments"]]
+        kinds = [a["kind"] for a in config["adapters"]]
+        assert len(kinds) == len(models) - 1 and set(models) <= set(mini_zoo.names())
+        if space == "chain":
+            assert len(models) == trial.params["n_fragments"] <= 3 and set(kinds) <= {"lstsq"}
+        elif space == "stitchnet":
+            assert len(models) <= 2 and set(models) <= {"resnet", "efficientnet"}
+        elif space == "snnet":
+            assert kinds == ["snnet"], config
+        else:  # one joint
+            assert len(models) == 2, config
+        if space == "pairwise":
+            assert models[0] != models[1] and kinds == ["lstsq"]
+        if space in ("gap", "restnet", "traft"):  # trained joints train as the demo says
+            trained = [a for a in config["adapters"] if a["kind"] != "lstsq"]
+            assert all(dict(a["options"]).get("steps") == 3 for a in trained), config
