@@ -27,6 +27,9 @@ from stitch_nas.search import RAY_NODE, RayExecutor, StitchObjective, create_stu
 from tests._tiny import tiny_context
 
 nodes, workers, trials = (int(a) for a in sys.argv[1:4])
+joined = []  # the address each ray.init in this process was given (Ray also finds a running
+init = ray.init  # local cluster by itself, so where the trials ran does not show it alone)
+ray.init = lambda *args, **kwargs: joined.append(kwargs.get("address")) or init(*args, **kwargs)
 node = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
 cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
 try:
@@ -38,6 +41,8 @@ try:
     executor = RayExecutor(workers=workers, address=cluster.address)
     run_search(objective, study, trials, executor=executor)
     print(json.dumps({
+        "address": cluster.address,
+        "joined": joined,
         "cluster_nodes": [n.node_id for n in cluster.list_all_nodes()],
         "trial_nodes": [t.user_attrs.get(RAY_NODE) for t in study.trials],
         "per_node": executor.last_run["trials_per_node"],
@@ -72,6 +77,7 @@ def test_search_joins_a_one_node_cluster_by_address():
     """The fast variant: one node, one worker, three trials, all run on the cluster joined
     (not on a Ray the executor started itself, whose node would be another)."""
     result = _search_on_a_cluster(nodes=1, workers=1, trials=3)
+    assert result["joined"] == [result["address"]], result  # the executor joined by address
     assert result["mode"] == "driver"  # a study in a file, a cluster given by address
     (head,) = result["cluster_nodes"]
     assert set(result["per_node"]) == {head} and sum(result["per_node"].values()) >= 3, result
@@ -84,6 +90,7 @@ def test_search_joins_a_one_node_cluster_by_address():
 def test_search_joins_a_two_node_cluster_and_runs_on_both_nodes():
     result = _search_on_a_cluster(nodes=2, workers=2, trials=12)
     per_node = result["per_node"]
+    assert result["joined"] == [result["address"]], result
     assert len(per_node) == 2 and all(count > 0 for count in per_node.values()), per_node
     assert set(per_node) == set(result["cluster_nodes"])
     ran = [n for n, s in zip(result["trial_nodes"], result["states"], strict=True) if n]
