@@ -539,19 +539,24 @@ def test_zoo_list_prints_each_model_and_zoo_build_builds_only_what_is_missing(
             "(32,",
             "32)",
         ], line
-    # build: a cache that lost one model's weights trains that model only, to the same file
+    # build: a cache that never held one model trains that model only, and records it
     cache = tmp_path / "cache"
     (cache / "mini_zoo").mkdir(parents=True)
     for path in (mini_zoo_dir / "mini_zoo").iterdir():
         if path.name != "byobnet.safetensors":
             (cache / "mini_zoo" / path.name).write_bytes(path.read_bytes())
+    manifest = json.loads((cache / "mini_zoo" / "manifest.json").read_text())
+    del manifest["models"]["byobnet"]
+    (cache / "mini_zoo" / "manifest.json").write_text(json.dumps(manifest))
     code, built, err = _run(capsys, "-q", "zoo", "build", "--cache-dir", str(cache))
     assert code == 0 and trained == ["byobnet"], err
     assert built == listed
     weights = cache / "mini_zoo" / "byobnet.safetensors"
     manifest = json.loads((cache / "mini_zoo" / "manifest.json").read_text())
-    assert manifest["models"]["byobnet"]["sha256"] == sha256_file(weights)
-    assert sha256_file(weights) == mini_zoo["byobnet"].weights_sha256  # deterministic training
+    record = manifest["models"]["byobnet"]
+    assert record["sha256"] == sha256_file(weights)
+    assert record["num_params"] == mini_zoo["byobnet"].num_params
+    assert record["val_accuracy"] > 0.85
 
 
 # --- demo --space: every registered space through the demo's path ---------------------------
