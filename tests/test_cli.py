@@ -386,26 +386,124 @@ def test_device_auto_is_cuda_when_present_else_the_cpu(monkeypatch: pytest.Monke
     assert _pipeline._resolve_device("cuda:0") == "cuda:0"
 
 
+PROBE_THRESHOLD = 8.0  #: x chance (0.1 on the digits): a floor of 0.8, above the 0.15 default
+
+
 def test_report_and_export_read_a_study_kept_in_a_journal_file(
-    capsys, tmp_path, mini_zoo, mini_zoo_dir
+    capsys, tmp_path, mini_zoo, mini_zoo_dir, digits
 ):
-    """A search run with --storage keeps its study there; report and export read it back."""
+    """A search run with --storage keeps its study there; report and export read it back.
+
+    The same run also checks a valid --sampler nsga2 and --probe-threshold (the study's trials
+    were sampled by NSGA-II, and pruned exactly where their probe accuracy is below the floor
+    given), `export --elastic`, and `report` measuring the test figures a study lacks, or
+    refusing to when a rebuilt network does not reproduce its validation accuracy."""
+    import json
+
+    import optuna
+    import torch
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    from stitch_nas import attrs, load
+    from stitch_nas.export import ElasticNet
+
     out, journal = tmp_path / "run", tmp_path / "study.log"
+    config = tmp_path / "search.yaml"  # the demo's settings, two seeded trials of six, not six
+    config.write_text("search: {seed_trials: 2}\n")
     argv = ["--out", str(out), "--cache-dir", str(mini_zoo_dir), "--no-progress"]
+    argv += ["--sampler", "nsga2", "--probe-threshold", str(PROBE_THRESHOLD)]
     code, _, err = _run(
-        capsys, "demo", *argv, "--trials", "6", "--no-export", "--storage", str(journal)
+        capsys,
+        "search",
+        str(config),
+        *argv,
+        "--trials",
+        "6",
+        "--no-export",
+        "--storage",
+        str(journal),
     )
     assert code == 0, err
     assert not (out / "study.db").exists()
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    study = optuna.load_study(study_name="run", storage=storage)
+    # --sampler nsga2: recorded in the settings, and NSGA-II sampled every trial (it numbers
+    # each trial's generation; TPE and random sampling leave no such mark)
+    assert study.user_attrs[attrs.SETTINGS]["search"]["sampler"] == "nsga2"
+    generation = optuna.samplers.NSGAIISampler._get_generation_key()
+    sampled = [t for t in study.trials if "fixed_params" not in t.system_attrs]  # not seeded
+    assert len(sampled) >= 4 and all(generation in t.system_attrs for t in sampled), sampled
+    # --probe-threshold 8: a stitch is pruned exactly when its probe accuracy is below 0.8
+    assert study.user_attrs[attrs.SETTINGS]["search"]["probe_threshold"] == PROBE_THRESHOLD
+    floor = PROBE_THRESHOLD / digits.num_classes
+    probed = [t for t in study.trials if attrs.PROBE_ACCURACY in t.user_attrs]
+    assert probed, [t.user_attrs for t in study.trials]
+    for trial in probed:
+        reason = trial.user_attrs.get(attrs.PRUNE_REASON, "")
+        below = trial.user_attrs[attrs.PROBE_ACCURACY] < floor
+        assert below == reason.startswith("probe accuracy"), (trial.number, trial.user_attrs)
+        if below:
+            assert reason.endswith(f"< {floor:.3f}"), reason
+    pruned = [t for t in probed if t.user_attrs[attrs.PROBE_ACCURACY] < floor]
+    kept = [t for t in probed if t.user_attrs[attrs.PROBE_ACCURACY] >= floor]
+    assert pruned and kept, [t.user_attrs[attrs.PROBE_ACCURACY] for t in probed]
+
     code, _, err = _run(capsys, "report", str(out), "--no-test")
     assert code == 2 and "--storage" in err  # the folder alone does not hold the study
     code, stdout, err = _run(capsys, "report", str(out), "--no-test", "--storage", str(journal))
     assert code == 0 and "hypervolume" in stdout, err
     code, stdout, err = _run(
-        capsys, "export", str(out), "--storage", str(journal), "--format", "safetensors"
+        capsys,
+        "export",
+        str(out),
+        "--storage",
+        str(journal),
+        "--format",
+        "safetensors",
+        "--elastic",
     )
     assert code == 0 and "exported" in stdout, err
-    assert any(p.name.startswith("trial_") for p in (out / "models").iterdir())
+    front = json.loads((out / "pareto.json").read_text())["front"]
+    exported = {p.name for p in (out / "models").iterdir()}
+    assert exported == {f"trial_{r['number']}" for r in front} | {"elastic"}, exported
+    # --elastic: one package holding every exported network, each with its trial's figures
+    package = load(out / "models" / "elastic")
+    assert isinstance(package, ElasticNet)
+    rows = {r["name"]: r for r in package.configs()}
+    assert set(rows) == exported - {"elastic"}
+    for row in front:
+        assert rows[f"trial_{row['number']}"]["accuracy"] == row["accuracy"]
+        package.select(trial=row["number"])
+        with torch.no_grad():
+            assert package(digits.val.x[:4]).shape == (4, digits.num_classes)
+
+    # `report DIR` measures the test figures a study lacks (zoo models and front networks) ...
+    test_results = dict(study.user_attrs[attrs.TEST_RESULTS])
+    references = study.user_attrs[attrs.REFERENCES]
+    assert test_results and all(attrs.TEST_ACCURACY in r for r in references)
+    study.set_user_attr(attrs.TEST_RESULTS, {})
+    study.set_user_attr(
+        attrs.REFERENCES,
+        [{k: v for k, v in r.items() if k != attrs.TEST_ACCURACY} for r in references],
+    )
+    code, stdout, err = _run(capsys, "report", str(out), "--storage", str(journal))
+    assert code == 0, err
+    assert (
+        f"measured {len(test_results)} front network(s) and {len(references)} zoo model(s)"
+        in stdout
+    )
+    again = optuna.load_study(study_name="run", storage=storage)
+    assert again.user_attrs[attrs.TEST_RESULTS] == test_results
+    assert again.user_attrs[attrs.REFERENCES] == references
+    # ... and refuses to when a rebuilt network does not measure the validation accuracy the
+    # search recorded (another zoo, data or fuse setting): no test figure of another network
+    tampered = [{k: v for k, v in r.items() if k != attrs.TEST_ACCURACY} for r in references]
+    tampered[0]["accuracy"] = 0.5
+    again.set_user_attr(attrs.REFERENCES, tampered)
+    code, _, err = _run(capsys, "report", str(out), "--storage", str(journal))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{tampered[0]['name']}: the rebuilt network measures validation accuracy" in err
+
     code, _, err = _run(
         capsys, "report", str(out), "--storage", str(journal), "--study-name", "other"
     )
@@ -414,3 +512,136 @@ def test_report_and_export_read_a_study_kept_in_a_journal_file(
     code, _, err = _run(capsys, "export", str(out), "--storage", str(missing))
     assert code == 2 and "typo.log" in err and len(err.strip().splitlines()) == 1
     assert not missing.exists()  # never created by reading
+
+
+def test_zoo_list_prints_each_model_and_zoo_build_builds_only_what_is_missing(
+    capsys, tmp_path, monkeypatch, mini_zoo, mini_zoo_dir
+):
+    import json
+
+    from stitch_nas.files import sha256_file
+    from stitch_nas.zoo import _mini
+
+    trained: list[str] = []
+    train = _mini._train
+    monkeypatch.setattr(_mini, "_train", lambda name, *a: trained.append(name) or train(name, *a))
+    # one line per model, in build order: name, source, parameters, input size; no training
+    code, listed, err = _run(capsys, "-q", "zoo", "list", "--cache-dir", str(mini_zoo_dir))
+    assert code == 0 and not trained, err
+    lines = listed.strip().splitlines()
+    assert [line.split()[0] for line in lines] == mini_zoo.names()
+    for line, entry in zip(lines, mini_zoo.values(), strict=True):
+        assert line.split()[1:] == [
+            "mini_zoo",
+            f"{entry.num_params:,d}",
+            "params",
+            "input",
+            "(32,",
+            "32)",
+        ], line
+    # build: a cache that never held one model trains that model only, and records it
+    cache = tmp_path / "cache"
+    (cache / "mini_zoo").mkdir(parents=True)
+    for path in (mini_zoo_dir / "mini_zoo").iterdir():
+        if path.name != "byobnet.safetensors":
+            (cache / "mini_zoo" / path.name).write_bytes(path.read_bytes())
+    manifest = json.loads((cache / "mini_zoo" / "manifest.json").read_text())
+    del manifest["models"]["byobnet"]
+    (cache / "mini_zoo" / "manifest.json").write_text(json.dumps(manifest))
+    code, built, err = _run(capsys, "-q", "zoo", "build", "--cache-dir", str(cache))
+    assert code == 0 and trained == ["byobnet"], err
+    assert built == listed
+    weights = cache / "mini_zoo" / "byobnet.safetensors"
+    manifest = json.loads((cache / "mini_zoo" / "manifest.json").read_text())
+    record = manifest["models"]["byobnet"]
+    assert record["sha256"] == sha256_file(weights)
+    assert record["num_params"] == mini_zoo["byobnet"].num_params
+    assert record["val_accuracy"] > 0.85
+
+
+# --- demo --space: every registered space through the demo's path ---------------------------
+
+#: the trial parameters by which each registered space samples (its configs' shape is checked
+#: below); a space registered without an entry here fails the test that lists them
+SPACE_PARAMS = {
+    "pairwise": {"route"},
+    "chain": {"n_fragments"},
+    "gap": {"route"},
+    "restnet": {"pair", "budget_fraction"},
+    "snnet": {"snnet_stitch"},
+    "stitchnet": {"stitchnet_rank"},
+    "traft": {"traft_point"},
+}
+
+#: the demo's options per space (``_DEMO_SPACE_OPTIONS``) with the training budgets cut to a
+#: few steps and StitchNet's recursion to two models: the same options, tiny trials
+TINY_DEMO_OPTIONS = {
+    "chain": {"max_fragments": 3},
+    "stitchnet": {"max_joints": 1, "models": ["resnet", "efficientnet"]},
+    "gap": {"adapter_options": {"steps": 3}},
+    "restnet": {"adapter_options": {"steps": 3}},
+    "traft": {"adapter_options": {"steps": 3}},
+    "snnet": {"joint": {"steps": 5}},
+}
+
+
+def test_every_registered_space_has_a_demo_test():
+    import search_spaces
+    from stitch_nas.cli._main import _DEMO_SPACE_OPTIONS
+
+    assert set(SPACE_PARAMS) == set(search_spaces.list_spaces())
+    for space, options in _DEMO_SPACE_OPTIONS.items():  # the tiny options cut only sizes
+        assert set(options) <= set(TINY_DEMO_OPTIONS[space]), space
+
+
+@pytest.mark.parametrize("space", sorted(SPACE_PARAMS))
+def test_demo_space_samples_and_measures_configs_of_that_space(
+    capsys, tmp_path, monkeypatch, mini_zoo, mini_zoo_dir, space
+):
+    """`stitch-nas demo --space S` up to its trials (two, not seeded), the test pass, report and
+    export left out: what the demo samples is of S's shape, and is measured."""
+    import optuna
+
+    from stitch_nas import attrs
+    from stitch_nas.cli import _main, _pipeline
+    from stitch_nas.search import run_search
+
+    seen: dict = {}
+
+    def trials_only(settings, out_dir, ctx, objective, study, *args):
+        seen.update(settings=settings, study=run_search(objective, study, settings.search.trials))
+        return _Captured()
+
+    monkeypatch.setattr(_pipeline, "_search", trials_only)
+    monkeypatch.setattr(_main, "_DEMO_SPACE_OPTIONS", TINY_DEMO_OPTIONS)
+    argv = ["demo", "--space", space, "--trials", "2", "--out", str(tmp_path / "o"), "-q"]
+    argv += ["--cache-dir", str(mini_zoo_dir), "--fidelity", "0", "--probe-threshold", "0"]
+    code, _, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert seen["settings"].search.space == space
+    assert seen["settings"].search.space_options == TINY_DEMO_OPTIONS.get(space, {})
+    study = seen["study"]
+    assert study.user_attrs[attrs.SPACE] == space
+    states = [t.state for t in study.trials]
+    assert optuna.trial.TrialState.FAIL not in states, [t.user_attrs for t in study.trials]
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done, [t.user_attrs for t in study.trials]
+    for trial in study.trials:
+        assert SPACE_PARAMS[space] <= set(trial.params), (space, trial.params)
+        config = trial.user_attrs[attrs.CONFIG]
+        models = [f["model"] for f in config["fragments"]]
+        kinds = [a["kind"] for a in config["adapters"]]
+        assert len(kinds) == len(models) - 1 and set(models) <= set(mini_zoo.names())
+        if space == "chain":
+            assert len(models) == trial.params["n_fragments"] <= 3 and set(kinds) <= {"lstsq"}
+        elif space == "stitchnet":
+            assert len(models) <= 2 and set(models) <= {"resnet", "efficientnet"}
+        elif space == "snnet":
+            assert kinds == ["snnet"], config
+        else:  # one joint
+            assert len(models) == 2, config
+        if space == "pairwise":
+            assert models[0] != models[1] and kinds == ["lstsq"]
+        if space in ("gap", "restnet", "traft"):  # trained joints train as the demo says
+            trained = [a for a in config["adapters"] if a["kind"] != "lstsq"]
+            assert all(dict(a["options"]).get("steps") == 3 for a in trained), config

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -191,3 +192,45 @@ def test_the_reference_generator_imports_no_torch():
 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+# --- figures cited from benchmarks/results -------------------------------------------------
+
+#: a results file cited in README.md or docs/: ``benchmarks/results/NAME.json`` anywhere, or
+#: ``NAME.json`` on a page under docs/benchmarks/ (where every JSON file named is a results
+#: file), in backticks; ``NAME.json["key"]["sub"]`` also cites keys in it. NAME may be a glob
+#: (``finetune_cuda_*.json``), which must match at least one file, each holding the keys.
+CITED = re.compile(
+    r"`(?P<prefix>benchmarks/results/)?(?P<name>[\w.*-]+\.json)(?P<keys>(?:\[\"[^\"]+\"\])*)`"
+)
+
+
+def _cited_results() -> list[tuple[str, str, list[str]]]:
+    """(page, file name or glob, cited keys) of every results citation."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    cited = []
+    for page in pages:
+        on_benchmarks = (ROOT / "docs" / "benchmarks") in page.parents
+        for match in CITED.finditer(page.read_text()):
+            if match["prefix"] or on_benchmarks:
+                keys = re.findall(r"\[\"([^\"]+)\"\]", match["keys"])
+                cited.append((str(page.relative_to(ROOT)), match["name"], keys))
+    return cited
+
+
+def test_every_cited_results_file_exists_and_holds_the_cited_keys():
+    results = ROOT / "benchmarks" / "results"
+    cited = _cited_results()
+    # the pages cite about twenty files: far fewer means the pattern no longer finds them
+    assert len({name for _, name, _ in cited}) >= 15, cited
+    assert any(keys for _, _, keys in cited), "no key citation found: the convention changed"
+    for page, name, keys in cited:
+        files = sorted(results.glob(name))
+        assert files, f"{page} cites benchmarks/results/{name}, which does not exist"
+        for path in files:
+            value = json.loads(path.read_text())
+            for depth, key in enumerate(keys):
+                if not isinstance(value, dict) or key not in value:
+                    where = "".join(f"[{k!r}]" for k in keys[: depth + 1])
+                    pytest.fail(f"{page} cites {path.name}{where}, which {path.name} lacks")
+                value = value[key]

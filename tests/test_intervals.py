@@ -237,7 +237,8 @@ def test_hypervolume_matches_a_brute_force_grid_on_random_fronts() -> None:
         assert math.isclose(got, expected, rel_tol=1e-9)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the default suite's variant, through `stitch-nas report`: tests/test_cli.py::
+# test_report_and_export_read_a_study_kept_in_a_journal_file (measures and refuses alike)
 def test_measure_holdout_on_the_mini_zoo(mini_zoo, digits, tmp_path: Path) -> None:
     from stitch_nas.activations import StitchContext
     from stitch_nas.report import holdout_accuracies, holdout_missing, measure_holdout

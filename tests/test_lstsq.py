@@ -190,3 +190,28 @@ def test_fits_in_small_chunks_equal_fits_in_one(monkeypatch, kernel):
     torch.testing.assert_close(stitch_chunked.weight, stitch_whole.weight, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(conv_chunked.weight, conv_whole.weight, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(conv_chunked.bias, conv_whole.bias, rtol=1e-4, atol=1e-5)
+
+
+def test_the_ridge_term_matches_an_independent_augmented_least_squares_solve():
+    """fit_lstsq's ridge against numpy: min |Xw + b - Y|² + λ|w|² (the bias unpenalised) is the
+    plain least-squares solution of the augmented system [X 1; √λ I 0] [w; b] = [Y; 0], with
+    λ = ridge x the mean eigenvalue (trace / features) of the centred XᵀX, as documented."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    n, p, q, ridge = 40, 6, 3, 0.3  # a ridge large enough to move the map far from plain LS
+    x = rng.normal(size=(n, p)) * rng.uniform(0.5, 4.0, size=p) + rng.normal(size=p) * 5
+    y = x @ rng.normal(size=(p, q)) + rng.normal(size=q) + rng.normal(size=(n, q)) * 0.5
+    centred = x - x.mean(0)
+    lam = ridge * np.trace(centred.T @ centred) / p
+    system = np.block([[x, np.ones((n, 1))], [np.sqrt(lam) * np.eye(p), np.zeros((p, 1))]])
+    target = np.vstack([y, np.zeros((p, q))])
+    solution = np.linalg.lstsq(system, target, rcond=None)[0]
+    weight, bias = solution[:p].T, solution[p]
+
+    src, dst = _cut("vector", (p,)), _cut("vector", (q,))
+    fitted = fit_lstsq(torch.tensor(x), torch.tensor(y), src, dst, ridge=ridge)
+    np.testing.assert_allclose(fitted.weight.detach().numpy(), weight, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fitted.bias.detach().numpy(), bias, rtol=1e-4, atol=1e-4)
+    plain = fit_lstsq(torch.tensor(x), torch.tensor(y), src, dst, ridge=0.0)
+    assert (plain.weight - fitted.weight).abs().max() > 0.05  # the ridge did shrink the map

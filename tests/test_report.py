@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -229,8 +230,33 @@ def test_objective_names_must_match_directions(study: optuna.Study, tmp_path: Pa
         write_report(study, tmp_path)
 
 
-def test_pyplot_is_not_imported(study: optuna.Study, tmp_path: Path) -> None:
-    if "matplotlib.pyplot" in sys.modules:
-        pytest.skip("another test imported pyplot already")
-    write_report(study, tmp_path)
-    assert "matplotlib.pyplot" not in sys.modules
+def test_pyplot_is_not_imported(tmp_path: Path) -> None:
+    """write_report draws with matplotlib's object API, never pyplot (which picks a GUI backend
+    on import): checked in a fresh interpreter, as other tests may have imported pyplot here."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "import optuna\n"
+        "from stitch_nas.report import write_report\n"
+        "from tests.test_report import REFERENCES, _done\n"
+        "s = optuna.create_study(directions=['maximize', 'minimize'])\n"
+        "s.set_user_attr('objectives', ['accuracy', 'macs'])\n"
+        "s.set_user_attr('references', REFERENCES)\n"
+        "s.add_trial(_done([0.9, 400]))\n"
+        "s.add_trial(_done([0.8, 200]))\n"
+        "write_report(s, sys.argv[1])\n"
+        "assert 'matplotlib' in sys.modules, 'no plot drawn'\n"
+        "assert 'matplotlib.pyplot' not in sys.modules, 'write_report imported pyplot'\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "pareto.png").is_file()
