@@ -129,19 +129,33 @@ def test_a_stale_weights_file_is_refused_in_one_line(searched, ctx, tmp_path) ->
     file = out / trial.user_attrs[attrs.WEIGHTS]
     tensors = load_file(str(file))
     # the same tensors, other values: only the fixed sample can tell
-    spoiled = {k: (v + 0.5 * v.std() * torch.randn_like(v)) if v.is_floating_point() else v
-               for k, v in tensors.items()}
+    spoiled = {
+        k: (v + 0.5 * v.std() * torch.randn_like(v)) if v.is_floating_point() else v
+        for k, v in tensors.items()
+    }
     save_file(spoiled, str(file), metadata={"stitch_nas": "trained"})
     with pytest.raises(ExportError) as caught:
-        export_study(searched.study, ctx, tmp_path / "m", trials=[trial.number], folder=out,
-                     formats=["safetensors"])
+        export_study(
+            searched.study,
+            ctx,
+            tmp_path / "m",
+            trials=[trial.number],
+            folder=out,
+            formats=["safetensors"],
+        )
     message = str(caught.value)
     assert "stale" in message and len(message.splitlines()) == 1
     # tensors of another network: refused before anything is measured
     save_file({"a": torch.zeros(2)}, str(file), metadata={"stitch_nas": "trained"})
     with pytest.raises(ExportError, match="does not hold the weights of") as caught:
-        export_study(searched.study, ctx, tmp_path / "m", trials=[trial.number], folder=out,
-                     formats=["safetensors"])
+        export_study(
+            searched.study,
+            ctx,
+            tmp_path / "m",
+            trials=[trial.number],
+            folder=out,
+            formats=["safetensors"],
+        )
     assert len(str(caught.value).splitlines()) == 1
     config = StitchConfig.from_dict(trial.user_attrs[attrs.CONFIG])
     with pytest.raises(ConfigError, match="does not hold the weights of"):
@@ -174,8 +188,14 @@ def test_an_old_study_exports_by_training_again_and_says_so(
     trial = searched.trained[0]
     config = StitchConfig.from_dict(trial.user_attrs[attrs.CONFIG])
     with caplog.at_level(logging.WARNING, logger="stitch_nas"):
-        summary = export_study(_old_study(searched.study), ctx, tmp_path / "m",
-                               trials=[trial.number], folder=searched.out, formats=["safetensors"])
+        summary = export_study(
+            _old_study(searched.study),
+            ctx,
+            tmp_path / "m",
+            trials=[trial.number],
+            folder=searched.out,
+            formats=["safetensors"],
+        )
     assert len(summary.folders) == 1
     said = [r.getMessage() for r in caplog.records if "again from their seed" in r.getMessage()]
     assert len(said) == 1 and f"trial_{trial.number}" in said[0]
@@ -190,7 +210,13 @@ def test_weights_kept_on_another_machine_are_trained_again(searched, ctx, tmp_pa
     shutil.rmtree(out / "trained")
     trial = searched.trained[0]
     with caplog.at_level(logging.WARNING, logger="stitch_nas"):
-        summary = export_study(searched.study, ctx, tmp_path / "m", trials=[trial.number],
-                               folder=out, formats=["safetensors"])
+        summary = export_study(
+            searched.study,
+            ctx,
+            tmp_path / "m",
+            trials=[trial.number],
+            folder=out,
+            formats=["safetensors"],
+        )
     assert len(summary.folders) == 1
     assert any("not at hand" in r.getMessage() for r in caplog.records)

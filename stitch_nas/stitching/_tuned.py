@@ -126,9 +126,7 @@ def load_tuned(
     return net
 
 
-def _load_trained(
-    ctx: StitchContext, config: StitchConfig, file: Path, fuse: bool
-) -> StitchedNet:
+def _load_trained(ctx: StitchContext, config: StitchConfig, file: Path, fuse: bool) -> StitchedNet:
     """``config`` built with no training step, its trained tensors loaded from ``file``."""
     net = build(ctx, config, fuse=fuse, train=False)
     targets = net.state_dict(keep_vars=True)
