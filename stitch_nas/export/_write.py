@@ -49,6 +49,7 @@ from stitch_nas.stitching import (
     head_recipe,
     load_tuned,
     reproduces,
+    reproduces_count,
     sample_correct,
 )
 from stitch_nas.zoo import check_architecture
@@ -147,7 +148,7 @@ def _check_sample(
             f"{len(ctx.labels('val'))}; export with the data of the search"
         )
     correct = sample_correct(ctx, net, head, images)
-    if not reproduces(ctx, correct / images, recorded / images):
+    if not reproduces_count(ctx, correct, recorded, images):
         raise ExportError(
             f"{item.name}: the network loaded from {item.weights} gets {correct} of the first "
             f"{images} validation images right, its trial {recorded}; the weights file is stale "

@@ -32,6 +32,7 @@ from ._measure import (
     net_outputs,
     network_macs,
     reproduces,
+    reproduces_count,
     sample_correct,
 )
 from ._proxy import ProbeScore, keep_probe_score, least_squares_version, probe_accuracy
@@ -84,6 +85,7 @@ __all__ = [
     "net_outputs",
     "network_macs",
     "reproduces",
+    "reproduces_count",
     "SAMPLE_IMAGES",
     "sample_correct",
 ]
