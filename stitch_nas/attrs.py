@@ -59,7 +59,9 @@ FINETUNES = "finetunes"
 #: ... what trained it: ``{"recipe": FinetuneRecipe.to_dict(), "report": FinetuneReport}``
 FINETUNED = "finetuned"
 #: ... and its weights: a safetensors file, relative to the search's folder (the config alone
-#: rebuilds the network it started from, not the one it became)
+#: rebuilds the network it started from, not the one it became). A trial with trained
+#: adapters names one too, ``trained/trial_<n>_<digest>.safetensors``: the tensors training
+#: made, so its network is rebuilt without training again (``stitching.load_tuned``)
 WEIGHTS = "weights"
 #: the config's CKA chain score on the probe split
 CKA = "cka"

@@ -187,8 +187,15 @@ def _copy_segment(
     return pieces[0] if len(pieces) == 1 else nn.Sequential(*pieces)
 
 
-def fit_joint(ctx: StitchContext, spec: AdapterSpec, joint: Joint) -> JointFit:
-    """Create, initialise and (per its options) train the adapter ``spec`` at ``joint``."""
+def fit_joint(
+    ctx: StitchContext, spec: AdapterSpec, joint: Joint, *, train_steps: bool = True
+) -> JointFit:
+    """Create, initialise and (per its options) train the adapter ``spec`` at ``joint``.
+
+    ``train_steps=False``: everything but the training steps, so the joint has the structure
+    (and the private copies) of a trained one, for trained weights to be loaded into it
+    (:func:`stitch_nas.stitching.load_tuned`).
+    """
     opts = resolve_options(spec.kind, dict(spec.options))
     _check(spec, opts, joint, ctx)
     adapter = create(spec.kind, joint.src_cut, joint.dst_cut, **dict(spec.options))
@@ -237,6 +244,8 @@ def fit_joint(ctx: StitchContext, spec: AdapterSpec, joint: Joint) -> JointFit:
         else:
             suffix = ctx.segment(dst, cut, suffix_end)
         chain.append(suffix)
+    if not train_steps:
+        return JointFit(adapter.to(ctx.device), fragment.to(ctx.device), _moved(prefix, ctx))
     data = _data(ctx, joint, opts)
     params = list({id(p): p for m in trained for p in m.parameters()}.values())
     report = train(
@@ -253,6 +262,10 @@ def fit_joint(ctx: StitchContext, spec: AdapterSpec, joint: Joint) -> JointFit:
     if prefix is not None:
         prefix.to(ctx.device)
     return JointFit(adapter, fragment, prefix, report)
+
+
+def _moved(module: nn.Module | None, ctx: StitchContext) -> nn.Module | None:
+    return None if module is None else module.to(ctx.device)
 
 
 def _device(name: str, ctx: StitchContext) -> torch.device:

@@ -107,6 +107,7 @@ def run_settings(
                 if resume or join:  # another search's trials would break the study
                     check_resumed(settings, Path(out_dir), name)
             ctx, objective = _prepare(settings, device, progress, echo)
+            objective.folder = Path(out_dir)  # where trained adapters are kept
             study = create_study(
                 objective,
                 out_dir,

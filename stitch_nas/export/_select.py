@@ -15,7 +15,7 @@ from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, ExportError
-from stitch_nas.report import pareto_trials, trial_weights
+from stitch_nas.report import holdout_accuracies, pareto_trials, trial_weights
 from stitch_nas.report._pareto import first_of_each_network, is_feasible
 from stitch_nas.stitching import Measurement
 
@@ -117,7 +117,8 @@ def export_items(
         ExportError: a trial that does not exist or did not complete, or nothing to export
             (saying why: no completed trial, or none that meets the budgets).
     """
-    items = [_item(t, folder) for t in select_trials(study, trials)]
+    tests = holdout_accuracies(study)  # what the test pass measured, from the same weights
+    items = [_item(t, folder, tests.get(t.number)) for t in select_trials(study, trials)]
     if items:
         return items
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -133,11 +134,13 @@ def export_items(
     raise ExportError("no completed trial on the Pareto front to export")
 
 
-def _item(trial: FrozenTrial, folder: Path | None) -> ExportItem:
+def _item(trial: FrozenTrial, folder: Path | None, test: float | None) -> ExportItem:
     ua = trial.user_attrs
     if attrs.CONFIG not in ua:
         raise ExportError(f"trial {trial.number} records no config; it was not run by stitch_nas")
     metrics = {k: ua[k] for k in _METRICS if k in ua}
+    if test is not None:
+        metrics[attrs.TEST_ACCURACY] = test
     config = StitchConfig.from_dict(ua[attrs.CONFIG])
     try:
         weights = trial_weights(trial, folder)

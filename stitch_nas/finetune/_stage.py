@@ -47,7 +47,14 @@ from stitch_nas.report import (
     trial_weights,
     zoo_references,
 )
-from stitch_nas.stitching import StitchedNet, reproduces, save_tuned
+from stitch_nas.stitching import (
+    SAMPLE_IMAGES,
+    StitchedNet,
+    fit_net_head,
+    reproduces,
+    sample_correct,
+    save_tuned,
+)
 
 from ._recipe import FinetuneRecipe
 from ._teacher import Teacher, make_teacher
@@ -229,7 +236,8 @@ def finetune_front(
         what = f"trial #{source.number}: {config.describe()}"
         tuned, report = _train(ctx, net, teacher, recipe, folder / relative, what, progress, echo)
         after = accuracy_on(ctx, tuned, "val") if report.best_epoch else measured.accuracy
-        number = _record(study, source, names, after, recipe, report, relative)
+        sample = _sample(ctx, tuned) if report.best_epoch else None
+        number = _record(study, source, names, after, recipe, report, relative, sample)
         stage.networks.append(Tuned(source.number, measured.accuracy, after, report, number))
     if control:
         for ref in _zoo_front(study):
@@ -241,6 +249,14 @@ def finetune_front(
     return stage
 
 
+def _sample(ctx: StitchContext, net: StitchedNet) -> dict[str, int]:
+    """The fixed sample of validation images the export checks ``net`` on, as a trial records
+    it (``Measurement.sample_correct`` of ``sample_images``)."""
+    images = min(SAMPLE_IMAGES, len(ctx.labels("val")))
+    correct = sample_correct(ctx, net, fit_net_head(ctx, net), images)
+    return {"sample_correct": correct, "sample_images": images}
+
+
 def _record(
     study: optuna.Study,
     source: FrozenTrial,
@@ -249,6 +265,7 @@ def _record(
     recipe: FinetuneRecipe,
     report: FinetuneReport,
     weights: str,
+    sample: dict[str, int] | None = None,
 ) -> int:
     """Add the fine-tuned network to ``study`` as a COMPLETE trial; return its number.
 
@@ -260,7 +277,8 @@ def _record(
     user_attrs = {
         k: v
         for k, v in source.user_attrs.items()
-        if k not in (attrs.DUPLICATE_OF, attrs.REFINES, attrs.PARTIAL_ACCURACY)
+        if k not in (attrs.DUPLICATE_OF, attrs.REFINES, attrs.PARTIAL_ACCURACY, attrs.WEIGHTS)
+        and k not in ("sample_correct", "sample_images")  # the source's, not this network's
     }
     user_attrs.update(
         {
@@ -273,6 +291,7 @@ def _record(
     kept = report.best_epoch > 0
     if kept:
         user_attrs[attrs.WEIGHTS] = weights
+        user_attrs.update(sample or {})
     else:
         user_attrs[attrs.PRUNE_REASON] = (
             "fine-tuning kept the starting weights: no epoch beat them on the held-out slice "

@@ -137,10 +137,26 @@ def holdout_missing(study: optuna.Study) -> tuple[list[FrozenTrial], list[str]]:
 
 
 def trial_weights(trial: FrozenTrial, folder: Path | None) -> Path | None:
-    """The file of a fine-tuned trial's weights; None when its config alone rebuilds it."""
+    """The file of a trial's weights: a fine-tuned network's, or the trained adapters a trial
+    kept (``stitching.load_tuned`` loads either); None when its config alone rebuilds it.
+
+    Trained adapters train again from their seed when their file cannot be had (no
+    ``folder``, or a file written on another machine of a Ray cluster), saying so in one line.
+    """
     name = trial.user_attrs.get(attrs.WEIGHTS)
     if name is None:
         return None
+    if attrs.FINETUNES not in trial.user_attrs:  # trained adapters, which can train again
+        file = None if folder is None else Path(folder) / str(name)
+        if file is None or not file.is_file():
+            logger.warning(
+                "trial %d: its trained adapters %s are not at hand; training them again "
+                "from their seed",
+                trial.number,
+                name if file is None else file,
+            )
+            return None
+        return file
     if folder is None:
         raise ConfigError(
             f"trial {trial.number} was fine-tuned and its weights are in the search's folder; "

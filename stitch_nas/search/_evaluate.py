@@ -1,8 +1,8 @@
 """Evaluating one config: prune it on CKA and the probe, gate it, fit it and measure it.
 
 What a trial runs, in this process (:class:`~stitch_nas.search.StitchObjective`) or on a Ray
-worker (:class:`~stitch_nas.search.TrialWorker`); the outcome is in JSON types so it can cross
-process boundaries.
+worker (:class:`~stitch_nas.search.TrialWorker`); the outcome is in JSON types (and the bytes
+of a safetensors file) so it can cross process boundaries.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from stitch_nas.errors import LayoutError, StitchNASError
 from stitch_nas.stitching import (
     ProbeScore,
     config_cka,
+    has_trained_adapters,
     least_squares_version,
     measure,
     probe_accuracy,
+    trained_bytes,
 )
 
 from ._fidelity import FidelityGate, SliceStop, screen_before_training
@@ -42,6 +44,9 @@ class TrialOutcome:
         reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
         partial: what the slices measured when multi-fidelity evaluation pruned it.
         probe: the least-squares version's probe accuracy, when it was measured.
+        weights: a complete network's trained adapters (``stitching.trained_bytes``: a
+            safetensors file of a few kB to MB), for the driver to keep in the study's folder
+            so the test pass and the export load them instead of training them again.
     """
 
     status: str
@@ -50,6 +55,7 @@ class TrialOutcome:
     reason: str | None = None
     partial: dict[str, Any] | None = None
     probe: float | None = None
+    weights: bytes | None = None
 
 
 def evaluate_config(
@@ -92,7 +98,7 @@ def evaluate_config(
                 return TrialOutcome("pruned", cka=cka, reason=reason, probe=probe.accuracy)
             if gate is not None and trains:  # train only what could reach the front
                 screen_before_training(gate, ctx, probe.net)
-        _, result = measure(
+        net, result = measure(
             ctx,
             config,
             fuse=fuse,
@@ -102,6 +108,7 @@ def evaluate_config(
             net=probe.net if probe and probe.own else None,
             fit_seconds=time.perf_counter() - started if probe and probe.own else 0.0,
         )
+        weights = trained_bytes(ctx, net) if has_trained_adapters(config) else None
     except SliceStop as stop:
         return TrialOutcome(
             "pruned", cka=cka, reason=stop.reason, partial=stop.record, probe=_probe(probe)
@@ -112,7 +119,9 @@ def evaluate_config(
         known = isinstance(exc, (StitchNASError, RuntimeError, ValueError))
         logger.warning("config %s failed: %s", config.describe(), exc, exc_info=not known)
         return TrialOutcome("fail", cka=cka, reason=f"{type(exc).__name__}: {exc}")
-    return TrialOutcome("complete", measurement=result.to_dict(), cka=cka, probe=_probe(probe))
+    return TrialOutcome(
+        "complete", measurement=result.to_dict(), cka=cka, probe=_probe(probe), weights=weights
+    )
 
 
 def _probe(score: ProbeScore | None) -> float | None:

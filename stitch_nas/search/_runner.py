@@ -9,9 +9,11 @@ config the study evaluated before is not evaluated again (:meth:`StitchObjective
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import optuna
@@ -22,7 +24,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
-from stitch_nas.stitching import STITCHED, Measurement, network_kind
+from stitch_nas.stitching import STITCHED, TRAINED_DIR, Measurement, network_kind, save_trained
 
 from ._evaluate import TrialOutcome, evaluate_config
 from ._fidelity import (
@@ -118,6 +120,10 @@ class StitchObjective:
         self.seen_max_age_s = 0.0
         self._seen = SeenConfigs()  # read from the study, so --resume and --join share it
         self._named = False  # metric names checked on the study of the first trial
+        #: the search's folder: a complete trial's trained adapters are kept in its
+        #: ``trained/`` (``attrs.WEIGHTS``), so the test pass and the export load them rather
+        #: than train them again; None: not kept (they are trained again from their seed)
+        self.folder: Path | None = None
 
     def portable(self) -> dict[str, Any]:
         """This objective's settings without its context, for another process to rebuild it
@@ -302,7 +308,22 @@ class StitchObjective:
         values = self.record(trial, result)
         if not all(math.isfinite(v) for v in values):  # record() wrote the fail_reason
             return optuna.trial.TrialState.FAIL, None
+        if outcome.weights is not None and self.folder is not None:
+            self._keep_weights(trial, outcome.weights)
         return optuna.trial.TrialState.COMPLETE, values
+
+    def _keep_weights(self, trial: optuna.Trial, data: bytes) -> None:
+        """Write a trial's trained adapters into the search's folder and name the file on the
+        trial; a failed write is logged, and the network is then trained again when needed."""
+        assert self.folder is not None
+        digest = hashlib.sha256(data).hexdigest()[:10]
+        relative = f"{TRAINED_DIR}/trial_{trial.number}_{digest}.safetensors"
+        try:
+            save_trained(data, Path(self.folder) / relative)
+        except OSError as exc:
+            logger.warning("trial %d: its trained adapters were not kept (%s)", trial.number, exc)
+            return
+        trial.set_user_attr(attrs.WEIGHTS, relative)
 
     def record(self, trial: optuna.Trial, result: Measurement) -> tuple[float, ...]:
         for key, value in result.to_dict().items():

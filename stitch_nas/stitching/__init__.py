@@ -20,6 +20,7 @@ from ._heads import (
 )
 from ._kinds import KINDS, STITCHED, network_kind, piece_roles
 from ._measure import (
+    SAMPLE_IMAGES,
     Measurement,
     config_cka,
     count_correct,
@@ -31,9 +32,19 @@ from ._measure import (
     net_outputs,
     network_macs,
     reproduces,
+    reproduces_count,
+    sample_correct,
 )
 from ._proxy import ProbeScore, keep_probe_score, least_squares_version, probe_accuracy
-from ._tuned import load_tuned, save_tuned
+from ._tuned import (
+    TRAINED_DIR,
+    has_trained_adapters,
+    load_tuned,
+    save_trained,
+    save_tuned,
+    trained_bytes,
+    trained_tensors,
+)
 
 __all__ = [
     "ProbeScore",
@@ -59,8 +70,13 @@ __all__ = [
     "fit_net_head",
     "fragment_macs",
     "head_accuracy",
+    "TRAINED_DIR",
+    "has_trained_adapters",
     "load_tuned",
+    "save_trained",
     "save_tuned",
+    "trained_bytes",
+    "trained_tensors",
     "head_from_recipe",
     "head_recipe",
     "register_head",
@@ -69,4 +85,7 @@ __all__ = [
     "net_outputs",
     "network_macs",
     "reproduces",
+    "reproduces_count",
+    "SAMPLE_IMAGES",
+    "sample_correct",
 ]

@@ -171,7 +171,9 @@ def check_labels(ctx: StitchContext, config: StitchConfig) -> None:
         )
 
 
-def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> StitchedNet:
+def build(
+    ctx: StitchContext, config: StitchConfig, *, fuse: bool = False, train: bool = True
+) -> StitchedNet:
     """Build and fit the network described by ``config``.
 
     Args:
@@ -179,6 +181,9 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
         config: what to build.
         fuse: fold least-squares stitches into the next conv/linear layer where possible
             (also enabled per joint by the adapter option ``fuse=True``).
+        train: train the trained adapter kinds (False: built and initialised only, for the
+            weights a trial stored to be loaded into them, :func:`~stitch_nas.stitching.
+            load_tuned`).
     """
     check_labels(ctx, config)
     if config.adapters and config.adapters[0].kind in NETWORKS:  # e.g. a jointly trained SN-Net
@@ -212,7 +217,7 @@ def build(ctx: StitchContext, config: StitchConfig, *, fuse: bool = False) -> St
                 _chain_rows(ctx, first, parts, cached),
                 first,
             )
-            fit = adapters.fit_joint(ctx, adapter, link)
+            fit = adapters.fit_joint(ctx, adapter, link, train_steps=train)
             if fit.prefix is not None:
                 parts[0], cached = fit.prefix, False
             key = ("adapter", adapter.kind, adapter.options, _cut_key(x_cut), _cut_key(dst))
