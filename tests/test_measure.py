@@ -231,3 +231,19 @@ def test_fragments_from_pieces_equal_single_graph_fragments(ctx):
         a = ctx.run(build(ctx, config), x)
         b = whole.run(build(whole, config), x)
         assert (a - b).abs().max().item() <= 1e-5
+
+
+def test_a_zoo_model_alone_is_measured_from_its_inputs_not_from_a_rounded_cached_cut():
+    """The zoo's figures are the baseline of every claim: with a float16 cache that already
+    holds a middle cut of the model, the model on its own still scores exactly what a float32
+    forward of the whole model on the split's images scores."""
+    ctx = tiny_context(cache=ActivationCache(dtype="float16"))
+    ctx.activation("resnet", "layer2.0", "val")  # the cut a continuation would start from
+    net, measured = measure(ctx, StitchConfig.single("resnet"))
+    assert not net.cached_prefix
+    with torch.no_grad():
+        logits = net(ctx.split("val").x)
+    expected = (logits.argmax(1) == ctx.labels("val")).float().mean().item()
+    assert measured.accuracy == pytest.approx(expected, abs=1e-12)
+    # a stitched network keeps reading its first fragment from the cache
+    assert build(ctx, PAIR).cached_prefix

@@ -198,7 +198,10 @@ def build(
     # batch by batch where a least-squares fit is all that needs it, else a whole tensor
     x: torch.Tensor | Fragment | None = first if config.is_stitched else None
     x_cut = ctx.cut(first.model, first.end) if first.end else None
-    cached = True  # parts[0] is the zoo's own fragment
+    # parts[0] is the zoo's own fragment, so its outputs may be read from the cache; a zoo
+    # model on its own runs from its inputs instead: the figures every claim compares with
+    # must not depend on which cut the cache happens to hold, or on its storage dtype
+    cached = config != StitchConfig.single(first.model)
     joints = list(zip(config.adapters, config.fragments[1:], strict=True))
     for i, (adapter, frag) in enumerate(joints):
         if x is None or x_cut is None or frag.start is None:  # StitchConfig rules these out
