@@ -18,8 +18,9 @@ the relative position among the route's joinable cuts, shared by every route.
 Seed proposals (:func:`matched_depths`, offered as ``pairwise.proposals``): SN-Net observes
 that stitching a cheaper model into a dearer one of the same kind at matching depth
 interpolates their accuracy and cost, the region between strong models that random draws
-rarely visit (few routes join two members of one family). Seeding scores these stitches
-beside its random pool and gives a share of the seeds to the best of them.
+rarely visit (few routes join two members of one family). With the space option
+``matched_seeds: true``, seeding scores these stitches beside its random pool and gives a
+share of the seeds to the best of them.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def pairwise(
     trains: Sequence[str] = ("adapter",),
     adapter_options: Mapping[str, Any] | None = None,
     cut_params: str = "named",
+    matched_seeds: bool = False,
 ) -> StitchConfig:
     """Sample ``A[input:cut_a] -stitch-> B[cut_b:output]`` from two different models.
 
@@ -70,6 +72,8 @@ def pairwise(
         adapter_options: fixed options of every trained adapter (e.g. ``{"steps": 100}``).
         cut_params: "named" (a categorical per route) or "depth" (relative depth, shared by
             all routes; lets NSGA-II's crossover work, see the module docstring).
+        matched_seeds: seeding also scores the stitches :func:`matched_depths` proposes
+            (read by seeding only; sampling is the same either way).
     """
     choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
     routes = _allowed_routes(ctx, models, directions, choices, cut_params)
@@ -106,6 +110,7 @@ def matched_depths(
     trains: Sequence[str] = ("adapter",),
     adapter_options: Mapping[str, Any] | None = None,
     cut_params: str = "named",
+    matched_seeds: bool = False,
     depths: Sequence[float] = MATCHED_DEPTHS,
 ) -> list[dict[str, Any]]:
     """Trial params of ``cheap[input:cut] -> dear[cut:output]`` at matching relative depths.
@@ -116,8 +121,11 @@ def matched_depths(
     model's cut (of those that cut joins) nearest the same share; a pair with no cut within
     ``MATCHED_TOLERANCE`` of the depth, in either model, is left out. The params fix the route
     and the cuts; adapter choices, if any, are left to the sampler. Takes the space's own
-    options, so it proposes only what the space can sample.
+    options, so it proposes only what the space can sample; nothing unless the space's option
+    ``matched_seeds`` is on.
     """
+    if not matched_seeds:
+        return []
     choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
     routes = _allowed_routes(ctx, models, directions, choices, cut_params)
     proposals = []

@@ -130,7 +130,8 @@ def test_pairwise_proposes_cheaper_less_accurate_into_dearer_at_matching_depth(c
     by_macs = sorted(names, key=lambda n: model_macs(ctx, n))
     # the cheapest model the least accurate: every fast-to-slow pair from it qualifies
     accuracy = {n: 0.5 + 0.1 * i for i, n in enumerate(by_macs)}
-    proposals = matched_depths(ctx, accuracy)
+    assert matched_depths(ctx, accuracy) == []  # off unless the space's option says so
+    proposals = matched_depths(ctx, accuracy, matched_seeds=True)
     assert proposals and all(p["route"].split(">")[0] != by_macs[-1] for p in proposals)
     space = StitchObjective(ctx).space
     depths = set()
@@ -147,18 +148,19 @@ def test_pairwise_proposes_cheaper_less_accurate_into_dearer_at_matching_depth(c
         depths.add(depth)
     assert len(depths) >= 2  # not one depth only
     # reversed accuracies: no cheaper model is the less accurate, nothing is proposed
-    assert matched_depths(ctx, {n: -accuracy[n] for n in names}) == []
+    assert matched_depths(ctx, {n: -accuracy[n] for n in names}, matched_seeds=True) == []
 
 
 def test_seeding_gives_a_share_of_the_seeds_to_the_spaces_proposals(ctx):
     from stitch_nas.search._seeding import MATCHED_SHARE
 
-    objective = StitchObjective(ctx, probe_threshold=0.0)
+    options = {"matched_seeds": True}
+    objective = StitchObjective(ctx, probe_threshold=0.0, space_options=options)
     study = optuna.create_study(directions=objective.directions)
     lines = []
     assert seed_study(study, objective, 8, seed=0, echo=lines.append) == 8
     refs = {r["name"]: r["accuracy"] for r in study.user_attrs["references"]}
-    proposed = objective.space.proposals(ctx, refs)
+    proposed = objective.space.proposals(ctx, refs, **options)
     waiting = [t.system_attrs["fixed_params"] for t in study.trials][: int(8 * MATCHED_SHARE)]
     assert proposed and all(p in proposed for p in waiting)  # the space's come first
     assert "the space proposed" in lines[0]

@@ -73,6 +73,7 @@ SPACES: dict[str, dict[str, Any]] = {
         "directions": ("fast_to_slow", "slow_to_fast"),
         **_LSTSQ_FIRST,
         "cut_params": "named",
+        "matched_seeds": False,
     },
     "restnet": {
         "models": None,
