@@ -148,7 +148,9 @@ def test_the_folder_is_held_for_the_whole_run(tmp_path, monkeypatch, capsys):
 
 
 def _stub_prepare():
-    return None, None
+    from types import SimpleNamespace
+
+    return None, SimpleNamespace()  # the pipeline sets the objective's folder
 
 
 class _StubStudy:
