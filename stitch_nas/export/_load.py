@@ -314,8 +314,7 @@ def load(
 
         with unpacked(artifact_id, artifact_store) as folder:  # removed once loaded
             return load(folder, modules=modules, require_signature=require_signature)
-    assert path is not None
-    folder = Path(path).expanduser()
+    folder = Path(str(path)).expanduser()  # not None: exactly one of the two was given
     meta = _read_json(folder / "meta.json")
     signed = check_signature(folder, require_signature)
     files = meta.get("files", {})

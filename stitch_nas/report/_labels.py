@@ -92,7 +92,8 @@ def label_offsets(
                 best = (cost, (dx, dy), box)
             if cost == 0:
                 break
-        assert best is not None
+        if best is None:  # the offsets tried are a fixed, non-empty list
+            raise ValueError("no label offset was tried")
         placed.append(best[2])
         out.append(best[1])
     return out

@@ -309,17 +309,16 @@ class StitchObjective:
         if not all(math.isfinite(v) for v in values):  # record() wrote the fail_reason
             return optuna.trial.TrialState.FAIL, None
         if outcome.weights is not None and self.folder is not None:
-            self._keep_weights(trial, outcome.weights)
+            self._keep_weights(trial, outcome.weights, Path(self.folder))
         return optuna.trial.TrialState.COMPLETE, values
 
-    def _keep_weights(self, trial: optuna.Trial, data: bytes) -> None:
+    def _keep_weights(self, trial: optuna.Trial, data: bytes, folder: Path) -> None:
         """Write a trial's trained adapters into the search's folder and name the file on the
         trial; a failed write is logged, and the network is then trained again when needed."""
-        assert self.folder is not None
         digest = hashlib.sha256(data).hexdigest()[:10]
         relative = f"{TRAINED_DIR}/trial_{trial.number}_{digest}.safetensors"
         try:
-            save_trained(data, Path(self.folder) / relative)
+            save_trained(data, folder / relative)
         except OSError as exc:
             logger.warning("trial %d: its trained adapters were not kept (%s)", trial.number, exc)
             return
