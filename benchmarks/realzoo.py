@@ -198,6 +198,13 @@ def evaluate(
     }
 
 
+def _gpu() -> str | None:
+    """The GPU the search could use (``device: auto``), or None."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
 def _budget(settings: str, trials: int) -> dict[str, Any]:
     """The settings that decide the run's cost, as the search reads them."""
     raw = yaml.safe_load(Path(settings).read_text())
@@ -279,11 +286,13 @@ def main() -> None:
         "wall_seconds": None if seconds is None else round(seconds, 1),
         "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),
         **evaluate(args.out, floors=FLOORS if args.finetune else ()),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": _gpu()},
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        # a copy of the tree without .git (a lent GPU machine) names its commit in the environment
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        ).stdout.strip()
+        or os.environ.get("STITCH_NAS_COMMIT"),
     }
     if args.finetune:
         record["before_finetune"] = evaluate(args.out, finetuned=False, floors=FLOORS)
