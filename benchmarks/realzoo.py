@@ -2,6 +2,7 @@
 
     python benchmarks/realzoo.py [--settings examples/realzoo.yaml] [--out runs/realzoo-bench]
                                  [--trials N] [--resume] [--seed N] [--finetune]
+                                 [--set SECTION.KEY=VALUE ...]
 
 Runs ``stitch-nas search SETTINGS --out OUT`` as a user would (its own process, wall time and
 peak memory measured), then reads the finished study: every front network and every zoo model
@@ -24,6 +25,9 @@ With ``--finetune`` the search runs its fine-tune stage with the control on (the
 the figures above for the networks after fine-tuning, plus ``before_finetune`` (the same without
 the fine-tuned trials) and ``zoo_finetuned`` (against the zoo's front fine-tuned alike), each
 with hypervolumes at reference accuracy 0.70, 0.80 and 0.90.
+
+``--set`` changes one setting of the copy that runs (recorded as ``overrides``), e.g. on a GPU:
+``--set search.device=auto --set search.export=false --set finetune.recipe.epochs=15``.
 """
 
 from __future__ import annotations
@@ -55,10 +59,29 @@ FLOOR = 0.70  #: the reference accuracy: networks below it add no hypervolume
 FLOORS = (0.70, 0.80, 0.90)  #: with --finetune, hypervolumes at each
 
 
-def _seeded(settings: str, seed: int | None, finetune: bool) -> Path:
-    """A copy of ``settings`` with ``search.seed`` set and the fine-tune control on, beside it
-    (its paths are relative to it)."""
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    """``--set section.key=value`` pairs as {dotted key: YAML value}; a malformed one stops."""
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or "." not in key:
+            raise SystemExit(f"--set {pair!r}: expected section.key=value, e.g. search.device=auto")
+        parsed[key] = yaml.safe_load(value)
+    return parsed
+
+
+def _seeded(
+    settings: str, seed: int | None, finetune: bool, overrides: dict[str, Any] | None = None
+) -> Path:
+    """A copy of ``settings`` with ``search.seed`` set, the fine-tune control on and
+    ``overrides`` applied, beside it (its paths are relative to it)."""
     raw = yaml.safe_load(Path(settings).read_text())
+    for dotted, value in (overrides or {}).items():
+        *sections, key = dotted.split(".")
+        node = raw
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
     if seed is not None:
         raw.setdefault("search", {})["seed"] = seed
     if finetune:
@@ -259,22 +282,31 @@ def main() -> None:
         "--finetune", action="store_true", help="with the fine-tune stage and its control"
     )
     parser.add_argument("--results", default=None, help="where the JSON goes (default: above)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change one setting of the copy that runs, e.g. finetune.recipe.epochs=15",
+    )
     args = parser.parse_args()
     name = Path(args.settings).name
-    budget = _budget(args.settings, args.trials)
+    overrides = _overrides(args.set)
     results = RESULTS if args.seed is None else RESULTS.with_name(f"realzoo_seed{args.seed}.json")
     if args.finetune:
         results = RESULTS.with_name(f"realzoo_finetune_seed{args.seed or 0}.json")
     if args.results:
         results = Path(args.results)
+    budget = _budget(args.settings, args.trials)
     seconds = peak_gb = None
     if not args.evaluate_only:
         copy = None
-        if args.seed is not None or args.finetune:
-            copy = _seeded(args.settings, args.seed, args.finetune)
+        if args.seed is not None or args.finetune or overrides:
+            copy = _seeded(args.settings, args.seed, args.finetune, overrides)
         try:
             if copy is not None:
                 args.settings = str(copy)
+                budget = _budget(args.settings, args.trials)
             seconds, peak_gb = _run(args)
         finally:
             if copy is not None:
@@ -283,16 +315,18 @@ def main() -> None:
         "command": f"stitch-nas search {name} --out {args.out}"
         + ("" if args.seed is None else f" (search.seed: {args.seed})"),
         "budget": budget,
+        "overrides": overrides,
         "wall_seconds": None if seconds is None else round(seconds, 1),
         "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),
         **evaluate(args.out, floors=FLOORS if args.finetune else ()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": _gpu()},
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        # a copy of the tree without .git (a lent GPU machine) names its commit in the environment
-        "commit": subprocess.run(
+        # a copy of the tree on a lent GPU machine names its commit in the environment (its
+        # .git, where it has one, may be older than the tree)
+        "commit": os.environ.get("STITCH_NAS_COMMIT")
+        or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        or os.environ.get("STITCH_NAS_COMMIT"),
+        ).stdout.strip(),
     }
     if args.finetune:
         record["before_finetune"] = evaluate(args.out, finetuned=False, floors=FLOORS)
