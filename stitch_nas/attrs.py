@@ -24,6 +24,7 @@ __all__ = [
     "OBJECTIVES",
     "PARTIAL_ACCURACY",
     "PARTIAL_INTERVAL",
+    "PHASES",
     "PROBE_ACCURACY",
     "PRUNE_REASON",
     "RAY_NODE",
@@ -100,6 +101,9 @@ SPACE = "space"
 BUDGETS = "budgets"
 #: the zoo's own models measured like trials: a list of dicts with a "name"
 REFERENCES = "references"
+#: ``{"<phase>": {"seconds": wall seconds, "peak_rss_gb": the process's peak so far}}`` of the
+#: latest run of the whole pipeline on this study (a resumed run replaces it), in phase order
+PHASES = "phases"
 #: the CLI settings the search ran with (what ``stitch-nas export`` rebuilds the zoo from)
 SETTINGS = "settings"
 #: ``{"data": name, "val": n_images, "test": n_images}``: what accuracy intervals are computed on

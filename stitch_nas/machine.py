@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 
-__all__ = ["available_memory_bytes", "machine_memory_bytes"]
+__all__ = ["available_memory_bytes", "machine_memory_bytes", "peak_rss_bytes"]
 
 
 def machine_memory_bytes() -> int:
@@ -26,3 +27,14 @@ def available_memory_bytes() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return machine_memory_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """The largest resident set this process has had so far, in bytes (0 where the OS does not
+    say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # macOS: bytes, else KiB

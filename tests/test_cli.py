@@ -128,6 +128,24 @@ def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir, digits):
     exported = sorted(p.name for p in (out / "models").iterdir())
     assert "elastic" in exported and f"trial_{report['front'][0]['number']}" in exported
     assert "exported" in stdout
+    # where the run's time went: every phase, in order, kept on the study and printed
+    from stitch_nas import attrs
+    from stitch_nas.search import load_folder_study
+
+    phases = load_folder_study(out).user_attrs[attrs.PHASES]
+    assert list(phases) == [
+        "zoo and data",
+        "seeding",
+        "trials",
+        "refining",
+        "test pass",
+        "report",
+        "export",
+    ]
+    assert phases["trials"]["seconds"] > 0 and phases["export"]["seconds"] > 0
+    peaks = [row["peak_rss_gb"] for row in phases.values()]
+    assert peaks[0] > 0 and peaks == sorted(peaks)  # the process's peak so far never falls
+    assert "phases: zoo and data" in stdout and "peak memory" in stdout
     # every front row carries both figures, each inside its 95 % interval, on the whole splits
     n_val, n_test = len(digits.val.y), len(digits.test.y)
     for row in report["front"]:

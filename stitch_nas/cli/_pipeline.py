@@ -32,6 +32,7 @@ from stitch_nas.search import (
 )
 from stitch_nas.zoo import Zoo
 
+from ._phases import PhaseClock
 from ._settings import DataSettings, Settings, ZooSettings, settings_from_dict
 
 __all__ = [
@@ -106,7 +107,9 @@ def run_settings(
                 name = check_study(out_dir, **study_options)  # a taken name fails before work
                 if resume or join:  # another search's trials would break the study
                     check_resumed(settings, Path(out_dir), name)
+            clock = PhaseClock()
             ctx, objective = _prepare(settings, device, progress, echo)
+            clock.mark("zoo and data")
             objective.folder = Path(out_dir)  # where trained adapters are kept
             study = create_study(
                 objective,
@@ -124,11 +127,14 @@ def run_settings(
             if search.storage:
                 stored["search"]["storage"] = shown_url(search.storage)
             study.set_user_attr(attrs.SETTINGS, stored)
+            clock.record_on(study)
         except BaseException:
             if not join:  # other drivers may be writing there
                 claim.undo()  # by name: only what this run created
             raise
-        return _search(settings, Path(out_dir), ctx, objective, study, executor, progress, echo)
+        return _search(
+            settings, Path(out_dir), ctx, objective, study, executor, clock, progress, echo
+        )
 
 
 def _prepare(
@@ -175,29 +181,33 @@ def _search(
     objective: StitchObjective,
     study: Any,
     executor: Any,
+    clock: PhaseClock,
     progress: bool,
     echo: Callable[[str], Any],
 ):
-    """The trials, the refinements, the test pass, the report and the export."""
+    """The trials, the refinements, the test pass, the report and the export, each timed."""
     from stitch_nas.report import measure_holdout, write_report
 
     search = settings.search
     start, finished = time.perf_counter(), completed_count(study)
-    seed_study(
-        study,
-        objective,
-        min(search.seed_trials, search.trials),
-        seed=search.seed,
-        pool=search.seed_pool,
-        echo=echo,
-        progress=progress,
-    )
-    run_search(objective, study, search.trials, progress=progress, executor=executor)
-    adapters = refine_adapters(search.refine_adapters, "search.refine_adapters")
-    refined = refine_study(study, objective, search.refine_trials, adapters, echo=echo)
-    if refined:  # the enqueued refinements run first, one trial each
-        total = completed_count(study) + refined
-        run_search(objective, study, total, progress=progress, executor=executor)
+    with clock.phase("seeding"):
+        seed_study(
+            study,
+            objective,
+            min(search.seed_trials, search.trials),
+            seed=search.seed,
+            pool=search.seed_pool,
+            echo=echo,
+            progress=progress,
+        )
+    with clock.phase("trials"):
+        run_search(objective, study, search.trials, progress=progress, executor=executor)
+    with clock.phase("refining"):
+        adapters = refine_adapters(search.refine_adapters, "search.refine_adapters")
+        refined = refine_study(study, objective, search.refine_trials, adapters, echo=echo)
+        if refined:  # the enqueued refinements run first, one trial each
+            total = completed_count(study) + refined
+            run_search(objective, study, total, progress=progress, executor=executor)
     ran, total = completed_count(study) - finished, completed_count(study)
     if ran == 0:
         echo(f"no trial left to run: the study holds {total} finished of {search.trials}")
@@ -205,11 +215,14 @@ def _search(
         held = f" (the study holds {total})" if total != ran else ""
         echo(f"{ran} trials in {time.perf_counter() - start:.1f} s{held}")
     if settings.finetune.enabled:  # the front is chosen; its networks train on the train split
-        echo(_finetune(settings, out_dir, ctx, study, progress, echo).describe())
+        with clock.phase("fine-tune"):
+            echo(_finetune(settings, out_dir, ctx, study, progress, echo).describe())
     # the front is chosen on validation: its networks and the zoo's are measured once more on
     # the test split, which no choice used, before anything is reported
-    echo(measure_holdout(study, ctx, fuse=search.fuse, folder=out_dir).describe())
-    summary = write_report(study, out_dir)
+    with clock.phase("test pass"):
+        echo(measure_holdout(study, ctx, fuse=search.fuse, folder=out_dir).describe())
+    with clock.phase("report"):
+        summary = write_report(study, out_dir)
     if search.export:
         models = Path(out_dir) / "models"
         if models.exists() and not models.is_dir():  # made while the search ran
@@ -219,18 +232,20 @@ def _search(
             )
         # the search itself is done and reported: a network that cannot be exported is
         # named, not a reason to fail the run
-        export = export_study(
-            study,
-            ctx,
-            models,
-            elastic=True,
-            fuse=search.fuse,
-            progress=progress,
-            skip_failures=True,
-            folder=out_dir,
-            artifact_store=search.artifacts,
-        )
+        with clock.phase("export"):
+            export = export_study(
+                study,
+                ctx,
+                models,
+                elastic=True,
+                fuse=search.fuse,
+                progress=progress,
+                skip_failures=True,
+                folder=out_dir,
+                artifact_store=search.artifacts,
+            )
         echo(export.describe())
+    echo(clock.describe())
     return summary
 
 
