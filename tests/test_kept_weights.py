@@ -27,6 +27,8 @@ from stitch_nas.stitching import (
     has_trained_adapters,
     load_tuned,
     measure,
+    reproduces,
+    reproduces_count,
     sample_correct,
 )
 
@@ -98,11 +100,13 @@ def test_the_kept_adapters_rebuild_the_trial_network_without_training(
     x = ctx.split("val").read(torch.arange(16))
     with torch.no_grad():
         torch.testing.assert_close(net(x), trained(x), atol=1e-5, rtol=1e-4)
+    # the export's rule: the same images right with float32 activations; with the float16 cache
+    # a near-tie may flip when this context recomputes a cut the search's read (one image)
     _, result = measure(ctx, config, net=net)
-    assert result.accuracy == trial.user_attrs["accuracy"]
+    assert reproduces(ctx, result.accuracy, trial.user_attrs["accuracy"]), result.accuracy
     images = trial.user_attrs["sample_images"]
     correct = sample_correct(ctx, net, fit_net_head(ctx, net), images)
-    assert correct == trial.user_attrs["sample_correct"]
+    assert reproduces_count(ctx, correct, trial.user_attrs["sample_correct"], images), correct
 
 
 def test_export_trains_no_adapter_and_loads_with_the_trial_outputs(
