@@ -59,7 +59,7 @@ FLOOR = 0.70  #: the reference accuracy: networks below it add no hypervolume
 FLOORS = (0.70, 0.80, 0.90)  #: with --finetune, hypervolumes at each
 
 
-def _overrides(pairs: list[str]) -> dict[str, Any]:
+def overrides_from(pairs: list[str]) -> dict[str, Any]:
     """``--set section.key=value`` pairs as {dotted key: YAML value}; a malformed one stops."""
     parsed = {}
     for pair in pairs:
@@ -70,7 +70,7 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return parsed
 
 
-def _seeded(
+def settings_copy(
     settings: str, seed: int | None, finetune: bool, overrides: dict[str, Any] | None = None
 ) -> Path:
     """A copy of ``settings`` with ``search.seed`` set, the fine-tune control on and
@@ -291,7 +291,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     name = Path(args.settings).name
-    overrides = _overrides(args.set)
+    overrides = overrides_from(args.set)
     results = RESULTS if args.seed is None else RESULTS.with_name(f"realzoo_seed{args.seed}.json")
     if args.finetune:
         results = RESULTS.with_name(f"realzoo_finetune_seed{args.seed or 0}.json")
@@ -302,7 +302,7 @@ def main() -> None:
     if not args.evaluate_only:
         copy = None
         if args.seed is not None or args.finetune or overrides:
-            copy = _seeded(args.settings, args.seed, args.finetune, overrides)
+            copy = settings_copy(args.settings, args.seed, args.finetune, overrides)
         try:
             if copy is not None:
                 args.settings = str(copy)

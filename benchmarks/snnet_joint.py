@@ -129,8 +129,8 @@ def _table(rows: list[dict]) -> str:
 
 def _realzoo(val: int) -> StitchContext:
     """The real zoo and data exactly as ``stitch-nas search examples/realzoo.yaml`` loads them."""
-    from stitch_nas.cli._pipeline import load_data, load_zoo
-    from stitch_nas.cli._settings import load_settings
+    from stitch_nas.pipeline._run import load_data, load_zoo
+    from stitch_nas.settings import load_settings
 
     settings = load_settings(Path(__file__).parents[1] / "examples" / "realzoo.yaml")
     settings.data.splits["val"]["count"] = val

@@ -41,6 +41,9 @@ _HOMES = {
     "export_network": "export",
     "export_study": "export",
     "load": "export",
+    "run": "pipeline",
+    "load_settings": "settings",
+    "Settings": "settings",
 }
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "Measurement",
     "StitchConfig",
     "StitchContext",
+    "Settings",
     "StitchNASError",
     "StitchedNet",
     "__version__",
@@ -67,9 +71,11 @@ __all__ = [
     "export_study",
     "linear_cka",
     "load",
+    "load_settings",
     "make_objective",
     "measure",
     "minibatch_cka",
+    "run",
     "segment",
     "split",
 ]
@@ -88,7 +94,9 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
         load,
     )
     from .fragments import CutPoint, count_macs, count_params, cut_points, segment, split
+    from .pipeline import run
     from .search import make_objective
+    from .settings import Settings, load_settings
     from .similarity import cka_matrix, linear_cka, minibatch_cka
     from .stitching import Measurement, StitchedNet, build, measure
 

@@ -9,7 +9,7 @@ import pytest
 
 from stitch_nas import errors
 from stitch_nas.cli import main
-from stitch_nas.cli._settings import load_settings, settings_from_dict
+from stitch_nas.settings import load_settings, settings_from_dict
 
 
 def _run(capsys, *argv):
@@ -244,7 +244,7 @@ class _Captured:
 @pytest.fixture
 def captured(monkeypatch):
     """What the CLI hands to the pipeline, without running it."""
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     seen: dict = {}
 
@@ -252,7 +252,7 @@ def captured(monkeypatch):
         seen.update(settings=settings, out_dir=out_dir, **kwargs)
         return _Captured()
 
-    monkeypatch.setattr(_pipeline, "run_settings", run_settings)
+    monkeypatch.setattr(_pipeline, "run", run_settings)
     return seen
 
 
@@ -373,8 +373,8 @@ def test_a_taken_study_name_is_refused_before_the_zoo_is_built(capsys, tmp_path)
 
 
 def test_autocast_reaches_the_search_context(monkeypatch, capsys, tmp_path, mini_zoo_dir):
-    from stitch_nas.cli import _pipeline
     from stitch_nas.errors import ConfigError
+    from stitch_nas.pipeline import _run as _pipeline
 
     seen: dict = {}
 
@@ -392,8 +392,8 @@ def test_autocast_reaches_the_search_context(monkeypatch, capsys, tmp_path, mini
 def test_device_auto_is_cuda_when_present_else_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from stitch_nas.cli import _pipeline
-    from stitch_nas.cli._preflight import DEVICE_PATTERN
+    from stitch_nas.pipeline import _run as _pipeline
+    from stitch_nas.pipeline._preflight import DEVICE_PATTERN
 
     assert DEVICE_PATTERN.fullmatch("auto")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -621,7 +621,8 @@ def test_demo_space_samples_and_measures_configs_of_that_space(
     import optuna
 
     from stitch_nas import attrs
-    from stitch_nas.cli import _main, _pipeline
+    from stitch_nas.cli import _main
+    from stitch_nas.pipeline import _run as _pipeline
     from stitch_nas.search import run_search
 
     seen: dict = {}
@@ -663,3 +664,39 @@ def test_demo_space_samples_and_measures_configs_of_that_space(
         if space in ("gap", "restnet", "traft"):  # trained joints train as the demo says
             trained = [a for a in config["adapters"] if a["kind"] != "lstsq"]
             assert all(dict(a["options"]).get("steps") == 3 for a in trained), config
+
+
+def test_run_from_python_is_stitch_nas_search(capsys, tmp_path, mini_zoo, mini_zoo_dir):
+    """``stitch_nas.run(file, dir)`` is the library's ``stitch-nas search file --out dir``:
+    the same trials, the same figures, the same front, on the digits zoo."""
+    import json
+
+    import stitch_nas
+    from stitch_nas.search import load_folder_study
+
+    config = tmp_path / "search.yaml"
+    config.write_text(
+        f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
+        "search: {trials: 10, seed_trials: 3, seed_pool: 8, refine_trials: 1,\n"
+        "         refine_adapters: [{kind: linear, steps: 5}], export: false}\n"
+    )
+    code, _, err = _run(capsys, "search", str(config), "--out", str(tmp_path / "cli"), "-q")
+    assert code == 0, err
+    stitch_nas.run(config, tmp_path / "lib", progress=False)
+
+    def trials(folder):
+        study = load_folder_study(tmp_path / folder)
+        return [(t.number, t.state.name, t.params, t.values) for t in study.trials]
+
+    cli, lib = trials("cli"), trials("lib")
+    assert len(cli) >= 10 and any(state == "COMPLETE" for _, state, _, _ in cli)
+    assert lib == cli
+    front = [
+        json.loads((tmp_path / f / "pareto.json").read_text())["front"] for f in ("cli", "lib")
+    ]
+    assert front[0] and front[1] == front[0]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("search: {trials: -1}\n")
+    with pytest.raises(errors.ConfigError, match="search.trials"):  # checked as the CLI checks
+        stitch_nas.run(bad, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

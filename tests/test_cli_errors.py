@@ -378,8 +378,8 @@ def test_the_corrected_command_runs_into_the_same_out(tmp_path, capsys, mini_zoo
 
 def test_the_torch_free_copies_agree_with_the_library():
     from stitch_nas.activations import AUTOCAST_DTYPES
-    from stitch_nas.cli import _preflight
     from stitch_nas.export import FORMATS
+    from stitch_nas.pipeline import _preflight
     from stitch_nas.search import EXECUTORS, RAY_MODES
     from stitch_nas.search._runner import BUDGET_KEYS
 
@@ -394,8 +394,8 @@ def test_the_plugin_catalogue_is_what_the_builtin_plugins_register():
     import inspect
 
     from stitch_nas import adapters
-    from stitch_nas.cli import _catalogue
     from stitch_nas.plugins import HEADS, SPACES
+    from stitch_nas.settings import _catalogue
 
     spaces = {
         name: {
@@ -406,7 +406,7 @@ def test_the_plugin_catalogue_is_what_the_builtin_plugins_register():
         for name in SPACES.list()
     }
     kinds = {name: adapters.get_adapter(name) for name in adapters.list_adapters()}
-    # a failure prints what stitch_nas/cli/_catalogue.py should now say
+    # a failure prints what stitch_nas/settings/_catalogue.py should now say
     assert _catalogue.SPACES == spaces
     assert _catalogue.ADAPTERS == {n: tuple(sorted(k.options)) for n, k in kinds.items()}
     assert set(_catalogue.TRAINED) == {n for n, k in kinds.items() if k.trainable}

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from stitch_nas.cli._settings import settings_from_dict
-from stitch_nas.cli._zoo_keys import ZOO_SOURCES, check_zoo_item
 from stitch_nas.errors import ConfigError
+from stitch_nas.settings import ZOO_SOURCES, settings_from_dict
+from stitch_nas.settings._zoo_keys import check_zoo_item
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,9 @@ import optuna
 import pytest
 
 from stitch_nas.cli import main
-from stitch_nas.cli._lock import LOCK_NAME, claim_out
 from stitch_nas.config import Fragment, StitchConfig
 from stitch_nas.errors import ConfigError, DataError
+from stitch_nas.pipeline._lock import LOCK_NAME, claim_out
 
 # what the stitch-nas console script runs, without needing it on PATH
 _CONSOLE = "import sys; from stitch_nas.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -89,7 +89,7 @@ def test_joined_drivers_share_the_folder_and_a_plain_run_is_refused(tmp_path):
 def test_a_refused_run_removes_only_what_it_created(tmp_path, monkeypatch, capsys, existed):
     """Another process writes into --out while a run prepares; the run then fails before its
     first trial: only the run's own files go, the other process's file and folder stay."""
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     out = tmp_path / "run"
     if existed:
@@ -109,7 +109,7 @@ def test_a_refused_run_removes_only_what_it_created(tmp_path, monkeypatch, capsy
 
 
 def test_a_refused_run_into_a_new_folder_leaves_no_folder(tmp_path, monkeypatch, capsys):
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     out = tmp_path / "run"
 
@@ -125,7 +125,7 @@ def test_a_refused_run_into_a_new_folder_leaves_no_folder(tmp_path, monkeypatch,
 
 def test_the_folder_is_held_for_the_whole_run(tmp_path, monkeypatch, capsys):
     """While the trials run, a second claim of --out is refused."""
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     out = tmp_path / "run"
     seen: list[str] = []
@@ -142,7 +142,7 @@ def test_the_folder_is_held_for_the_whole_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(_pipeline, "_prepare", lambda *a, **k: _stub_prepare())
     monkeypatch.setattr(_pipeline, "create_study", lambda *a, **k: _StubStudy())
     monkeypatch.setattr(_pipeline, "asdict", lambda s: {})
-    _pipeline.run_settings(_pipeline.Settings(), out, progress=False)
+    _pipeline.run(_pipeline.Settings(), out, progress=False)
     assert len(seen) == 1 and "in use" in seen[0], seen
     assert not (out / LOCK_NAME).exists()
 
@@ -225,7 +225,7 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, capsys):
 
 
 def test_a_key_repeated_in_a_nested_mapping_is_refused(tmp_path):
-    from stitch_nas.cli._settings import load_settings
+    from stitch_nas.settings import load_settings
 
     config = tmp_path / "run.yaml"
     config.write_text("search:\n  space_options: {models: [a], models: [b]}\n")
@@ -275,7 +275,7 @@ def _study_folder(folder: Path, *, constraints: float | None = None) -> Path:
 @pytest.fixture
 def no_rebuild(monkeypatch):
     """The zoo must not be rebuilt: the refusal comes from the study alone."""
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     def rebuild(*_args, **_kwargs):
         raise AssertionError("the zoo was rebuilt before the refusal")
@@ -353,7 +353,7 @@ def test_nan_or_inf_images_are_refused_at_load_naming_the_file_and_row(
 ):
     import numpy as np
 
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     def no_zoo(*_args, **_kwargs):
         raise AssertionError("the zoo was built: the data passed its check")
@@ -414,7 +414,7 @@ def _writes_in(folder: str) -> bool:
 def test_a_cache_that_is_no_writable_folder_is_one_line_before_any_work(
     tmp_path, monkeypatch, capsys, where, how
 ):
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     def no_data(*_args, **_kwargs):
         raise AssertionError("the data loaded before the cache was checked")
@@ -514,7 +514,7 @@ def test_a_user_module_that_fails_is_one_line_naming_it(tmp_path, capsys, case):
 
 
 def test_a_models_file_in_out_is_refused_before_the_search(tmp_path, monkeypatch, capsys):
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     monkeypatch.setattr(_pipeline, "load_data", lambda *a: pytest.fail("the data loaded"))
     out = tmp_path / "o"
@@ -559,7 +559,7 @@ def _recorded_study(out: Path, config: Path) -> None:
     from optuna.trial import create_trial
 
     from stitch_nas import attrs
-    from stitch_nas.cli._settings import load_settings
+    from stitch_nas.settings import load_settings
 
     out.mkdir()
     study = optuna.create_study(
@@ -590,7 +590,7 @@ _SEARCHED = "zoo:\n  models: [{source: timm, model: test_resnet, num_classes: 10
 def test_resuming_with_another_zoo_or_space_is_refused_before_any_trial(
     tmp_path, monkeypatch, capsys, change, says
 ):
-    from stitch_nas.cli import _pipeline
+    from stitch_nas.pipeline import _run as _pipeline
 
     def prepare(*_args, **_kwargs):
         raise ConfigError("injected: the zoo loads")

@@ -13,10 +13,10 @@ import torch
 
 from stitch_nas import attrs, load
 from stitch_nas.cli import main
-from stitch_nas.cli._settings import settings_from_dict
 from stitch_nas.errors import ConfigError
 from stitch_nas.finetune import FinetuneRecipe, check_stage, spread
 from stitch_nas.search import load_folder_study
+from stitch_nas.settings import settings_from_dict
 from stitch_nas.stitching import load_tuned
 
 # on the digits mini zoo: a short recipe that lifts one of the front's stitched networks (seed 0)

@@ -116,6 +116,18 @@ def test_the_core_does_not_import_the_plug_in_packages():
     assert not offenders, f"core modules importing plug-ins: {sorted(offenders)}"
 
 
+def test_only_the_cli_imports_the_cli():
+    """The command line sits on top: the pipeline and the settings it runs are the library's."""
+    offenders = {
+        (mod, dep)
+        for mod, deps in _graph().items()
+        if not mod.startswith("stitch_nas.cli")
+        for dep in deps
+        if dep.startswith("stitch_nas.cli")
+    }
+    assert not offenders, f"modules importing the CLI: {sorted(offenders)}"
+
+
 def test_modules_stay_small():
     long = {
         name: n for name, p in _modules().items() if (n := len(p.read_text().splitlines())) > 420
@@ -125,7 +137,12 @@ def test_modules_stay_small():
 
 @pytest.mark.parametrize(
     "statement",
-    ["import stitch_nas", "import stitch_nas.cli", "import stitch_nas.cli._settings"],
+    [
+        "import stitch_nas",
+        "import stitch_nas.cli",
+        "import stitch_nas.settings",
+        "import stitch_nas.pipeline",
+    ],
 )
 def test_the_public_face_and_the_cli_start_without_torch(statement):
     heavy = "('torch', 'timm', 'optuna')"

@@ -16,9 +16,8 @@ import pytest
 import torch
 import yaml
 
-from stitch_nas.cli._settings import load_settings
-from stitch_nas.cli._zoo_keys import entry_from_settings
 from stitch_nas.fragments import count_macs_by_operator, count_macs_reference, cut_points, split
+from stitch_nas.settings import entry_from_settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 REALZOO = Path(os.environ.get("REALZOO") or ROOT.parent / "shared" / "realzoo")

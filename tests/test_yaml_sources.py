@@ -14,8 +14,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from stitch_nas.cli._settings import load_settings, settings_from_dict
 from stitch_nas.errors import ConfigError
+from stitch_nas.settings import load_settings, settings_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ def test_zoo_items_are_checked_while_parsing(tmp_path: Path) -> None:
 def test_parsing_the_realzoo_preset_loads_no_torch() -> None:
     """The CLI answers a bad file before torch loads, so parsing must not import it."""
     code = (
-        "import sys; from stitch_nas.cli._settings import settings_from_dict; "
+        "import sys; from stitch_nas.settings import settings_from_dict; "
         "from stitch_nas.errors import ConfigError\n"
         "try:\n"
         "    settings_from_dict({'zoo': {'models': [{'source': 'module', 'module': 'a:b'}]}})\n"

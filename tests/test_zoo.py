@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 import stitch_nas.zoo._mini as mz
-from stitch_nas.cli._zoo_keys import entry_from_settings
 from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.errors import CacheError, ConfigError, DataError, UnknownModelError
+from stitch_nas.settings import entry_from_settings
 from stitch_nas.zoo import InputSpec, Zoo, ZooEntry
 from stitch_nas.zoo._sources import (
     from_module,

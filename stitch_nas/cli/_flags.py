@@ -8,11 +8,15 @@ import math
 from typing import TYPE_CHECKING
 
 from stitch_nas.errors import ConfigError
-
-from ._preflight import AUTOCAST_DTYPES, BUDGET_KEYS, DEVICE_CHOICES, DEVICE_PATTERN
+from stitch_nas.pipeline._preflight import (
+    AUTOCAST_DTYPES,
+    BUDGET_KEYS,
+    DEVICE_CHOICES,
+    DEVICE_PATTERN,
+)
 
 if TYPE_CHECKING:
-    from ._settings import SearchSettings
+    from stitch_nas.settings import SearchSettings
 
 __all__ = ["apply_run_flags", "trial_numbers"]
 

@@ -35,7 +35,7 @@ _DEMO_SPACE_OPTIONS: dict[str, dict] = {
 
 
 def _run_search(args: argparse.Namespace) -> int:
-    from ._settings import Settings, load_settings
+    from stitch_nas.settings import Settings, load_settings
 
     settings = load_settings(args.config) if args.command == "search" else Settings()
     if args.command == "demo":
@@ -67,14 +67,14 @@ def _run_search(args: argparse.Namespace) -> int:
             raise ConfigError("--workers and --ray-address need --executor ray; drop them")
         settings.search.executor = "ray"
     apply_run_flags(args, settings.search)
-    from ._preflight import check_plugins, check_run
+    from stitch_nas.pipeline._preflight import check_plugins, check_run
 
     check_run(settings, Path(args.out), resume=args.resume, join=args.join)
     check_plugins(settings.search)  # imports the plug-ins and torch, not the whole pipeline
-    from ._pipeline import run_settings  # the zoo and data load from here on
+    from stitch_nas.pipeline import run  # the zoo and data load from here on
 
     _quiet_optuna(args)
-    summary = run_settings(
+    summary = run(
         settings,
         Path(args.out),
         resume=args.resume,
@@ -98,14 +98,14 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ._preflight import check_artifacts, check_folder, check_formats
+    from stitch_nas.pipeline._preflight import check_artifacts, check_folder, check_formats
 
     trials = trial_numbers(args.trials)
     formats = check_formats(args.format)
     check_folder(Path(args.dir), args.storage)
     if args.artifacts is not None:
         check_artifacts(Path(args.artifacts))
-    from ._pipeline import export_folder  # torch loads from here on
+    from stitch_nas.pipeline import export_folder  # torch loads from here on
 
     _quiet_optuna(args)
     summary = export_folder(
@@ -123,10 +123,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ._preflight import check_folder
+    from stitch_nas.pipeline._preflight import check_folder
 
     check_folder(Path(args.dir), args.storage)
-    from ._pipeline import report_folder  # torch loads from here on
+    from stitch_nas.pipeline import report_folder  # torch loads from here on
 
     _quiet_optuna(args)
     report = report_folder(
@@ -141,8 +141,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _zoo(args: argparse.Namespace) -> int:
-    from ._preflight import check_caches
-    from ._settings import Settings
+    from stitch_nas.pipeline._preflight import check_caches
+    from stitch_nas.settings import Settings
 
     settings = Settings()  # a cache it cannot write in: one line before any training
     settings.zoo.cache_dir = args.cache_dir

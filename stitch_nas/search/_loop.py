@@ -29,7 +29,7 @@ from ._runner import StitchObjective
 from ._studies import completed_count
 
 if TYPE_CHECKING:
-    from stitch_nas.cli._settings import SearchSettings
+    from stitch_nas.settings import SearchSettings
 
 __all__ = [
     "EXECUTORS",

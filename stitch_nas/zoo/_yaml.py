@@ -1,4 +1,4 @@
-"""Zoo entries from checked ``zoo.models`` items (see :mod:`stitch_nas.cli._zoo_keys`).
+"""Zoo entries from checked ``zoo.models`` items (see :mod:`stitch_nas.settings`).
 
 The items arrive checked (keys, types, files); this module creates the models: timm and
 torchvision architectures, or a factory of the user's own imported from ``module`` (with

@@ -30,8 +30,7 @@ def check_resumed(settings: Any, out_dir: Path, study_name: str) -> None:
 
     from stitch_nas import attrs
     from stitch_nas.search import load_folder_study
-
-    from ._settings import settings_from_dict
+    from stitch_nas.settings import settings_from_dict
 
     storage = settings.search.storage
     try:

@@ -5,7 +5,7 @@ a misspelt space or adapter could be reported. This module holds what the built-
 register (``tests/test_cli_errors.py`` checks it equals the registries, so a change there
 fails a test until it is copied here). When a third-party plug-in is installed (an entry point
 the project does not ship), a name missing here may be its, so only the registries can say it
-is unknown: the names are then left to :func:`~stitch_nas.cli._preflight.check_plugins`.
+is unknown: the names are then left to :func:`~stitch_nas.pipeline._preflight.check_plugins`.
 Option *values* (``steps: -1``) are checked there too, from the options' own definitions.
 """
 

@@ -1,6 +1,6 @@
 """How long each phase of a run took and how much memory the process had used by its end, kept
 on the study (``attrs.PHASES``) and printed as one line, so a user sees where a run's time went
-and ``benchmarks/e2e.py`` reads it back."""
+and a benchmark can read it back from the study."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ __all__ = [
 @dataclass
 class ZooSettings:
     """The models to stitch: the embedded mini zoo and your own entries, each checked by its
-    source (:mod:`stitch_nas.cli._zoo_keys`)."""
+    source (:mod:`stitch_nas.settings`)."""
 
     mini_zoo: bool = True  #: include the embedded digits mini zoo (five small timm models)
     models: list = field(default_factory=list)  #: your own models, one item each (see below)
@@ -35,7 +35,7 @@ class ZooSettings:
 
 @dataclass
 class DataSettings:
-    """``kind``: digits | image_folder | npz | torchvision (:mod:`stitch_nas.cli._data_keys`
+    """``kind``: digits | image_folder | npz | torchvision (:mod:`stitch_nas.settings`
     says which keys each reads)."""
 
     kind: str = "digits"

@@ -1,7 +1,7 @@
-"""From settings to a report: data, zoo, context, study, search, report.
+"""From settings to an exported front: data, zoo, context, study, search, report, export.
 
-This is what ``stitch-nas demo`` and ``stitch-nas search`` run; library users can call
-:func:`run_settings` with a :class:`~stitch_nas.cli.Settings` too.
+This is what ``stitch-nas demo`` and ``stitch-nas search`` run, and what ``stitch_nas.run``
+is: a Python user passes a settings file or :class:`~stitch_nas.settings.Settings`.
 """
 
 from __future__ import annotations
@@ -30,15 +30,23 @@ from stitch_nas.search import (
     seed_study,
     shown_url,
 )
+from stitch_nas.settings import (
+    DATA_KINDS,
+    DataSettings,
+    Settings,
+    ZooSettings,
+    entry_from_settings,
+    load_settings,
+    settings_from_dict,
+)
 from stitch_nas.zoo import Zoo
 
 from ._phases import PhaseClock
-from ._settings import DataSettings, Settings, ZooSettings, settings_from_dict
 
 __all__ = [
     "load_data",
     "load_zoo",
-    "run_settings",
+    "run",
     "report_folder",
     "export_folder",
 ]
@@ -48,7 +56,6 @@ logger = logging.getLogger(__name__)
 
 def load_data(settings: DataSettings) -> DataSplits:
     """The splits ``settings`` describe, loaded by its registered data kind."""
-    from ._data_keys import DATA_KINDS
 
     return DATA_KINDS.get(settings.kind).build(settings)
 
@@ -56,8 +63,6 @@ def load_data(settings: DataSettings) -> DataSplits:
 def load_zoo(settings: ZooSettings, data: DataSplits, *, progress: bool = False) -> Zoo:
     """The embedded mini zoo (if enabled) plus every model listed in ``zoo.models``."""
     from stitch_nas.zoo import load_mini_zoo
-
-    from ._zoo_keys import entry_from_settings
 
     labels = tuple(data.label_names)  # what models of the user's own answer in by default
     extra = [entry_from_settings(item, labels) for item in settings.models]  # bad items first
@@ -71,17 +76,26 @@ def load_zoo(settings: ZooSettings, data: DataSplits, *, progress: bool = False)
     return zoo
 
 
-def run_settings(
-    settings: Settings,
-    out_dir: Path,
+def run(
+    settings: Settings | str | Path,
+    out_dir: str | Path,
     *,
     resume: bool = False,
     join: bool = False,
     progress: bool = True,
     echo: Callable[[str], Any] = logger.info,
 ):
-    """Run the whole search described by ``settings`` and write its report to ``out_dir``."""
+    """Run the whole search that ``settings`` (a YAML file's path, or its parsed
+    :class:`~stitch_nas.settings.Settings`) describes into ``out_dir``, as ``stitch-nas search
+    FILE --out DIR`` does: seeding, trials, refining, fine-tuning when on, the test pass, the
+    report and the export. ``resume``/``join`` are ``--resume``/``--join``; returns the
+    report's summary. Every value is checked before any slow work; a bad one raises
+    :class:`~stitch_nas.errors.ConfigError`."""
     from stitch_nas.search import executor_from_settings
+
+    if not isinstance(settings, Settings):
+        settings = load_settings(settings)
+    out_dir = Path(out_dir)
 
     from ._lock import claim_out
     from ._preflight import check_plugins, check_run, check_study_in

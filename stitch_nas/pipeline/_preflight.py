@@ -25,8 +25,8 @@ from typing import Any
 
 from stitch_nas.errors import ConfigError
 from stitch_nas.samplers import check_sampler
+from stitch_nas.settings._catalogue import check_builtin_names, check_lists, names
 
-from ._catalogue import check_builtin_names, check_lists, names
 from ._lock import check_free
 
 __all__ = [

@@ -1,0 +1,27 @@
+"""The whole run, from settings to an exported front: ``run(settings, out_dir)`` does what
+``stitch-nas search FILE --out DIR`` does (data, zoo, seeding, trials, refining, fine-tuning,
+the test pass, the report, the export), and ``report_folder`` / ``export_folder`` what
+``stitch-nas report`` / ``export`` do with a finished folder.
+
+Names are imported on first use, so the checks the CLI runs before any slow work
+(``stitch_nas.pipeline._preflight``) load without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["PhaseClock", "export_folder", "report_folder", "run"]
+
+_HOMES = {"run": "_run", "report_folder": "_run", "export_folder": "_run", "PhaseClock": "_phases"}
+
+if TYPE_CHECKING:
+    from ._phases import PhaseClock
+    from ._run import export_folder, report_folder, run
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
