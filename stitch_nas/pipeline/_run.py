@@ -93,14 +93,13 @@ def run(
     :class:`~stitch_nas.errors.ConfigError`."""
     from stitch_nas.search import executor_from_settings
 
-    if not isinstance(settings, Settings):
-        settings = load_settings(settings)
-    out_dir = Path(out_dir)
-
     from ._lock import claim_out
     from ._preflight import check_plugins, check_run, check_study_in
     from ._resume import check_resumed
 
+    if not isinstance(settings, Settings):  # a file's path: parsed and checked key by key
+        settings = load_settings(settings)
+    out_dir = Path(out_dir)
     search = settings.search
     check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out
     check_plugins(search)  # space, its options, adapters, heads: before data or zoo
