@@ -1,0 +1,143 @@
+"""A whole search end to end, phase by phase, repeated: where a user's wait goes.
+
+    python benchmarks/e2e.py [--settings examples/realzoo.yaml] [--repeat 3] [--out runs/e2e]
+                             [--trials N] [--set SECTION.KEY=VALUE ...]
+
+Runs ``stitch-nas search SETTINGS --out OUT/repeat<i>`` as a user would (its own process, a
+fresh folder each time, so each repeat builds its own activation cache; the zoo's weights and
+data files are read from wherever the settings point), then reads the phases the search kept
+on its study (``attrs.PHASES``: zoo and data, seeding, trials, refining, fine-tune when on, test
+pass, report, export), each with its wall seconds and the process's peak resident memory by its
+end. Reported per phase: median and range over the repeats; the whole run's wall time (process
+start to exit, imports included) likewise; and whether every repeat ran the same trials to the
+same values and the same front (it must: the search is seeded).
+
+Writes benchmarks/results/e2e.json (``--results`` elsewhere). Not yet measured here: each
+phase's *necessary work* (the forward passes and training steps it cannot avoid, timed as plain
+forwards), which the ratio to a phase's limit needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from realzoo import overrides_from, settings_copy
+
+from stitch_nas import attrs
+from stitch_nas.search import load_folder_study
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "e2e.json"
+
+
+def _search(settings: str, out: Path, trials: int) -> float:
+    """One ``stitch-nas search`` in its own process; returns its wall seconds."""
+    command = [str(Path(sys.executable).with_name("stitch-nas")), "search", settings]
+    command += ["--out", str(out), "--no-progress"]
+    if trials:
+        command += ["--trials", str(trials)]
+    print("$ stitch-nas", " ".join(command[1:]), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    return time.perf_counter() - start
+
+
+def _fingerprint(out: Path) -> dict[str, Any]:
+    """What must not change between repeats: every trial's state and values, and the front."""
+    study = load_folder_study(out)
+    trials = [(t.number, t.state.name, t.values) for t in study.trials]
+    front = json.loads((out / "pareto.json").read_text())["front"]
+    return {"trials": trials, "front": [(r["number"], r.get("test_accuracy")) for r in front]}
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", default=str(ROOT / "examples" / "realzoo.yaml"))
+    parser.add_argument("--out", default=str(ROOT / "runs" / "e2e"))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=0, help="0: the settings file's number")
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change one setting of the copy that runs, e.g. finetune.enabled=true",
+    )
+    args = parser.parse_args()
+    overrides = overrides_from(args.set)
+    out = Path(args.out)
+    taken = [out / f"repeat{i}" for i in range(args.repeat) if (out / f"repeat{i}").exists()]
+    if taken:
+        raise SystemExit(f"{taken[0]} exists: choose another --out or move it away")
+    settings = args.settings
+    copy = settings_copy(settings, None, False, overrides) if overrides else None
+    repeats: list[dict[str, Any]] = []
+    try:
+        for i in range(args.repeat):
+            folder = out / f"repeat{i}"
+            seconds = _search(str(copy or settings), folder, args.trials)
+            phases = load_folder_study(folder).user_attrs[attrs.PHASES]
+            repeats.append({"wall_seconds": round(seconds, 1), "phases": phases})
+            spent = ", ".join(f"{name} {row['seconds']:.1f} s" for name, row in phases.items())
+            print(f"repeat {i}: {seconds:.1f} s; {spent}", flush=True)
+            # after each repeat, so a run cut short keeps what it measured
+            record = _record(
+                settings, overrides, [out / f"repeat{j}" for j in range(i + 1)], repeats
+            )
+            Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
+    finally:
+        if copy is not None:
+            copy.unlink()
+    print(json.dumps({k: record[k] for k in ("wall_seconds", "phases")}, indent=1))
+
+
+def _record(
+    settings: str, overrides: dict[str, Any], folders: list[Path], repeats: list[dict[str, Any]]
+) -> dict[str, Any]:
+    prints = [_fingerprint(folder) for folder in folders]
+    names = list(repeats[0]["phases"])
+    return {
+        "command": f"stitch-nas search {Path(settings).name} --out OUT --no-progress",
+        "overrides": overrides,
+        "repeats": len(repeats),
+        "wall_seconds": _spread([r["wall_seconds"] for r in repeats]),
+        "phases": {
+            name: {
+                "seconds": _spread([r["phases"][name]["seconds"] for r in repeats]),
+                "peak_rss_gb": max(r["phases"][name]["peak_rss_gb"] for r in repeats),
+            }
+            for name in names
+        },
+        "identical_trials_and_front": all(p == prints[0] for p in prints),
+        "trials": len(prints[0]["trials"]),
+        "front_networks": len(prints[0]["front"]),
+        "each_repeat": repeats,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": os.environ.get("STITCH_NAS_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+    }
+
+
+if __name__ == "__main__":
+    main()
