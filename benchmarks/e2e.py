@@ -2,6 +2,7 @@
 
     python benchmarks/e2e.py [--settings examples/realzoo.yaml] [--repeat 3] [--out runs/e2e]
                              [--trials N] [--set SECTION.KEY=VALUE ...]
+    python benchmarks/e2e.py --export-from OUT/repeat0 [--repeat 3]
 
 Runs ``stitch-nas search SETTINGS --out OUT/repeat<i>`` as a user would (its own process, a
 fresh folder each time, so each repeat builds its own activation cache; the zoo's weights and
@@ -11,6 +12,12 @@ pass, report, export), each with its wall seconds and the process's peak residen
 end. Reported per phase: median and range over the repeats; the whole run's wall time (process
 start to exit, imports included) likewise; and whether every repeat ran the same trials to the
 same values and the same front (it must: the search is seeded).
+
+``--export-from DIR`` times ``stitch-nas export`` of a finished search instead, as a user runs it
+after the search (a new process: read the study, rebuild the zoo and data from its settings,
+rebuild each front network from its kept adapters, check it on a fixed sample, write it and
+the elastic package), on ``--repeat`` copies of ``DIR`` without its ``models/``, and adds the
+seconds per network written to the results file as ``export_command``.
 
 Writes benchmarks/results/e2e.json (``--results`` elsewhere). Not yet measured here: each
 phase's *necessary work* (the forward passes and training steps it cannot avoid, timed as plain
@@ -23,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,7 +89,11 @@ def main() -> None:
         metavar="SECTION.KEY=VALUE",
         help="change one setting of the copy that runs, e.g. finetune.enabled=true",
     )
+    parser.add_argument("--export-from", default=None, help="time stitch-nas export of DIR")
     args = parser.parse_args()
+    if args.export_from:
+        _time_export(Path(args.export_from), args.repeat, Path(args.results))
+        return
     overrides = overrides_from(args.set)
     out = Path(args.out)
     taken = [out / f"repeat{i}" for i in range(args.repeat) if (out / f"repeat{i}").exists()]
@@ -107,6 +119,36 @@ def main() -> None:
         if copy is not None:
             copy.unlink()
     print(json.dumps({k: record[k] for k in ("wall_seconds", "phases")}, indent=1))
+
+
+def _time_export(search: Path, repeats: int, results: Path) -> None:
+    """``stitch-nas export`` of the search in ``search``, ``repeats`` times, each on a copy of
+    the folder without its exported networks; the seconds go into ``results``."""
+    runs = []
+    for i in range(repeats):
+        copy = search.with_name(f"{search.name}.export{i}")
+        if copy.exists():
+            raise SystemExit(f"{copy} exists: move it away")
+        shutil.copytree(search, copy, ignore=shutil.ignore_patterns("models"))
+        command = [str(Path(sys.executable).with_name("stitch-nas")), "export", str(copy)]
+        command += ["--elastic", "--no-progress"]
+        print("$ stitch-nas", " ".join(command[1:]), flush=True)
+        start = time.perf_counter()
+        subprocess.run(command, check=True)
+        seconds = time.perf_counter() - start
+        networks = len(list((copy / "models").glob("trial_*")))
+        runs.append({"seconds": round(seconds, 1), "networks": networks})
+        print(f"export {i}: {networks} networks in {seconds:.1f} s", flush=True)
+    record = json.loads(results.read_text()) if results.exists() else {}
+    per_network = [r["seconds"] / r["networks"] for r in runs]
+    record["export_command"] = {
+        "command": "stitch-nas export DIR --elastic --no-progress",
+        "networks": runs[0]["networks"],
+        "seconds": _spread([r["seconds"] for r in runs]),
+        "seconds_per_network": _spread(per_network),
+        "each_repeat": runs,
+    }
+    results.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _record(
