@@ -1,4 +1,5 @@
-"""What this machine has: its physical memory, which sets default budgets and data limits."""
+"""What this machine has (its physical memory, which sets default budgets and data limits) and
+what this process has used of it (its peak resident set, reported per phase of a run)."""
 
 from __future__ import annotations
 
