@@ -10,7 +10,8 @@ import optuna
 import pytest
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-from stitch_nas.search._storage import open_storage, remember_storage, write_user_attrs
+from stitch_nas.search._storage import open_storage, remember_storage
+from stitch_nas.search._user_attrs import write_user_attrs
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # study.ask() on a heartbeat storage warns that optimize() would send the heartbeats

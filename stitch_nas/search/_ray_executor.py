@@ -62,12 +62,12 @@ from ._ray_workers import TrialWorker, _Pending, _Pool
 from ._runner import StitchObjective, TrialOutcome
 from ._storage import (
     DEFAULT_HEARTBEAT_S,
-    BufferedTrial,
     heartbeat_of,
     is_file_storage,
     storage_url_of,
 )
 from ._studies import completed_count
+from ._user_attrs import BufferedTrial
 
 __all__ = ["RAY_MODES", "RAY_NODE", "RayExecutor", "StudyWorker", "TrialWorker"]
 

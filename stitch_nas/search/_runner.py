@@ -37,8 +37,8 @@ from ._fidelity import (
     slice_size,
 )
 from ._seen import Earlier, SeenConfigs
-from ._storage import BufferedTrial
 from ._studies import completed_count, set_metric_names
+from ._user_attrs import BufferedTrial
 
 __all__ = [
     "StitchObjective",

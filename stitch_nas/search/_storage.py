@@ -9,14 +9,13 @@
   on a :class:`~optuna.storages.journal.JournalFileBackend`: several processes on one machine,
   no database server. Journal storage has no heartbeat in Optuna.
 
-The driver writes a trial's user attributes in one transaction, or one journal append
-(:func:`write_user_attrs`), rather than one per attribute.
+The storages opened here are remembered by study, so that :mod:`._user_attrs` can write a
+trial's user attributes in one transaction rather than one per attribute.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 import sqlite3
@@ -24,9 +23,9 @@ import tempfile
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -37,14 +36,13 @@ from stitch_nas.extras import require
 from stitch_nas.files import disk_full
 
 __all__ = [
-    "BufferedTrial",
     "DEFAULT_HEARTBEAT_S",
     "Heartbeat",
     "fail_running",
     "open_storage",
+    "rdb_storage_of",
     "shown_url",
     "storage_url_of",
-    "write_user_attrs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,7 +53,7 @@ _URL_PASSWORD = re.compile(r"^(?P<head>[\w+.-]+://[^:/@]*:)(?P<password>[^@]*)(?
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd)=)(?P<password>[^&#]*)")
 DEFAULT_HEARTBEAT_S = 60
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql")
-# storages this package opened, by study: the ones write_user_attrs may batch on
+# storages this package opened, by study: the ones _user_attrs.write_user_attrs may batch on
 _RDB_OF_STUDY: weakref.WeakKeyDictionary[optuna.Study, optuna.storages.RDBStorage] = (
     weakref.WeakKeyDictionary()
 )
@@ -204,6 +202,11 @@ def _one_ask_at_a_time(study: optuna.Study, db: Path) -> None:
     setattr(study, "ask", ask_alone)  # noqa: B010 - this study object's asks only
 
 
+def rdb_storage_of(study: optuna.Study) -> optuna.storages.RDBStorage | None:
+    """The RDB storage :func:`open_storage` opened for ``study``, or None."""
+    return _RDB_OF_STUDY.get(study)
+
+
 def storage_url_of(study: optuna.Study) -> str | None:
     """The URL (or journal file) ``study`` was opened from here, file paths made absolute;
     None for a study this package did not open (in memory, or a user's own)."""
@@ -269,97 +272,6 @@ def heartbeat_of(study: optuna.Study) -> Heartbeat | None:
     return Heartbeat(study, storage)
 
 
-def write_user_attrs(trial: optuna.Trial, values: Mapping[str, Any]) -> None:
-    """Set every user attribute in ``values`` on the running ``trial``.
-
-    On an RDB storage opened by :func:`open_storage` all of them go in one transaction, and on a
-    journal storage in one append (one lock and one fsync instead of one per attribute: a third
-    of the Ray driver's time at two workers). On any other storage (a user's own RDB study, which
-    Optuna caches, or in-memory) they are set one by one.
-    """
-    if not values:
-        return
-    if not (_rdb_batch(trial, values) or _journal_batch(trial, values)):
-        for key, value in values.items():
-            trial.set_user_attr(key, value)
-        return
-    cached = getattr(trial, "_cached_frozen_trial", None)  # as Trial.set_user_attr keeps it
-    if cached is not None:
-        cached.user_attrs.update(values)
-
-
-def _rdb_batch(trial: optuna.Trial, values: Mapping[str, Any]) -> bool:
-    """Write ``values`` in one transaction; False where the storage or Optuna does not allow."""
-    storage = _RDB_OF_STUDY.get(trial.study)
-    batch = getattr(storage, "_set_trial_attr_without_commit", None)
-    try:  # Optuna internals: an Optuna that moved them gets the public path, same values
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
-    except ImportError:
-        batch = None
-    if storage is None or batch is None:
-        return False
-
-    # Optuna has no public multi-attribute setter. This is set_trial_user_attr's own body (check
-    # the trial is running, upsert key -> JSON) for every key at once: one trial lookup and one
-    # multi-row upsert in one transaction; other dialects upsert key by key in that transaction.
-    model = models.TrialUserAttributeModel
-    trial_id = trial._trial_id
-    with _create_scoped_session(storage.scoped_session, True) as session:
-        dialect = storage.engine.name
-        if dialect not in ("sqlite", "postgresql"):
-            for key, value in values.items():
-                batch(session, model, trial_id, key, value)
-            return True
-        stored = models.TrialModel.find_or_raise_by_id(trial_id, session)
-        storage.check_trial_is_updatable(trial_id, cast(TrialState, stored.state))
-        rows = [
-            {"trial_id": trial_id, "key": k, "value_json": json.dumps(v)} for k, v in values.items()
-        ]
-        from sqlalchemy.dialects import postgresql, sqlite
-
-        insert: Any = sqlite.insert if dialect == "sqlite" else postgresql.insert
-        statement = insert(model).values(rows)
-        session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[model.trial_id, model.key],
-                set_={"value_json": statement.excluded.value_json},
-            )
-        )
-    return True
-
-
-def _journal_batch(trial: optuna.Trial, values: Mapping[str, Any]) -> bool:
-    """Append ``values`` to a journal in one write; False where the storage is not a journal.
-
-    Optuna's journal has no multi-attribute entry either (replay asserts one key per entry), so
-    these are the entries ``set_trial_user_attr`` writes, one per key, appended together; replay
-    refuses them for a finished trial as it would one by one.
-    """
-    from optuna.storages.journal import JournalStorage
-
-    storage = getattr(trial, "storage", None)
-    if not isinstance(storage, JournalStorage):
-        return False
-    try:  # Optuna internals, as above
-        from optuna.storages.journal._storage import JournalOperation
-
-        backend, replay = storage._backend, storage._replay_result
-        lock, sync = storage._thread_lock, storage._sync_with_backend
-        worker = replay.worker_id
-    except (ImportError, AttributeError):
-        return False
-    op = JournalOperation.SET_TRIAL_USER_ATTR
-    logs = [
-        {"op_code": op, "worker_id": worker, "trial_id": trial._trial_id, "user_attr": {k: v}}
-        for k, v in values.items()
-    ]
-    with lock:
-        backend.append_logs(logs)
-        sync()
-    return True
-
-
 class Heartbeat:
     """Heartbeats for trials run through ask/tell (the Ray driver), as ``optimize`` sends them.
 
@@ -390,30 +302,3 @@ class Heartbeat:
         with warnings.catch_warnings():  # experimental in Optuna, stable in behaviour
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
-
-
-class BufferedTrial:
-    """A running trial whose ``set_user_attr`` calls wait for :meth:`flush` to write them at once.
-
-    Everything else (``suggest_*``, ``number``, ``set_constraint``...) goes to the trial itself;
-    ``user_attrs`` shows the stored attributes and the buffered ones.
-    """
-
-    def __init__(self, trial: optuna.Trial) -> None:
-        self.trial = trial
-        self._attrs: dict[str, Any] = {}
-
-    def set_user_attr(self, key: str, value: Any) -> None:
-        self._attrs[key] = value
-
-    @property
-    def user_attrs(self) -> dict[str, Any]:
-        return {**self.trial.user_attrs, **self._attrs}
-
-    def flush(self) -> None:
-        """Write the buffered attributes (one transaction on an RDB storage opened here)."""
-        attrs, self._attrs = self._attrs, {}
-        write_user_attrs(self.trial, attrs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.trial, name)

@@ -50,7 +50,7 @@ from stitch_nas.stitching import Measurement, fragment_macs
 
 from ._ray_shared import SharedContext, import_ray, models_on_cpu, share_context
 from ._runner import StitchObjective, TrialOutcome, evaluate_config
-from ._storage import BufferedTrial
+from ._user_attrs import BufferedTrial
 
 # This module subclasses Ray's OptunaSearch, so it needs Ray Tune at import time;
 # stitch_nas.search imports it only when one of its names is first used.
