@@ -16,11 +16,11 @@ __all__ = ["PhaseClock"]
 
 
 class PhaseClock:
-    """Times the phases of one run; ``start`` is when the first phase began."""
+    """Times the phases of one run; the first began when the clock was made."""
 
-    def __init__(self, start: float | None = None) -> None:
+    def __init__(self) -> None:
         self.phases: dict[str, dict[str, float]] = {}
-        self._start = time.perf_counter() if start is None else start
+        self._start = time.perf_counter()
         self._study: Any = None
 
     def mark(self, name: str) -> None:
