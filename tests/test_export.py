@@ -212,10 +212,17 @@ def test_elastic_package_selects_the_individual_networks_and_is_smaller(
 
 def test_a_network_that_does_not_measure_as_recorded_is_refused(ctx, items, tmp_path):
     item = items["grid"]
-    wrong = ExportItem("wrong", item.config, {**item.metrics, "accuracy": 0.01}, 0)
+    images = item.metrics["sample_images"]  # the fixed sample a rebuilt network is checked on
+    recorded = {"accuracy": 0.01, "sample_correct": round(0.01 * images)}
+    wrong = ExportItem("wrong", item.config, {**item.metrics, **recorded}, 0)
     with pytest.raises(errors.ExportError, match="recorded 0.0100"):
         export_network(ctx, wrong, tmp_path)
     assert list(tmp_path.iterdir()) == []  # no folder, no temporary left behind
+    # a trial of an older study counted no sample: measured on the whole validation split
+    older = {**item.metrics, "accuracy": 0.01, "sample_correct": None, "sample_images": 0}
+    with pytest.raises(errors.ExportError, match="recorded 0.0100"):
+        export_network(ctx, ExportItem("older", item.config, older, 0), tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_format_is_refused(ctx, items, tmp_path):

@@ -263,8 +263,14 @@ def test_measure_holdout_on_the_mini_zoo(mini_zoo, digits, tmp_path: Path) -> No
     study.set_user_attr(attrs.TEST_RESULTS, {})
     refs = study.user_attrs[attrs.REFERENCES]
     refs[0]["accuracy"] = 0.5
+    refs[0]["sample_correct"] //= 2  # the figure a rebuilt network is checked against
     for ref in refs:
         ref.pop(attrs.TEST_ACCURACY)
     study.set_user_attr(attrs.REFERENCES, refs)
     with pytest.raises(ConfigError, match="validation accuracy"):
+        measure_holdout(study, ctx)
+    # a record of an older study, which counted no sample, is measured on the whole split
+    del refs[0]["sample_correct"], refs[0]["sample_images"]
+    study.set_user_attr(attrs.REFERENCES, refs)
+    with pytest.raises(ConfigError, match="measures validation accuracy .*recorded 0.5000"):
         measure_holdout(study, ctx)

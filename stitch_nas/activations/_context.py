@@ -262,18 +262,27 @@ class StitchContext:
         return _stream.compute_batches(self, model, cut, split)
 
     def activation_rows(
-        self, model: str, cut: str | None, split: str, index: torch.Tensor
+        self,
+        model: str,
+        cut: str | None,
+        split: str,
+        index: torch.Tensor,
+        *,
+        store: bool = True,
     ) -> Iterator[torch.Tensor]:
         """:meth:`activation_batches` for the images ``index`` (sorted) of ``split`` only.
 
         Read from the cache when it holds the activation; otherwise the whole split streams
-        (and is stored, as on any first use) and only those rows go on.
+        (and is stored, as on any first use) and only those rows go on. ``store=False``: only
+        those rows are computed, and nothing is stored (a one-off check of a few images).
         """
         self.split(split)
         self.check_budget(model)
         values = _stream.stored(self, self.activation_key(model, cut, split))
         if values is not None:
             return _stream.gathered_batches(self, model, values, index)
+        if not store:
+            return _stream.computed_rows(self, model, cut, split, index)
         batches = self.activation_batches(model, cut, split)
         return _stream.selected_batches(batches, index, self.batch_size)
 

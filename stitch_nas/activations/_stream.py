@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "stored_batches",
     "compute_batches",
+    "computed_rows",
     "fill_every_cut",
     "gathered_batches",
     "selected_batches",
@@ -120,21 +121,52 @@ def _same_layout(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _source(
     ctx: StitchContext, model: str, cut: str | None, split: str
 ) -> tuple[str | None, Iterator[torch.Tensor]]:
-    """The nearest earlier cut whose activation is cached, and its batches (else the input).
+    """The nearest earlier cut whose activation is cached, and its batches (else the input)."""
+    start, values = _nearest(ctx, model, cut, split)
+    if values is None:
+        return None, ctx.input_batches(model, split)
+    return start, stored_batches(ctx, model, values)
+
+
+def _nearest(
+    ctx: StitchContext, model: str, cut: str | None, split: str
+) -> tuple[str | None, Stored | None]:
+    """The nearest cut before ``cut`` whose activation on ``split`` is cached, and its values
+    (``None, None``: none is, so the computation starts from the images).
 
     The train split always starts from the input: it feeds adapter training, which amplifies
     the rounding of a stored (float16) earlier cut into a different network, so a network
     rebuilt later, with other cuts cached, would train differently from the one measured.
     """
     if split == "train":
-        return None, ctx.input_batches(model, split)
+        return None, None
     names = [c.name for c in ctx.cuts(model)]
     end = len(names) if cut is None else names.index(cut)
     for index in range(end - 1, -1, -1):
         values = stored(ctx, ctx.activation_key(model, names[index], split))
         if values is not None:
-            return names[index], stored_batches(ctx, model, values)
-    return None, ctx.input_batches(model, split)
+            return names[index], values
+    return None, None
+
+
+def computed_rows(
+    ctx: StitchContext, model: str, cut: str | None, split: str, index: torch.Tensor
+) -> Iterator[torch.Tensor]:
+    """The rows ``index`` (sorted) of ``model`` at ``cut`` on ``split``, batch by batch, computed
+    as :func:`compute_batches` computes them (from the nearest cached earlier cut, rounded to
+    the storage dtype) for those rows only, and stored nowhere: a one-off check of a few
+    images costs a few images' forward passes, not the whole split's."""
+    start, values = _nearest(ctx, model, cut, split)
+    if values is None:
+        rows = ctx.input_rows(model, split, index)
+    else:
+        rows = gathered_batches(ctx, model, values, index)
+    piece = ctx.segment(model, start, cut)
+    for x in rows:
+        with ctx.frozen():
+            out = piece(x)
+        check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
+        yield ctx.for_compute(model, out.to(ctx.cache.dtype))
 
 
 class _Sink:

@@ -7,8 +7,9 @@ search measured, provenance, the sha256 of every file) and, where the network tr
 data as in the search and refused if it does not measure what its trial recorded: loaded from
 the weights its trial kept (trained adapters, or a fine-tuned network) and checked on the fixed
 sample of validation images the trial counted (``Measurement.sample_correct``), else built
-again (trained adapters train again from their seed, saying so) and re-measured on the whole
-validation split. Its test figure is the test pass's where the study has one. Before the folder
+again (trained adapters train again from their seed, saying so) and checked on that sample
+too; a trial of an older study that counted no sample is re-measured on the whole validation
+split. Its test figure is the test pass's where the study has one. Before the folder
 is moved into place it is loaded back and compared with the network in memory. An elastic
 package stores several networks with shared fragments once.
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -41,17 +41,8 @@ from stitch_nas.attrs import TEST_ACCURACY
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.files import atomic_folder
-from stitch_nas.report import accuracy_figures, accuracy_on, rebuild
-from stitch_nas.stitching import (
-    StitchedNet,
-    fit_net_head,
-    has_trained_adapters,
-    head_recipe,
-    load_tuned,
-    reproduces,
-    reproduces_count,
-    sample_correct,
-)
+from stitch_nas.report import accuracy_figures, accuracy_on, rebuild_checked
+from stitch_nas.stitching import StitchedNet, has_trained_adapters, head_recipe
 from stitch_nas.zoo import check_architecture
 
 from ._files import checksums, save_weights
@@ -89,71 +80,33 @@ class ExportItem:
 
 
 def _network(ctx: StitchContext, item: ExportItem, fuse: bool) -> ExportedNet:
-    """Rebuild ``item`` exactly as the search measured it, and check that it measures the same.
-
-    A network whose trial kept its weights and counted its fixed sample is loaded (nothing
-    trains) and checked on that sample of the validation split; any other is built again
-    (trained adapters train again from their seed) and checked on the whole split.
-    """
-    recorded = item.metrics.get("accuracy")
-    sample = item.metrics.get("sample_correct"), item.metrics.get("sample_images")
-    if item.weights is not None and sample[0] is not None and sample[1]:
-        try:
-            net = load_tuned(ctx, item.config, item.weights, fuse=fuse)
-        except ConfigError as exc:  # an ExportError, so a search's export skips just this one
-            raise ExportError(f"{item.name}: {exc}") from None
-        head = fit_net_head(ctx, net)
-        _check_sample(ctx, item, net, head, int(sample[0]), int(sample[1]))
-        metrics = {k: v for k, v in item.metrics.items() if v is not None}
-        val = float(metrics["accuracy"]) if recorded is not None else math.nan
-    else:
-        if item.weights is None and has_trained_adapters(item.config):
-            logger.warning(
-                "%s: no trained adapters kept (a search before stitch_nas kept them, or run "
-                "without a folder); training them again from their seed",
-                item.name,
-            )
-        net, result = rebuild(ctx, item.config, fuse=fuse, weights=item.weights)
-        if recorded is not None and not reproduces(ctx, result.accuracy, float(recorded)):
-            raise ExportError(
-                f"{item.name}: the rebuilt network measures accuracy {result.accuracy:.4f}, the "
-                f"search recorded {float(recorded):.4f}; export with the zoo, data and fuse "
-                "setting of the search"
-            )
-        metrics = {**result.to_dict(), **{k: v for k, v in item.metrics.items() if v is not None}}
-        val, head = result.accuracy, fit_net_head(ctx, net)
+    """Rebuild ``item`` exactly as the search measured it, and check that it measures the same
+    (:func:`~stitch_nas.report.rebuild_checked`: loaded from the weights its trial kept, else
+    built again; checked on the fixed sample of validation images its trial counted, else on
+    the whole split)."""
+    if item.weights is None and has_trained_adapters(item.config):
+        logger.warning(
+            "%s: no trained adapters kept (a search before stitch_nas kept them, or run "
+            "without a folder); training them again from their seed",
+            item.name,
+        )
+    fix = "export with the folder, zoo, data and fuse setting of the search"
+    try:
+        checked = rebuild_checked(
+            ctx, item.config, item.metrics, item.name, fix, fuse=fuse, weights=item.weights
+        )
+    except ConfigError as exc:  # an ExportError, so a search's export skips just this one
+        raise ExportError(str(exc)) from None
+    measured = {} if checked.measurement is None else checked.measurement.to_dict()
+    metrics = {**measured, **{k: v for k, v in item.metrics.items() if v is not None}}
     # meta.json carries the validation figure the search chose on and the held-out test one,
     # each with its 95 % Wilson interval; the test pass measured the test figure already
     test = metrics.get(TEST_ACCURACY)
     if test is None:
-        test = accuracy_on(ctx, net, "test")
+        test = accuracy_on(ctx, checked.net, "test", checked.head)
     n_val, n_test = len(ctx.labels("val")), len(ctx.labels("test"))
-    metrics.update(accuracy_figures(val, n_val, float(test), n_test))
-    return ExportedNet(net, head, tuple(ctx.data.label_names), metrics)
-
-
-def _check_sample(
-    ctx: StitchContext,
-    item: ExportItem,
-    net: StitchedNet,
-    head: nn.Module | None,
-    recorded: int,
-    images: int,
-) -> None:
-    """Refuse a loaded network that does not get right, of the first ``images`` validation
-    images, the ``recorded`` number its trial did."""
-    if images > len(ctx.labels("val")):
-        raise ExportError(
-            f"{item.name}: its trial was checked on {images} validation images, this data has "
-            f"{len(ctx.labels('val'))}; export with the data of the search"
-        )
-    correct = sample_correct(ctx, net, head, images)
-    if not reproduces_count(ctx, correct, recorded, images):
-        raise ExportError(
-            f"{item.name}: the network loaded from {item.weights} gets {correct} of the first "
-            f"{images} validation images right, its trial {recorded}; the weights file is stale "
-            "or another search's: export with the folder, zoo, data and fuse setting of the search"
-        )
+    metrics.update(accuracy_figures(checked.accuracy, n_val, float(test), n_test))
+    return ExportedNet(checked.net, checked.head, tuple(ctx.data.label_names), metrics)
 
 
 def _recipe(ctx: StitchContext, exported: ExportedNet) -> dict[str, Any]:

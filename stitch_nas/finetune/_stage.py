@@ -40,10 +40,10 @@ from stitch_nas.report import (
     accuracy_on,
     objective_names,
     rebuild,
+    rebuild_checked,
     reference_values,
     stitched_front,
     trial_config,
-    trial_metric,
     trial_weights,
     zoo_references,
 )
@@ -51,7 +51,6 @@ from stitch_nas.stitching import (
     SAMPLE_IMAGES,
     StitchedNet,
     fit_net_head,
-    reproduces,
     sample_correct,
     save_tuned,
 )
@@ -224,21 +223,23 @@ def finetune_front(
             stage.already += 1
             continue
         config = StitchConfig.from_dict(trial_config(source))
-        net, measured = rebuild(ctx, config, fuse=fuse, weights=trial_weights(source, folder))
-        before = trial_metric(source, "accuracy", names)
-        if before is not None and not reproduces(ctx, measured.accuracy, float(before)):
-            raise ConfigError(
-                f"trial {source.number}: the rebuilt network measures validation accuracy "
-                f"{measured.accuracy:.4f}, the search recorded {float(before):.4f}; fine-tune "
-                "with the zoo, data and fuse setting of the search"
-            )
+        checked = rebuild_checked(
+            ctx,
+            config,
+            source.user_attrs,
+            f"trial {source.number}",
+            "fine-tune with the zoo, data and fuse setting of the search",
+            fuse=fuse,
+            weights=trial_weights(source, folder),
+        )
+        net, before = checked.net, checked.accuracy
         relative = f"{WEIGHTS_DIR}/trial_{source.number}_{digest}.safetensors"
         what = f"trial #{source.number}: {config.describe()}"
         tuned, report = _train(ctx, net, teacher, recipe, folder / relative, what, progress, echo)
-        after = accuracy_on(ctx, tuned, "val") if report.best_epoch else measured.accuracy
+        after = accuracy_on(ctx, tuned, "val") if report.best_epoch else before
         sample = _sample(ctx, tuned) if report.best_epoch else None
         number = _record(study, source, names, after, recipe, report, relative, sample)
-        stage.networks.append(Tuned(source.number, measured.accuracy, after, report, number))
+        stage.networks.append(Tuned(source.number, before, after, report, number))
     if control:
         for ref in _zoo_front(study):
             name = str(ref["name"])

@@ -6,12 +6,14 @@ from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
 from ._history import HypervolumeHistory, hypervolume_history
 from ._holdout import (
     HoldoutPass,
+    Rechecked,
     accuracy_on,
     holdout_accuracies,
     holdout_missing,
     holdout_trials,
     measure_holdout,
     rebuild,
+    rebuild_checked,
     trial_weights,
 )
 from ._intervals import accuracy_figures, wilson_interval
@@ -37,6 +39,7 @@ __all__ = [
     "DOMINATION_RULE",
     "HoldoutPass",
     "HypervolumeHistory",
+    "Rechecked",
     "ReportSummary",
     "accuracy_figures",
     "accuracy_on",
@@ -53,6 +56,7 @@ __all__ = [
     "reference_values",
     "pareto_trials",
     "rebuild",
+    "rebuild_checked",
     "split_hypervolumes",
     "stitched_front",
     "trial_config",

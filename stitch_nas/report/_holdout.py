@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
+import torch
 from optuna.trial import FrozenTrial
 
 from stitch_nas import attrs
@@ -37,12 +39,15 @@ from stitch_nas.errors import ConfigError
 from stitch_nas.stitching import (
     Measurement,
     StitchedNet,
+    build,
     fit_net_head,
     load_tuned,
     measure,
     net_outputs,
     network_kind,
     reproduces,
+    reproduces_count,
+    sample_correct,
 )
 
 from ._kinds import recorded_kinds, stitched_front
@@ -50,7 +55,6 @@ from ._pareto import (
     finite_number,
     pareto_trials,
     trial_config,
-    trial_metric,
     zoo_references,
 )
 
@@ -61,7 +65,9 @@ __all__ = [
     "holdout_missing",
     "holdout_trials",
     "measure_holdout",
+    "Rechecked",
     "rebuild",
+    "rebuild_checked",
     "split_sizes",
     "trial_weights",
 ]
@@ -91,10 +97,14 @@ class HoldoutPass:
         )
 
 
-def accuracy_on(ctx: StitchContext, net: StitchedNet, split: str) -> float:
+def accuracy_on(
+    ctx: StitchContext, net: StitchedNet, split: str, head: torch.nn.Module | None = None
+) -> float:
     """Top-1 accuracy of a built network on ``split``, exactly ``correct / images``, scored as
-    :func:`stitch_nas.measure` scores it (a fitted head is fitted on the probe split)."""
-    head = fit_net_head(ctx, net)
+    :func:`stitch_nas.measure` scores it (a fitted head is fitted on the probe split; pass
+    ``head`` when it is fitted already)."""
+    if head is None:
+        head = fit_net_head(ctx, net)
     outputs = net_outputs(ctx, net, split)
     scores = outputs if head is None else ctx.run(head, outputs)
     labels = ctx.labels(split)
@@ -175,24 +185,94 @@ def rebuild(
     return measure(ctx, config, net=load_tuned(ctx, config, weights, fuse=fuse))
 
 
-def _val_and_test(
+@dataclass(frozen=True)
+class Rechecked:
+    """A network rebuilt as its trial measured it, and shown to measure the same."""
+
+    net: StitchedNet
+    head: torch.nn.Module | None  #: its fitted head (None: native)
+    accuracy: float  #: its validation accuracy: the recorded one, or measured again
+    #: the whole validation pass, when the check needed one (None: checked on the sample)
+    measurement: Measurement | None = None
+
+
+def rebuild_checked(
     ctx: StitchContext,
     config: StitchConfig,
-    recorded: float | None,
+    recorded: Mapping[str, Any],
+    what: str,
+    fix: str,
+    *,
+    fuse: bool,
+    weights: Path | None = None,
+) -> Rechecked:
+    """``config`` rebuilt as the search measured it (``weights`` loaded when it has them,
+    else built again, trained adapters training again from their seed), refused unless it
+    reproduces what its trial ``recorded`` (a trial's user attributes or a zoo reference).
+
+    Where the trial counted its fixed sample (``sample_correct`` of ``sample_images``), the
+    check runs on that sample: the search measured the whole validation split already, and
+    the first images tell another zoo, data or fuse setting from the same one at a tenth of
+    the cost. A record without one (an older study) is measured on the whole split again.
+
+    Raises:
+        ConfigError: ``what`` does not reproduce its record, saying how to ``fix`` it.
+    """
+    accuracy = finite_number(recorded.get("accuracy"))
+    sample = recorded.get("sample_correct"), recorded.get("sample_images")
+    if accuracy is None or sample[0] is None or not sample[1]:
+        net, result = rebuild(ctx, config, fuse=fuse, weights=weights)
+        if accuracy is not None and not reproduces(ctx, result.accuracy, accuracy):
+            raise ConfigError(
+                f"{what}: the rebuilt network measures validation accuracy "
+                f"{result.accuracy:.4f}, the search recorded {accuracy:.4f}; {fix}"
+            )
+        return Rechecked(net, fit_net_head(ctx, net), result.accuracy, result)
+    correct, images = int(sample[0]), int(sample[1])
+    if images > len(ctx.labels("val")):
+        raise ConfigError(
+            f"{what}: its trial was checked on {images} validation images, this data has "
+            f"{len(ctx.labels('val'))}; {fix}"
+        )
+    if weights is None:
+        net = build(ctx, config, fuse=fuse)
+    else:
+        try:
+            net = load_tuned(ctx, config, weights, fuse=fuse)
+        except ConfigError as exc:  # a file of another network: named with what it was for
+            raise ConfigError(f"{what}: {exc}") from None
+    head = fit_net_head(ctx, net)
+    now = sample_correct(ctx, net, head, images)
+    if not reproduces_count(ctx, now, correct, images):
+        stale = (
+            "" if weights is None else f" (the weights file {weights} is stale or another search's)"
+        )
+        raise ConfigError(
+            f"{what}: the rebuilt network measures validation accuracy {now / images:.4f} on "
+            f"the first {images} images ({now} right), the search recorded "
+            f"{correct / images:.4f} ({correct} right){stale}; {fix}"
+        )
+    return Rechecked(net, head, float(accuracy))
+
+
+#: what to do when a network rebuilt for the test pass does not measure what was recorded
+_FIX = (
+    "re-measure with the zoo, data and fuse setting of the search (or skip the test pass "
+    "with `stitch-nas report --no-test`)"
+)
+
+
+def _test_accuracy(
+    ctx: StitchContext,
+    config: StitchConfig,
+    recorded: Mapping[str, Any],
     what: str,
     fuse: bool,
     weights: Path | None = None,
 ) -> float:
-    """Rebuild ``config``, check its validation accuracy against the search's, return test's."""
-    net, result = rebuild(ctx, config, fuse=fuse, weights=weights)
-    if recorded is not None and not reproduces(ctx, result.accuracy, recorded):
-        raise ConfigError(
-            f"{what}: the rebuilt network measures validation accuracy {result.accuracy:.4f}, the "
-            f"search recorded {recorded:.4f}, so its test figure would be of another network; "
-            "re-measure with the zoo, data and fuse setting of the search (or skip the test "
-            "pass with `stitch-nas report --no-test`)"
-        )
-    return accuracy_on(ctx, net, HOLDOUT_SPLIT)
+    """Rebuild ``config``, check it against the search's record, return its test accuracy."""
+    checked = rebuild_checked(ctx, config, recorded, what, _FIX, fuse=fuse, weights=weights)
+    return accuracy_on(ctx, checked.net, HOLDOUT_SPLIT, checked.head)
 
 
 def _record_kinds(study: optuna.Study, ctx: StitchContext) -> None:
@@ -240,17 +320,16 @@ def measure_holdout(
     results = {str(k): v for k, v in holdout_accuracies(study).items()}
     for trial in trials:
         config = StitchConfig.from_dict(trial_config(trial))
-        val = trial_metric(trial, "accuracy", [])
-        what = f"trial {trial.number}"
-        weights = trial_weights(trial, folder)
-        results[str(trial.number)] = _val_and_test(ctx, config, val, what, fuse, weights)
+        what, weights = f"trial {trial.number}", trial_weights(trial, folder)
+        results[str(trial.number)] = _test_accuracy(
+            ctx, config, trial.user_attrs, what, fuse, weights
+        )
         logger.info("trial %d: test accuracy %.4f", trial.number, results[str(trial.number)])
     refs = zoo_references(study)
     for ref in refs:
         if str(ref["name"]) in names:
-            val = finite_number(ref.get("accuracy"))
             config = StitchConfig.single(str(ref["name"]))
-            ref[attrs.TEST_ACCURACY] = _val_and_test(ctx, config, val, str(ref["name"]), False)
+            ref[attrs.TEST_ACCURACY] = _test_accuracy(ctx, config, ref, str(ref["name"]), False)
     study.set_user_attr(attrs.TEST_RESULTS, results)
     study.set_user_attr(attrs.REFERENCES, refs)
     _record_kinds(study, ctx)

@@ -172,14 +172,21 @@ def head_accuracy(
 
 
 def output_batches(
-    ctx: StitchContext, net: StitchedNet, split: str, index: torch.Tensor | None = None
+    ctx: StitchContext,
+    net: StitchedNet,
+    split: str,
+    index: torch.Tensor | None = None,
+    *,
+    store: bool = True,
 ) -> Iterator[torch.Tensor]:
     """``net``'s outputs on ``split`` batch by batch, continuing from the first model's cached
     activation (served or recomputed batch by batch by the context).
 
     When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
     stands for it, and the whole network runs on the preprocessed images, batch by batch.
-    ``index`` (sorted): only those images of the split, in that order.
+    ``index`` (sorted): only those images of the split, in that order; ``store=False``: a
+    first-fragment activation the cache lacks is computed for those images only and not stored
+    (:meth:`~stitch_nas.activations.StitchContext.activation_rows`).
     """
     first = net.config.fragments[0]
     rest: torch.nn.Module
@@ -188,7 +195,7 @@ def output_batches(
         if index is None:
             source = ctx.activation_batches(first.model, first.end, split)
         else:
-            source = ctx.activation_rows(first.model, first.end, split, index)
+            source = ctx.activation_rows(first.model, first.end, split, index, store=store)
     else:
         rest = torch.nn.Sequential(*net.parts)
         if index is None:
@@ -212,10 +219,12 @@ def count_correct(
     split: str,
     head: torch.nn.Module | None,
     index: torch.Tensor | None = None,
+    *,
+    store: bool = True,
 ) -> tuple[int, int]:
     """Images of ``split`` (``index``: those only) that ``net`` then ``head`` gets right, and
-    how many were seen."""
-    correct, seen, _ = _count(ctx, net, split, head, index)
+    how many were seen (``store``: as for :func:`output_batches`)."""
+    correct, seen, _ = _count(ctx, net, split, head, index, store=store)
     return correct, seen
 
 
@@ -226,12 +235,14 @@ def _count(
     head: torch.nn.Module | None,
     index: torch.Tensor | None = None,
     first: int = 0,
+    *,
+    store: bool = True,
 ) -> tuple[int, int, int]:
     """:func:`count_correct`, and how many of the right ones are among the split's ``first``
     images (``index``: sorted, so a batch's images are known by position)."""
     labels = ctx.labels(split) if index is None else ctx.labels(split)[index]
     correct = seen = in_first = 0
-    for outputs in output_batches(ctx, net, split, index):
+    for outputs in output_batches(ctx, net, split, index, store=store):
         if head is not None:
             with ctx.frozen():
                 outputs = head(outputs)
@@ -250,8 +261,9 @@ def sample_correct(
     ctx: StitchContext, net: StitchedNet, head: torch.nn.Module | None, images: int
 ) -> int:
     """Images right among the first ``images`` of the validation split: what a trial recorded
-    as ``sample_correct``, for a network rebuilt from its stored weights."""
-    return count_correct(ctx, net, "val", head, torch.arange(images))[0]
+    as ``sample_correct``, for a network rebuilt to be checked. Only those images run (a
+    prefix the cache lacks is not computed for the whole split, nor stored)."""
+    return count_correct(ctx, net, "val", head, torch.arange(images), store=False)[0]
 
 
 def _mean(correct: int, seen: int) -> float:
