@@ -3,6 +3,7 @@
     python benchmarks/e2e.py [--settings examples/realzoo.yaml] [--repeat 3] [--out runs/e2e]
                              [--trials N] [--set SECTION.KEY=VALUE ...]
     python benchmarks/e2e.py --export-from OUT/repeat0 [--repeat 3]
+    python benchmarks/e2e.py --necessary-from OUT/repeat0
 
 Runs ``stitch-nas search SETTINGS --out OUT/repeat<i>`` as a user would (its own process, a
 fresh folder each time, so each repeat builds its own activation cache; the zoo's weights and
@@ -19,9 +20,13 @@ rebuild each front network from its kept adapters, check it on a fixed sample, w
 the elastic package), on ``--repeat`` copies of ``DIR`` without its ``models/``, and adds the
 seconds per network written to the results file as ``export_command``.
 
-Writes benchmarks/results/e2e.json (``--results`` elsewhere). Not yet measured here: each
-phase's *necessary work* (the forward passes and training steps it cannot avoid, timed as plain
-forwards), which the ratio to a phase's limit needs.
+After the repeats, each phase's *necessary work* (the forward passes and training steps it
+cannot avoid, counted from the first repeat's study and timed as plain forwards on this
+machine; ``necessary_work.py`` says what counts) goes beside it as ``necessary_work``, with the
+phase's median seconds over it as ``ratio``; ``--necessary-from DIR`` adds it for a finished
+search to an existing results file.
+
+Writes benchmarks/results/e2e.json (``--results`` elsewhere).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from necessary_work import necessary_work
 from realzoo import overrides_from, settings_copy
 
 from stitch_nas import attrs
@@ -90,9 +96,18 @@ def main() -> None:
         help="change one setting of the copy that runs, e.g. finetune.enabled=true",
     )
     parser.add_argument("--export-from", default=None, help="time stitch-nas export of DIR")
+    parser.add_argument(
+        "--necessary-from", default=None, help="add DIR's necessary work to --results"
+    )
     args = parser.parse_args()
     if args.export_from:
         _time_export(Path(args.export_from), args.repeat, Path(args.results))
+        return
+    if args.necessary_from:
+        record = json.loads(Path(args.results).read_text())
+        record["necessary_work"] = necessary_work(Path(args.necessary_from), record["phases"])
+        Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
+        print(json.dumps(record["necessary_work"], indent=1))
         return
     overrides = overrides_from(args.set)
     out = Path(args.out)
@@ -118,7 +133,11 @@ def main() -> None:
     finally:
         if copy is not None:
             copy.unlink()
-    print(json.dumps({k: record[k] for k in ("wall_seconds", "phases")}, indent=1))
+    record["necessary_work"] = necessary_work(out / "repeat0", record["phases"])
+    Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
+    print(
+        json.dumps({k: record[k] for k in ("wall_seconds", "phases", "necessary_work")}, indent=1)
+    )
 
 
 def _time_export(search: Path, repeats: int, results: Path) -> None:

@@ -247,3 +247,18 @@ def test_a_zoo_model_alone_is_measured_from_its_inputs_not_from_a_rounded_cached
     assert measured.accuracy == pytest.approx(expected, abs=1e-12)
     # a stitched network keeps reading its first fragment from the cache
     assert build(ctx, PAIR).cached_prefix
+
+
+def test_rows_the_cache_lacks_are_computed_for_those_images_only():
+    ctx = tiny_context()  # float16 storage, as a search runs
+    index = torch.tensor([3, 10, 11, 57, 200])
+    rows = torch.cat(list(ctx.activation_rows("resnet", "layer2.0", "val", index, store=False)))
+    key = ctx.activation_key("resnet", "layer2.0", "val")
+    assert key not in ctx.cache and ctx.cache.stats()["misses"] == 0  # nothing streamed
+    whole = ctx.activation("resnet", "layer2.0", "val")  # the stream, stored as it goes
+    assert key in ctx.cache
+    assert torch.equal(rows, whole[index])  # the stream's rounded values, row for row
+    # from a cached earlier cut, as the stream would start
+    later = torch.cat(list(ctx.activation_rows("resnet", "layer3.0", "val", index, store=False)))
+    assert torch.equal(later, ctx.activation("resnet", "layer3.0", "val")[index])
+

@@ -1,7 +1,8 @@
 """The whole run, from settings to an exported front: ``run(settings, out_dir)`` does what
 ``stitch-nas search FILE --out DIR`` does (data, zoo, seeding, trials, refining, fine-tuning,
-the test pass, the report, the export), and ``report_folder`` / ``export_folder`` what
-``stitch-nas report`` / ``export`` do with a finished folder.
+the test pass, the report, the export), ``report_folder`` / ``export_folder`` what
+``stitch-nas report`` / ``export`` do with a finished folder, and ``load_data`` / ``load_zoo``
+the data and zoo that settings describe.
 
 Names are imported on first use, so the checks the CLI runs before any slow work
 (``stitch_nas.pipeline._preflight``) load without torch.
@@ -12,13 +13,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["PhaseClock", "export_folder", "report_folder", "run"]
+__all__ = ["PhaseClock", "export_folder", "load_data", "load_zoo", "report_folder", "run"]
 
-_HOMES = {"run": "_run", "report_folder": "_run", "export_folder": "_run", "PhaseClock": "_phases"}
+_HOMES = {
+    "run": "_run",
+    "report_folder": "_run",
+    "export_folder": "_run",
+    "load_data": "_run",
+    "load_zoo": "_run",
+    "PhaseClock": "_phases",
+}
 
 if TYPE_CHECKING:
     from ._phases import PhaseClock
-    from ._run import export_folder, report_folder, run
+    from ._run import export_folder, load_data, load_zoo, report_folder, run
 
 
 def __getattr__(name: str) -> Any:

@@ -5,8 +5,9 @@ images, the best validation scores are biased upward. The test split is used by 
 search decides, so measuring the chosen networks on it afterwards gives figures a reader can
 trust. :func:`measure_holdout` rebuilds each front network (the study's front and the front of
 its stitched networks alone, :func:`holdout_trials`), and each zoo model, exactly as the
-search measured it, checks that it reproduces the recorded validation accuracy, and records its
-test accuracy on the study:
+search measured it, checks that it reproduces what the search recorded (on the fixed sample of
+validation images each trial counted, :func:`rebuild_checked`), and records its test accuracy
+on the study:
 
 - ``study.user_attrs[attrs.TEST_RESULTS]``: ``{"<trial number>": test accuracy}`` (Optuna
   refuses to change a finished trial's own user attributes, so they live on the study);

@@ -1,0 +1,241 @@
+"""The work each phase of a finished search cannot avoid, in image-MACs and in seconds.
+
+Used by ``benchmarks/e2e.py``: a phase's wall time divided by its necessary work's time is how
+far that phase is from its own limit. Necessary work is counted from the study (what the search
+ran, on how many images) and the zoo's per-fragment MACs, as the forward passes that no cache
+or reuse could remove:
+
+- **seeding**: every zoo model once over the validation split (the zoo's figures, which
+  seeding measures for the matched proposals) and once over the probe images (every cut's
+  probe activation), then what is new in each scored config (its fragments after the first)
+  over the probe images. The scored pool is replayed from the search's seed (the same scratch
+  sampler and space), without scoring anything.
+- **trials**: what is new in each trial that ran (its MACs less its first fragment's, which a
+  zoo model's pass already computed) over the images it was scored on (the probe, then the
+  gate's slice or the whole validation split); a repeat of an earlier trial costs nothing.
+- **refining**: each trained joint's steps x batch images through what is new, three times
+  (forward, and a backward of about twice a forward), plus its first fragment once per distinct
+  prefix over the rows its steps draw, each distinct teacher once over the train split, and
+  what is new over the images it was scored on.
+- **fine-tune**: not counted (off in the preset); **report**: none.
+- **test pass**: every zoo model once over the test split, and what is new in each network the
+  pass measured over the test split (its prefix is a zoo model's); the checks against the
+  search's record are not counted.
+- **export**: each exported network (the front) checked on the fixed sample, what is new in
+  it (its prefix is cached within the search's process).
+
+A second of necessary work is timed as plain forwards on the same machine: every zoo model over
+``images`` validation images as a frozen pass, as the search runs it (the context's pieces and
+memory layout) and nothing else; a training step's MACs are
+converted at the same rate (an approximation, since a backward runs other kernels).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from optuna.trial import FrozenTrial, TrialState
+
+from stitch_nas import attrs
+from stitch_nas.activations import StitchContext
+from stitch_nas.config import StitchConfig
+from stitch_nas.report import pareto_trials
+from stitch_nas.search import StitchObjective, load_folder_study
+from stitch_nas.settings import Settings, settings_from_dict
+from stitch_nas.stitching import SAMPLE_IMAGES, fragment_macs
+
+__all__ = ["necessary_work"]
+
+#: MACs of one training step per image and MAC of a forward: forward, and a backward of ~2x
+TRAIN_FACTOR = 3
+#: the adapter options a trained joint reads when its config does not set them
+DEFAULT_STEPS, DEFAULT_BATCH = 200, 64
+
+
+def _context(folder: Path) -> tuple[optuna.Study, StitchContext, Settings]:
+    from stitch_nas.pipeline import load_data, load_zoo
+
+    study = load_folder_study(folder)
+    settings = settings_from_dict(study.user_attrs[attrs.SETTINGS])
+    data = load_data(settings.data)
+    return study, StitchContext(load_zoo(settings.zoo, data), data, device="cpu"), settings
+
+
+def _new_macs(ctx: StitchContext, config: StitchConfig, macs: float | None = None) -> float:
+    """MACs of ``config`` beyond its first fragment: its recorded MACs less that prefix, else
+    the sum of its later fragments (stitches left out: a lower bound)."""
+    first = config.fragments[0]
+    if macs is not None:
+        return float(macs) - fragment_macs(ctx, first.model, first.start, first.end)
+    return float(sum(fragment_macs(ctx, f.model, f.start, f.end) for f in config.fragments[1:]))
+
+
+def _config(trial: FrozenTrial) -> StitchConfig | None:
+    raw = trial.user_attrs.get(attrs.CONFIG)
+    return StitchConfig.from_dict(raw) if isinstance(raw, dict) else None
+
+
+def _scored_images(trial: FrozenTrial, n_val: int) -> int:
+    """Validation images a trial's accuracy pass ran on: the gate's slice, or the split."""
+    if trial.state == TrialState.COMPLETE:
+        return n_val
+    return int(trial.user_attrs.get(attrs.SLICE_IMAGES) or 0)
+
+
+def _pool(study: optuna.Study, ctx: StitchContext, settings: Settings) -> list[StitchConfig]:
+    """The configs seeding scored: its scratch sampler and space replayed, nothing measured
+    (a config the probe refused for its layout is counted too: a lower bound's error of a
+    handful)."""
+    search = settings.search
+    objective = StitchObjective(
+        ctx, space=search.space, objectives=search.objectives, space_options=search.space_options
+    )
+    refs = study.user_attrs.get(attrs.REFERENCES) or []
+    accuracy = {str(r["name"]): float(r["accuracy"]) for r in refs}
+    propose = getattr(objective.space, "proposals", None)
+    proposals = [] if propose is None else propose(ctx, accuracy, **objective.space_options)
+    scratch = optuna.create_study(
+        directions=objective.directions,
+        sampler=optuna.samplers.RandomSampler(seed=search.seed),
+    )
+    for params in proposals:
+        scratch.enqueue_trial(params)
+    wanted = max(search.seed_pool, search.seed_trials) + len(proposals)
+    seen: set[str] = set()
+    configs: list[StitchConfig] = []
+    for _ in range(wanted * 3):
+        if len(configs) >= wanted:
+            break
+        config = objective.space(scratch.ask(), ctx, **objective.space_options)
+        key = config.stable_hash()
+        if key not in seen and config.is_stitched:
+            seen.add(key)
+            configs.append(config)
+    return configs
+
+
+def _trained(trial: FrozenTrial) -> tuple[int, int, str | None] | None:
+    """Steps, batch size and loss of a refining trial's first trained adapter (None: none)."""
+    config = _config(trial)
+    if config is None:
+        return None
+    for adapter in config.adapters:
+        options = dict(adapter.options)
+        if "loss" in options and options["loss"] != "none":
+            steps = int(options.get("steps", DEFAULT_STEPS))
+            return steps, int(options.get("batch_size", DEFAULT_BATCH)), str(options["loss"])
+    return None
+
+
+def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[str, float]:
+    """Each phase's necessary work, in image-MACs (see the module's docstring)."""
+    n = {split: len(ctx.labels(split)) for split in ("probe", "val", "test", "train")}
+    zoo = {name: float(fragment_macs(ctx, name, None, None)) for name in ctx.zoo.names()}
+    trials = study.get_trials(deepcopy=False)
+    ran = [t for t in trials if attrs.DUPLICATE_OF not in t.user_attrs and _config(t)]
+    seeded = settings.search.seed_trials
+    work = {"seeding": sum(zoo.values()) * (n["val"] + n["probe"])}
+    work["seeding"] += sum(_new_macs(ctx, c) * n["probe"] for c in _pool(study, ctx, settings))
+    searched = [
+        t for t in ran if attrs.REFINES not in t.user_attrs and attrs.FINETUNES not in t.user_attrs
+    ]
+    work["trials"] = sum(
+        _new_macs(ctx, c, t.user_attrs.get("macs"))
+        * ((0 if t.number < seeded else n["probe"]) + _scored_images(t, n["val"]))
+        for t in searched
+        if (c := _config(t)) is not None
+    )
+    refined, prefixes, teachers = 0.0, set(), set()
+    for t in (t for t in ran if attrs.REFINES in t.user_attrs):
+        config, how = _config(t), _trained(t)
+        if config is None or how is None:
+            continue
+        steps, batch, loss = how
+        new = _new_macs(ctx, config, t.user_attrs.get("macs"))
+        refined += new * (TRAIN_FACTOR * steps * batch + _scored_images(t, n["val"]))
+        first = config.fragments[0]
+        if (first.model, first.end) not in prefixes:
+            prefixes.add((first.model, first.end))
+            rows = min(n["train"], steps * batch)
+            refined += fragment_macs(ctx, first.model, None, first.end) * rows
+        if loss == "distill" and config.fragments[-1].model not in teachers:
+            teachers.add(config.fragments[-1].model)
+            refined += zoo[config.fragments[-1].model] * n["train"]
+    work["refining"] = refined
+    tests = {int(k) for k in (study.user_attrs.get(attrs.TEST_RESULTS) or {})}
+    measured = [t for t in trials if t.number in tests and _config(t) is not None]
+    work["test pass"] = sum(zoo.values()) * n["test"] + sum(
+        _new_macs(ctx, c, t.user_attrs.get("macs")) * n["test"]
+        for t in measured
+        if (c := _config(t)) is not None
+    )
+    work["export"] = sum(
+        _new_macs(ctx, c, t.user_attrs.get("macs")) * SAMPLE_IMAGES
+        for t in pareto_trials(study)
+        if (c := _config(t)) is not None
+    )
+    return work
+
+
+def plain_forward_rate(ctx: StitchContext, images: int = 1024, repeats: int = 3) -> list[float]:
+    """Image-MACs per second of plain forwards: every zoo model over ``images`` validation
+    images, as a frozen pass of the context, once per repeat."""
+    names = ctx.zoo.names()
+    batches = {name: list(_first(ctx.input_batches(name, "val"), images)) for name in names}
+    rates = []
+    for _ in range(repeats):
+        seconds = macs = 0.0
+        for name, inputs in batches.items():
+            model = ctx.segment(name, None, None)  # as the search runs it (layout, pieces)
+            start = time.perf_counter()
+            with ctx.frozen():  # as every pass that trains nothing runs
+                for x in inputs:
+                    model(x)
+            seconds += time.perf_counter() - start
+            macs += fragment_macs(ctx, name, None, None) * sum(len(x) for x in inputs)
+        rates.append(macs / seconds)
+    return rates
+
+
+def _first(batches: Iterable[torch.Tensor], images: int) -> Iterable[torch.Tensor]:
+    taken = 0
+    for batch in batches:
+        if taken >= images:
+            return
+        yield batch[: images - taken]
+        taken += len(batch)
+
+
+def necessary_work(folder: Path, phases: dict[str, Any]) -> dict[str, Any]:
+    """Per phase of the search in ``folder``: its necessary work (image-MACs), that work's
+    seconds as plain forwards on this machine, and the phase's median seconds (``phases``, as
+    e2e.json keeps them) over it."""
+    study, ctx, settings = _context(folder)
+    work = _work(study, ctx, settings)
+    rates = plain_forward_rate(ctx)
+    rate = statistics.median(rates)
+    out: dict[str, Any] = {
+        "plain_forward_gmacs_per_s": {
+            "median": round(rate / 1e9, 2),
+            "min": round(min(rates) / 1e9, 2),
+            "max": round(max(rates) / 1e9, 2),
+        },
+        "phases": {},
+    }
+    for name, row in phases.items():
+        if name not in work:
+            continue
+        seconds = work[name] / rate
+        spent = float(row["seconds"]["median"])
+        out["phases"][name] = {
+            "image_gmacs": round(work[name] / 1e9, 1),
+            "seconds": round(seconds, 1),
+            "ratio": round(spent / seconds, 2) if seconds else None,
+        }
+    return out
