@@ -261,4 +261,3 @@ def test_rows_the_cache_lacks_are_computed_for_those_images_only():
     # from a cached earlier cut, as the stream would start
     later = torch.cat(list(ctx.activation_rows("resnet", "layer3.0", "val", index, store=False)))
     assert torch.equal(later, ctx.activation("resnet", "layer3.0", "val")[index])
-
