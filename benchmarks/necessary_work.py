@@ -44,6 +44,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
+from stitch_nas.adapters import ADAPTERS, get_adapter, resolve_options
 from stitch_nas.config import StitchConfig
 from stitch_nas.report import pareto_trials
 from stitch_nas.search import StitchObjective, load_folder_study
@@ -54,8 +55,6 @@ __all__ = ["necessary_work"]
 
 #: MACs of one training step per image and MAC of a forward: forward, and a backward of ~2x
 TRAIN_FACTOR = 3
-#: the adapter options a trained joint reads when its config does not set them
-DEFAULT_STEPS, DEFAULT_BATCH = 200, 64
 
 
 def _context(folder: Path) -> tuple[optuna.Study, StitchContext, Settings]:
@@ -120,16 +119,18 @@ def _pool(study: optuna.Study, ctx: StitchContext, settings: Settings) -> list[S
     return configs
 
 
-def _trained(trial: FrozenTrial) -> tuple[int, int, str | None] | None:
-    """Steps, batch size and loss of a refining trial's first trained adapter (None: none)."""
+def _trained(trial: FrozenTrial) -> tuple[int, int, str] | None:
+    """Steps, batch size and loss of a refining trial's first trained adapter (None: none),
+    with the adapter kind's own defaults for what its config leaves out."""
     config = _config(trial)
     if config is None:
         return None
     for adapter in config.adapters:
-        options = dict(adapter.options)
-        if "loss" in options and options["loss"] != "none":
-            steps = int(options.get("steps", DEFAULT_STEPS))
-            return steps, int(options.get("batch_size", DEFAULT_BATCH)), str(options["loss"])
+        if adapter.kind not in ADAPTERS or "loss" not in get_adapter(adapter.kind).options:
+            continue
+        options = resolve_options(adapter.kind, dict(adapter.options))
+        if options["loss"] != "none":
+            return int(options["steps"]), int(options["batch_size"]), str(options["loss"])
     return None
 
 
