@@ -66,7 +66,8 @@ from stitch_nas.adapters import _joint as adapter_joint
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.data import load_digits_splits
 from stitch_nas.report import hypervolume
-from stitch_nas.search import StitchObjective, evaluate_config, make_sampler, run_search
+from stitch_nas.samplers import make_sampler
+from stitch_nas.search import StitchObjective, evaluate_config, run_search
 from stitch_nas.stitching import probe_accuracy
 from stitch_nas.zoo import load_mini_zoo
 

@@ -8,9 +8,10 @@ one subpackage per pipeline stage (see docs/ARCHITECTURE.md).
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = version("stitch-nas")  # pyproject.toml's, the one place it is written
 
 #: public name -> the subpackage that defines it
 _HOMES = {

@@ -55,8 +55,8 @@ class NoTrainingWorker(TrialWorker):
 
 def slow_cli(argv: list[str], delay_s: float) -> int:
     """Run ``stitch-nas argv`` with trials ``delay_s`` seconds slower."""
-    import stitch_nas.search as search
     from stitch_nas.cli import main
+    from stitch_nas.pipeline import _executor
 
     os.environ[DELAY_ENV] = str(delay_s)  # read by Ray workers, which inherit the environment
     evaluate = StitchObjective.evaluate
@@ -67,7 +67,7 @@ def slow_cli(argv: list[str], delay_s: float) -> int:
         _delay()
         return evaluate(self, config, front, gate_training=gate_training)
 
-    executor_from_settings = search.executor_from_settings
+    executor_from_settings = _executor.executor_from_settings
 
     def slow_executor(settings: Any) -> RayExecutor | None:
         executor = executor_from_settings(settings)
@@ -76,7 +76,7 @@ def slow_cli(argv: list[str], delay_s: float) -> int:
         return executor
 
     StitchObjective.evaluate = slow_evaluate  # type: ignore[method-assign]
-    search.executor_from_settings = slow_executor  # type: ignore[assignment]
+    _executor.executor_from_settings = slow_executor  # type: ignore[assignment]
     return main(argv)
 
 

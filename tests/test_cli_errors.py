@@ -376,18 +376,21 @@ def test_the_corrected_command_runs_into_the_same_out(tmp_path, capsys, mini_zoo
     assert (out / "study.db").is_file() and (out / "pareto.json").is_file()
 
 
-def test_the_torch_free_copies_agree_with_the_library():
+def test_the_checks_and_the_library_read_one_list_of_choices():
+    """The torch-free checks and the library name the same objects (stitch_nas.choices), not
+    copies that could drift apart."""
+    from stitch_nas import choices
     from stitch_nas.activations import AUTOCAST_DTYPES
     from stitch_nas.export import FORMATS
     from stitch_nas.pipeline import _preflight
-    from stitch_nas.search import EXECUTORS, RAY_MODES
-    from stitch_nas.search._runner import BUDGET_KEYS
+    from stitch_nas.search import _ray_executor, _runner
 
-    assert _preflight.EXPORT_FORMATS == tuple(FORMATS)
-    assert _preflight.EXECUTORS == EXECUTORS
-    assert _preflight.RAY_MODES == RAY_MODES
-    assert _preflight.BUDGET_KEYS == BUDGET_KEYS
-    assert _preflight.AUTOCAST_DTYPES == tuple(AUTOCAST_DTYPES)
+    assert _preflight.EXPORT_FORMATS is FORMATS is choices.EXPORT_FORMATS
+    assert _preflight.EXECUTORS is choices.EXECUTORS
+    assert _preflight.RAY_MODES is _ray_executor.RAY_MODES is choices.RAY_MODES
+    assert _preflight.check_budgets is _runner.check_budgets is choices.check_budgets
+    assert _preflight.AUTOCAST_DTYPES is choices.AUTOCAST_DTYPES
+    assert tuple(AUTOCAST_DTYPES) == choices.AUTOCAST_DTYPES
 
 
 def test_the_plugin_catalogue_is_what_the_builtin_plugins_register():

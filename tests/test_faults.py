@@ -756,17 +756,17 @@ def test_workers_64_on_this_machine_start_no_more_than_it_has(
     import os
 
     pytest.importorskip("ray")
-    import stitch_nas.search as search
+    from stitch_nas.pipeline import _executor
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     made = []
-    real = search.executor_from_settings
+    real = _executor.executor_from_settings
 
     def keep(settings):
         made.append(real(settings))
         return made[-1]
 
-    monkeypatch.setattr(search, "executor_from_settings", keep)
+    monkeypatch.setattr(_executor, "executor_from_settings", keep)
     out = tmp_path / "o"
     argv = ["demo", "--out", str(out), "--workers", "64", "--trials", "3", "--no-export", "-q"]
     with caplog.at_level(logging.WARNING, logger="stitch_nas.search._ray_executor"):

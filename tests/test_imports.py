@@ -1,12 +1,15 @@
-"""Tests of the package's shape: no import circle, plug-ins kept out of the core, a light face.
+"""Tests of the package's shape: the layers of docs/ARCHITECTURE.md, no import circle, public
+faces between packages, plug-ins kept out of the core, a light face.
 
-The import graph is read statically (every ``import`` statement, at module level or inside a
-function), so a circle hidden behind a function-level import is found too.
+The import graph is read statically (every ``import`` statement, at module level, inside a
+function or under ``if TYPE_CHECKING:``), so a circle or an upward import hidden behind a
+function-level or type-only import is found too.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,25 +29,11 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
-def _type_only(tree: ast.Module) -> set[int]:
-    """Nodes inside ``if TYPE_CHECKING:`` blocks: read by type checkers, never run, so an
-    annotation may name a module that imports this one without making a circle."""
-    inside: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            inside.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return inside
-
-
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Project modules that ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    type_only = _type_only(tree)
-    for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -102,6 +91,87 @@ def test_the_package_has_no_import_circle():
 def test_the_cycle_finder_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _package(module: str) -> str:
+    """``stitch_nas.search._loop`` -> ``search``; a top-level module is its own package."""
+    parts = module.split(".")
+    if parts[0] != "stitch_nas":
+        return parts[0]
+    return parts[1] if len(parts) > 1 else "stitch_nas"
+
+
+def _layers() -> dict[str, int | str]:
+    """Each package's layer, read from the table in docs/ARCHITECTURE.md ("plug-in" for the
+    plug-ins), so the documented rules and the tested ones are one text."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    layers: dict[str, int | str] = {}
+    for row in re.findall(r"^\| (\d+|plug-in) \| ([^|]+) \|", text, flags=re.M):
+        level, names = row
+        for name in re.findall(r"`([a-z_]+)`", names):
+            layers[name] = int(level) if level.isdigit() else level
+    return layers
+
+
+def _upward(graph: dict[str, set[str]], layers: dict[str, int | str]) -> set[tuple[str, str]]:
+    """Imports that break the layers: into the same layer or one above, or into a plug-in from
+    the core; a plug-in may import layers 0-5 and other plug-ins."""
+    bad = set()
+    for module, deps in graph.items():
+        home = _package(module)
+        if home == "stitch_nas":  # the root face names what every layer offers
+            continue
+        for dep in deps:
+            there = _package(dep)
+            if there in (home, "stitch_nas"):  # its own package; the root face is lazy
+                continue
+            mine, theirs = layers[home], layers[there]
+            if theirs == "plug-in":
+                ok = mine == "plug-in"
+            elif mine == "plug-in":
+                ok = int(theirs) <= 5
+            else:
+                ok = int(theirs) < int(mine) or int(theirs) == int(mine) == 0
+            if not ok:
+                bad.add((module, dep))
+    return bad
+
+
+def test_the_architecture_table_names_every_package():
+    layers = _layers()
+    packages = {_package(m) for m in _modules()} - {"stitch_nas"}
+    assert packages == set(layers), (packages ^ set(layers), "docs/ARCHITECTURE.md, 'layer'")
+
+
+def test_imports_go_down_the_layers():
+    bad = _upward(_graph(), _layers())
+    assert not bad, f"imports against the layers of docs/ARCHITECTURE.md: {sorted(bad)}"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    layers: dict[str, int | str] = {"errors": 0, "zoo": 2, "search": 7, "snnet": "plug-in"}
+    graph = {
+        "stitch_nas.zoo._mini": {"stitch_nas.search"},  # up
+        "stitch_nas.search._loop": {"stitch_nas.snnet", "stitch_nas.zoo", "stitch_nas.errors"},
+        "stitch_nas.snnet._joint": {"stitch_nas.search._loop"},  # a plug-in above layer 5
+    }
+    assert _upward(graph, layers) == {
+        ("stitch_nas.zoo._mini", "stitch_nas.search"),
+        ("stitch_nas.search._loop", "stitch_nas.snnet"),
+        ("stitch_nas.snnet._joint", "stitch_nas.search._loop"),
+    }
+
+
+def test_packages_reach_each_other_through_their_faces():
+    """No module imports another package's private ``_module``: a face is the whole contract."""
+    bad = {
+        (module, dep)
+        for module, deps in _graph().items()
+        for dep in deps
+        if _package(dep) != _package(module)
+        and any(part.startswith("_") for part in dep.split(".")[1:])
+    }
+    assert not bad, f"private modules imported from another package: {sorted(bad)}"
 
 
 def test_the_core_does_not_import_the_plug_in_packages():

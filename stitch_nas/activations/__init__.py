@@ -15,7 +15,7 @@ from ._context import (
     StitchContext,
     zoo_models,
 )
-from ._device import AUTOCAST_DTYPES, to_device
+from ._device import AUTOCAST_DTYPES, is_convolutional, to_device
 from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "StitchContext",
     "auto_batch_size",
     "default_memory_gb",
+    "is_convolutional",
     "take",
     "to_device",
     "weights_fingerprint",

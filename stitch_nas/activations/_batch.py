@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ._context import StitchContext
+    from ._view import ContextView
 
 __all__ = ["GPU_MAX_BATCH", "LIVE_ACTIVATIONS", "MAX_BATCH", "WORK_BATCH_BYTES", "auto_batch_size"]
 
@@ -39,7 +39,7 @@ GPU_MAX_BATCH = 1024
 LIVE_ACTIVATIONS = 4
 
 
-def auto_batch_size(ctx: StitchContext) -> int:
+def auto_batch_size(ctx: ContextView) -> int:
     """``MAX_BATCH``, or fewer (at least 1) so that one batch of the largest activation of any
     zoo model, at a cut or at its input, stays within ``WORK_BATCH_BYTES`` in float32."""
     largest = largest_cut = 1
@@ -59,7 +59,7 @@ def auto_batch_size(ctx: StitchContext) -> int:
     return batch
 
 
-def _gpu_batch_size(ctx: StitchContext, largest: int, largest_cut: int) -> int:
+def _gpu_batch_size(ctx: ContextView, largest: int, largest_cut: int) -> int:
     """The largest batch whose ``LIVE_ACTIVATIONS`` float32 copies of the zoo's largest
     activation fit the GPU's free memory beside the cache (see the module's docstring)."""
     free, _ = torch.cuda.mem_get_info(ctx.device)

@@ -25,7 +25,7 @@ from stitch_nas.zoo import Zoo, ZooEntry
 from . import _stream
 from ._batch import auto_batch_size
 from ._cache import ActivationCache, ActivationKey, weights_fingerprint
-from ._device import check_autocast, frozen_pass, to_device
+from ._device import check_autocast, frozen_pass, is_convolutional, to_device
 
 __all__ = ["StitchContext", "zoo_models"]
 
@@ -391,11 +391,6 @@ class StitchContext:
 
 
 _GRIDS = ("nchw", "nhwc")
-
-
-def is_convolutional(model: torch.nn.Module) -> bool:
-    """Three or more Conv2d layers: such models run faster channels-last on the CPU."""
-    return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules()) >= 3
 
 
 def zoo_models(ctx: StitchContext, models: Sequence[str] | None, minimum: int) -> list[str]:

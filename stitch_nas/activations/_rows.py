@@ -20,7 +20,7 @@ from torch import nn
 from . import _stream
 
 if TYPE_CHECKING:
-    from ._context import StitchContext
+    from ._view import ContextView
 
 __all__ = ["ActivationRows", "ChainRows", "InputRows", "Rows", "take"]
 
@@ -50,7 +50,7 @@ class ActivationRows:
     since (or never stored) are recomputed from the images.
     """
 
-    def __init__(self, ctx: StitchContext, model: str, cut: str | None, split: str) -> None:
+    def __init__(self, ctx: ContextView, model: str, cut: str | None, split: str) -> None:
         self.ctx, self.model, self.cut, self.split = ctx, model, cut, split
         self.key = ctx.activation_key(model, cut, split)
         self.n = len(ctx.split(split))
@@ -87,7 +87,7 @@ class ActivationRows:
 class InputRows:
     """``split``'s images preprocessed for ``model``, row by row."""
 
-    def __init__(self, ctx: StitchContext, model: str, split: str) -> None:
+    def __init__(self, ctx: ContextView, model: str, split: str) -> None:
         self.ctx, self.model, self.split = ctx, model, split
         self.n = len(ctx.split(split))
 
@@ -102,7 +102,7 @@ class ChainRows:
     """Rows of ``source`` run through the frozen ``module`` (a network built so far), as a
     frozen pass of ``ctx`` (under its autocast, if any); float32 rows."""
 
-    def __init__(self, source: Rows, module: nn.Module, ctx: StitchContext) -> None:
+    def __init__(self, source: Rows, module: nn.Module, ctx: ContextView) -> None:
         self.source, self.module, self.ctx = source, module, ctx
 
     def __len__(self) -> int:

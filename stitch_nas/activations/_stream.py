@@ -27,8 +27,9 @@ import torch
 from stitch_nas.errors import check_finite
 
 if TYPE_CHECKING:
-    from stitch_nas.activations._context import StitchContext
     from stitch_nas.activations._keys import ActivationKey
+
+    from ._view import ContextView
 
 __all__ = [
     "stored_batches",
@@ -42,7 +43,7 @@ __all__ = [
 Stored = torch.Tensor | np.ndarray
 
 
-def stored(ctx: StitchContext, key: ActivationKey) -> Stored | None:
+def stored(ctx: ContextView, key: ActivationKey) -> Stored | None:
     """The cached activation for ``key``: a tensor in memory, a memory map, or None."""
     hit = ctx.cache.get(key)
     if hit is not None:
@@ -62,7 +63,7 @@ def _never(key: ActivationKey):  # type: ignore[no-untyped-def]
     return compute
 
 
-def stored_batches(ctx: StitchContext, model: str, values: Stored) -> Iterator[torch.Tensor]:
+def stored_batches(ctx: ContextView, model: str, values: Stored) -> Iterator[torch.Tensor]:
     """``values`` batch by batch, as float32 on the context's device."""
     for i in range(0, len(values), ctx.batch_size):
         part = values[i : i + ctx.batch_size]
@@ -71,7 +72,7 @@ def stored_batches(ctx: StitchContext, model: str, values: Stored) -> Iterator[t
 
 
 def gathered_batches(
-    ctx: StitchContext, model: str, values: Stored, index: torch.Tensor
+    ctx: ContextView, model: str, values: Stored, index: torch.Tensor
 ) -> Iterator[torch.Tensor]:
     """The rows ``index`` (sorted) of ``values``, batch by batch, as :func:`stored_batches`."""
     for i in range(0, len(index), ctx.batch_size):
@@ -119,7 +120,7 @@ def _same_layout(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _source(
-    ctx: StitchContext, model: str, cut: str | None, split: str
+    ctx: ContextView, model: str, cut: str | None, split: str
 ) -> tuple[str | None, Iterator[torch.Tensor]]:
     """The nearest earlier cut whose activation is cached, and its batches (else the input)."""
     start, values = _nearest(ctx, model, cut, split)
@@ -129,7 +130,7 @@ def _source(
 
 
 def _nearest(
-    ctx: StitchContext, model: str, cut: str | None, split: str
+    ctx: ContextView, model: str, cut: str | None, split: str
 ) -> tuple[str | None, Stored | None]:
     """The nearest cut before ``cut`` whose activation on ``split`` is cached, and its values
     (``None, None``: none is, so the computation starts from the images).
@@ -150,7 +151,7 @@ def _nearest(
 
 
 def computed_rows(
-    ctx: StitchContext, model: str, cut: str | None, split: str, index: torch.Tensor
+    ctx: ContextView, model: str, cut: str | None, split: str, index: torch.Tensor
 ) -> Iterator[torch.Tensor]:
     """The rows ``index`` (sorted) of ``model`` at ``cut`` on ``split``, batch by batch, computed
     as :func:`compute_batches` computes them (from the nearest cached earlier cut, rounded to
@@ -172,7 +173,7 @@ def computed_rows(
 class _Sink:
     """Where a streamed activation is stored: a reserved buffer, a spill file, or nowhere."""
 
-    def __init__(self, ctx: StitchContext, key: ActivationKey, n: int, first: torch.Tensor):
+    def __init__(self, ctx: ContextView, key: ActivationKey, n: int, first: torch.Tensor):
         self.cache, self.key = ctx.cache, key
         shape, dtype = (n, *first.shape[1:]), ctx.cache.dtype
         self.nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
@@ -207,7 +208,7 @@ class _Sink:
 
 
 def compute_batches(
-    ctx: StitchContext, model: str, cut: str | None, split: str
+    ctx: ContextView, model: str, cut: str | None, split: str
 ) -> Iterator[torch.Tensor]:
     """Compute ``model`` at ``cut`` on ``split`` batch by batch, storing it as it streams.
 
@@ -234,7 +235,7 @@ def compute_batches(
             sink.close(complete=done == n)
 
 
-def fill_every_cut(ctx: StitchContext, model: str, split: str) -> None:
+def fill_every_cut(ctx: ContextView, model: str, split: str) -> None:
     """Store every cut of ``model`` on ``split`` (the probe) in one chained pass, batch by batch.
 
     Each batch runs piece by piece, each cut's output is written into that cut's buffer (or

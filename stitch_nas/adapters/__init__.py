@@ -15,7 +15,7 @@ from . import _closed_form as _closed_form  # registers "lstsq"
 from . import _lowrank as _lowrank  # registers "lowrank"
 from ._bodies import StitchAdapter
 from ._convert import CLS_MODES, RESIZE_MODES
-from ._fuse import FusedStitch, fuse_into_segment
+from ._fuse import FusedStitch, fusable_consumer, fuse_into_segment
 from ._init import INIT_MODES, fit_conv, initialise
 from ._joint import Joint, JointFit, feature_cut, fit_joint, resolve_teacher
 from ._lowrank import LowRankStitch
@@ -31,7 +31,16 @@ from ._registry import (
     register_adapter,
     resolve_options,
 )
-from ._train import LOSSES, TRAIN_OPTIONS, TRAINS, TrainReport, only_training
+from ._train import (
+    LOSSES,
+    TRAIN_OPTIONS,
+    TRAINS,
+    TrainReport,
+    cosine_schedule,
+    only_training,
+    take_step,
+    training_loss,
+)
 
 __all__ = [
     "ADAPTERS",
@@ -41,6 +50,7 @@ __all__ = [
     "can_join",
     "fit_lstsq",
     "fit_lstsq_batches",
+    "fusable_consumer",
     "fuse_into_segment",
     "joinable",
     "AdapterKind",
@@ -55,6 +65,7 @@ __all__ = [
     "TRAIN_OPTIONS",
     "TRAINS",
     "TrainReport",
+    "cosine_schedule",
     "create",
     "feature_cut",
     "fit_conv",
@@ -66,4 +77,6 @@ __all__ = [
     "register_adapter",
     "resolve_options",
     "resolve_teacher",
+    "take_step",
+    "training_loss",
 ]

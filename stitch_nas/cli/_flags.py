@@ -7,13 +7,8 @@ import argparse
 import math
 from typing import TYPE_CHECKING
 
+from stitch_nas.choices import AUTOCAST_DTYPES, BUDGET_KEYS, DEVICE_CHOICES, DEVICE_PATTERN
 from stitch_nas.errors import ConfigError
-from stitch_nas.pipeline._preflight import (
-    AUTOCAST_DTYPES,
-    BUDGET_KEYS,
-    DEVICE_CHOICES,
-    DEVICE_PATTERN,
-)
 
 if TYPE_CHECKING:
     from stitch_nas.settings import SearchSettings

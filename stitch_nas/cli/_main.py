@@ -67,7 +67,7 @@ def _run_search(args: argparse.Namespace) -> int:
             raise ConfigError("--workers and --ray-address need --executor ray; drop them")
         settings.search.executor = "ray"
     apply_run_flags(args, settings.search)
-    from stitch_nas.pipeline._preflight import check_plugins, check_run
+    from stitch_nas.pipeline import check_plugins, check_run
 
     check_run(settings, Path(args.out), resume=args.resume, join=args.join)
     check_plugins(settings.search)  # imports the plug-ins and torch, not the whole pipeline
@@ -98,7 +98,7 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from stitch_nas.pipeline._preflight import check_artifacts, check_folder, check_formats
+    from stitch_nas.pipeline import check_artifacts, check_folder, check_formats
 
     trials = trial_numbers(args.trials)
     formats = check_formats(args.format)
@@ -123,7 +123,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stitch_nas.pipeline._preflight import check_folder
+    from stitch_nas.pipeline import check_folder
 
     check_folder(Path(args.dir), args.storage)
     from stitch_nas.pipeline import report_folder  # torch loads from here on
@@ -141,7 +141,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _zoo(args: argparse.Namespace) -> int:
-    from stitch_nas.pipeline._preflight import check_caches
+    from stitch_nas.pipeline import check_caches
     from stitch_nas.settings import Settings
 
     settings = Settings()  # a cache it cannot write in: one line before any training

@@ -20,13 +20,12 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from stitch_nas.activations._context import is_convolutional
+from stitch_nas.activations import is_convolutional
 from stitch_nas.adapters import FusedStitch, LinearStitch, fuse_into_segment
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import BudgetError, ConfigError, IntegrityError
 from stitch_nas.fragments import CutPoint, PieceChain
-from stitch_nas.snnet import JOINT_KIND, joint_layer
-from stitch_nas.stitching import Preprocess, StitchedNet, head_from_recipe
+from stitch_nas.stitching import NETWORKS, Preprocess, StitchedNet, head_from_recipe
 from stitch_nas.zoo import create_architecture
 
 from ._files import load_weights, verify_checksums
@@ -167,8 +166,8 @@ def _empty_adapter(spec: AdapterSpec, src: CutPoint, dst: CutPoint) -> nn.Module
     """The adapter's structure: ``create`` with the same arguments gives the same state dict."""
     from stitch_nas import adapters
 
-    if spec.kind == JOINT_KIND:  # a stitching layer of a jointly trained SN-Net
-        return joint_layer(spec, src, dst)
+    if spec.kind in NETWORKS:  # a stitching layer of a jointly trained network (SN-Net's)
+        return NETWORKS.get(spec.kind).layer(spec, src, dst)
     return adapters.create(spec.kind, src, dst, **dict(spec.options))
 
 

@@ -15,8 +15,13 @@ from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, ExportError
-from stitch_nas.report import holdout_accuracies, pareto_trials, trial_weights
-from stitch_nas.report._pareto import first_of_each_network, is_feasible
+from stitch_nas.report import (
+    first_of_each_network,
+    holdout_accuracies,
+    is_feasible,
+    pareto_trials,
+    trial_weights,
+)
 from stitch_nas.stitching import Measurement
 
 from ._artifacts import artifact_store as open_store

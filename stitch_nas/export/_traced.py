@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from stitch_nas.choices import EXPORT_FORMATS
 from stitch_nas.errors import MissingDependencyError
 from stitch_nas.extras import require
 
@@ -27,7 +28,7 @@ __all__ = ["FORMATS", "write_traced"]
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("safetensors", "onnx", "torchscript")
+FORMATS = EXPORT_FORMATS
 _FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
 
 

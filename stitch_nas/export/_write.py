@@ -161,11 +161,15 @@ def _sources(ctx: StitchContext, models: Sequence[str]) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
     import timm
 
-    from stitch_nas import __version__
-
-    return {"stitch_nas": __version__, "torch": torch.__version__, "timm": timm.__version__}
+    return {
+        "stitch_nas": version("stitch-nas"),
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+    }
 
 
 def _user_modules(ctx: StitchContext, models: Sequence[str]) -> dict[str, nn.Module]:

@@ -2,10 +2,11 @@
 ``stitch-nas search FILE --out DIR`` does (data, zoo, seeding, trials, refining, fine-tuning,
 the test pass, the report, the export), ``report_folder`` / ``export_folder`` what
 ``stitch-nas report`` / ``export`` do with a finished folder, and ``load_data`` / ``load_zoo``
-the data and zoo that settings describe.
+the data and zoo that settings describe; the ``check_*`` functions are the checks of a run
+that need no torch (settings, folders, formats, caches) and ``check_plugins`` the one that
+imports the plug-ins, which the CLI runs before any slow work.
 
-Names are imported on first use, so the checks the CLI runs before any slow work
-(``stitch_nas.pipeline._preflight``) load without torch.
+Names are imported on first use, so the checks load without torch.
 """
 
 from __future__ import annotations
@@ -13,9 +14,31 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["PhaseClock", "export_folder", "load_data", "load_zoo", "report_folder", "run"]
+__all__ = [
+    "PhaseClock",
+    "check_artifacts",
+    "check_caches",
+    "check_folder",
+    "check_formats",
+    "check_plugins",
+    "check_run",
+    "export_folder",
+    "load_data",
+    "load_zoo",
+    "report_folder",
+    "run",
+]
 
+_CHECKS = (
+    "check_artifacts",
+    "check_caches",
+    "check_folder",
+    "check_formats",
+    "check_plugins",
+    "check_run",
+)
 _HOMES = {
+    **dict.fromkeys(_CHECKS, "_preflight"),
     "run": "_run",
     "report_folder": "_run",
     "export_folder": "_run",
@@ -26,6 +49,14 @@ _HOMES = {
 
 if TYPE_CHECKING:
     from ._phases import PhaseClock
+    from ._preflight import (
+        check_artifacts,
+        check_caches,
+        check_folder,
+        check_formats,
+        check_plugins,
+        check_run,
+    )
     from ._run import export_folder, load_data, load_zoo, report_folder, run
 
 

@@ -15,23 +15,29 @@ Neither stage writes anything, so a refused run leaves ``--out`` as it found it.
 from __future__ import annotations
 
 import logging
-import math
-import re
 import sqlite3
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from stitch_nas.choices import (
+    AUTOCAST_DTYPES,
+    DEVICE_CHOICES,
+    DEVICE_PATTERN,
+    EXECUTORS,
+    EXPORT_FORMATS,
+    RAY_MODES,
+    check_budgets,
+)
 from stitch_nas.errors import ConfigError
 from stitch_nas.samplers import check_sampler
-from stitch_nas.settings._catalogue import check_builtin_names, check_lists, names
+from stitch_nas.settings import check_builtin_names, check_lists, name_list
 
 from ._lock import check_free
 
 __all__ = [
     "check_artifacts",
-    "check_budgets",
     "check_caches",
     "check_first_sample",
     "check_folder",
@@ -44,20 +50,7 @@ __all__ = [
     "check_writable",
 ]
 
-# stitch_nas.search.BUDGET_KEYS / EXECUTORS / RAY_MODES, repeated here to stay torch-free
-# (tests/test_cli_errors.py checks they agree)
-BUDGET_KEYS = ("macs", "params")
-EXECUTORS = ("local", "ray")
-RAY_MODES = ("auto", "driver", "workers")
-EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")  # stitch_nas.export.FORMATS
 logger = logging.getLogger(__name__)
-
-#: stitch_nas.activations.AUTOCAST_DTYPES, repeated to stay torch-free
-AUTOCAST_DTYPES = ("bfloat16",)
-
-#: devices a run may name (``auto``: CUDA when present, else the CPU), for the YAML and the flag
-DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
-DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 
 
 def check_autocast_setting(autocast: str | None, device: str) -> None:
@@ -98,7 +91,7 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         raise ConfigError(
             f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
         )
-    if search.ray_mode not in RAY_MODES:  # torch-free copy of search.RAY_MODES
+    if search.ray_mode not in RAY_MODES:
         raise ConfigError(
             f"search.ray_mode={search.ray_mode!r} is unknown; use one of {', '.join(RAY_MODES)}"
         )
@@ -150,34 +143,6 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
 def _at_least(key: str, value: int, minimum: int) -> None:
     if value < minimum:
         raise ConfigError(f"search.{key}={value} (--{key}): give an integer >= {minimum}")
-
-
-def check_budgets(budgets: Mapping[str, Any]) -> dict[str, float]:
-    """``{"macs": 2e6}`` checked: known keys, positive finite numbers (YAML's "2e6" string too)."""
-    out: dict[str, float] = {}
-    for key, value in budgets.items():
-        if key not in BUDGET_KEYS:
-            raise ConfigError(
-                f"unknown budget {key!r}; budgets exist for {', '.join(BUDGET_KEYS)} "
-                "(e.g. macs: 2.0e6)"
-            )
-        number = value
-        if isinstance(value, str):  # YAML reads 2e6 (no dot) as a string
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if (
-            isinstance(number, bool)
-            or not isinstance(number, (int, float))
-            or not (math.isfinite(number) and number > 0)
-        ):
-            raise ConfigError(
-                f"budget {key}={value!r} must be a positive number of {key} "
-                "(plain digits or 2.0e6, no unit suffix)"
-            )
-        out[key] = float(number)
-    return out
 
 
 def check_out(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -> None:
@@ -342,7 +307,7 @@ def _check_adapters(value: Any) -> None:
     from stitch_nas import adapters
     from stitch_nas.registry import check_options
 
-    kinds = names("adapters", value("adapters")) or names("adapter", value("adapter"))
+    kinds = name_list("adapters", value("adapters")) or name_list("adapter", value("adapter"))
     found = [adapters.get_adapter(kind) for kind in kinds]  # unknown: one line
     check_lists(value)
     extra = value("adapter_options") or {}

@@ -91,8 +91,7 @@ def run(
     report and the export. ``resume``/``join`` are ``--resume``/``--join``; returns the
     report's summary. Every value is checked before any slow work; a bad one raises
     :class:`~stitch_nas.errors.ConfigError`."""
-    from stitch_nas.search import executor_from_settings
-
+    from ._executor import executor_from_settings
     from ._lock import claim_out
     from ._preflight import check_plugins, check_run, check_study_in
     from ._resume import check_resumed

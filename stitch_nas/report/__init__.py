@@ -20,9 +20,11 @@ from ._intervals import accuracy_figures, wilson_interval
 from ._kinds import stitched_front
 from ._pareto import (
     dominated_references,
+    first_of_each_network,
     front_hypervolume,
     hypervolume,
     hypervolume_box,
+    is_feasible,
     objective_names,
     pareto_trials,
     reference_values,
@@ -44,6 +46,7 @@ __all__ = [
     "accuracy_figures",
     "accuracy_on",
     "dominated_references",
+    "first_of_each_network",
     "front_hypervolume",
     "holdout_accuracies",
     "holdout_missing",
@@ -51,6 +54,7 @@ __all__ = [
     "hypervolume",
     "hypervolume_box",
     "hypervolume_history",
+    "is_feasible",
     "measure_holdout",
     "objective_names",
     "reference_values",

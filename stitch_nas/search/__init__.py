@@ -1,44 +1,29 @@
-"""Search: measuring a stitched network, the Optuna objective, the study, and the executors
-that run trials (local, Ray actors, Ray Tune).
+"""Search: the Optuna objective and its study, seeding and refining, and the executors that
+run trials (this process, Ray workers, Ray Tune).
+
+What a user needs: :func:`make_objective` / :class:`StitchObjective` for their own study,
+:func:`create_study` and :func:`run_search` for ours, :class:`RayExecutor` for Ray workers and
+the Tune helpers (:class:`StitchOptunaSearch`, :class:`StitchTuneSpace`, :func:`make_trainable`,
+:func:`tune_modes`). The other names are what the pipeline's stages call.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from ._evaluate import TrialOutcome, evaluate_config
-from ._loop import (
-    EXECUTORS,
-    Executor,
-    check_budget_reachable,
-    executor_from_settings,
-    measure_references,
-    run_search,
-)
-from ._ray_executor import RAY_MODES, RAY_NODE, RayExecutor, StudyWorker
-from ._ray_shared import (
-    SharedActivationCache,
-    SharedContext,
-    import_ray,
-    models_on_cpu,
-    share_context,
-)
+from ._loop import check_budget_reachable, run_search
+from ._ray_executor import RAY_NODE, RayExecutor, StudyWorker
+from ._ray_resources import check_ray_address
 from ._ray_workers import TrialWorker
 from ._refine import refine_adapter, refine_adapters, refine_study
-from ._runner import (
-    StitchObjective,
-    make_objective,
-)
+from ._runner import StitchObjective, make_objective
 from ._seeding import seed_study
 from ._storage import shown_url
 from ._studies import (
     LEGACY_STUDY_NAME,
-    SAMPLERS,
     check_study,
     completed_count,
     create_study,
-    default_study_name,
-    fail_stale_running,
     load_folder_study,
-    make_sampler,
     set_metric_names,
 )
 
@@ -48,7 +33,6 @@ if TYPE_CHECKING:  # static checkers see them; at run time __getattr__ imports t
         StitchOptunaSearch,
         StitchTuneSpace,
         make_trainable,
-        stitch_trainable,
         tune_modes,
     )
 
@@ -56,14 +40,7 @@ if TYPE_CHECKING:  # static checkers see them; at run time __getattr__ imports t
 # They are loaded on first use (PEP 562): the base install (no `ray` extra) imports this
 # package, and a user who reaches for them without Ray gets the one-line MissingDependencyError.
 _TUNE_NAMES = frozenset(
-    {
-        "CONFIG_KEY",
-        "StitchOptunaSearch",
-        "StitchTuneSpace",
-        "make_trainable",
-        "stitch_trainable",
-        "tune_modes",
-    }
+    {"CONFIG_KEY", "StitchOptunaSearch", "StitchTuneSpace", "make_trainable", "tune_modes"}
 )
 
 
@@ -77,44 +54,30 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_KEY",
-    "EXECUTORS",
-    "Executor",
-    "RAY_MODES",
+    "LEGACY_STUDY_NAME",
     "RAY_NODE",
     "RayExecutor",
-    "LEGACY_STUDY_NAME",
-    "SAMPLERS",
-    "SharedActivationCache",
-    "SharedContext",
     "StitchObjective",
     "StitchOptunaSearch",
     "StitchTuneSpace",
-    "TrialOutcome",
     "StudyWorker",
+    "TrialOutcome",
     "TrialWorker",
     "check_budget_reachable",
+    "check_ray_address",
     "check_study",
     "completed_count",
     "create_study",
-    "default_study_name",
     "evaluate_config",
-    "executor_from_settings",
-    "fail_stale_running",
-    "import_ray",
     "load_folder_study",
     "make_objective",
-    "make_sampler",
+    "make_trainable",
     "refine_adapter",
     "refine_adapters",
     "refine_study",
+    "run_search",
     "seed_study",
     "set_metric_names",
-    "make_trainable",
-    "measure_references",
-    "models_on_cpu",
-    "run_search",
-    "share_context",
     "shown_url",
-    "stitch_trainable",
     "tune_modes",
 ]

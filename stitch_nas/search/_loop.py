@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
@@ -23,19 +23,12 @@ from stitch_nas.errors import BudgetError, ConfigError, StitchNASError
 from stitch_nas.fragments import count_params
 from stitch_nas.stitching import fragment_macs, measure
 
-from ._ray_executor import RayExecutor
-from ._ray_resources import check_ray_address
 from ._runner import StitchObjective
 from ._studies import completed_count
 
-if TYPE_CHECKING:
-    from stitch_nas.settings import SearchSettings
-
 __all__ = [
-    "EXECUTORS",
     "Executor",
     "check_budget_reachable",
-    "executor_from_settings",
     "measure_references",
     "run_search",
 ]
@@ -172,27 +165,3 @@ def _tick(bar: Any):
             bar.set_postfix(pareto=len(front), refresh=False)
 
     return callback
-
-
-EXECUTORS = ("local", "ray")
-
-
-def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
-    """The executor that ``search.executor`` names: None runs trials in this process."""
-    if search.executor == "local":
-        return None
-    if search.executor == "ray":
-        if search.gpus_per_worker < 0 and search.gpus_per_worker != -1:
-            raise ConfigError(
-                f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
-            )
-        gpus = None if search.gpus_per_worker == -1 else search.gpus_per_worker
-        check_ray_address(search.ray_address)  # before the study or anything else is written
-        return RayExecutor(
-            workers=search.workers,
-            address=search.ray_address,
-            cpus_per_worker=search.cpus_per_worker,
-            gpus_per_worker=gpus,
-            mode=search.ray_mode,
-        )
-    raise ConfigError(f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}")

@@ -11,9 +11,9 @@ driver on the study) is told PRUNED at once as a repeat and does not count
 (:meth:`StitchObjective.duplicate`); the driver knows its own trials at once and reads other
 drivers' at most once a second.
 
-A stitch of a jointly trained SN-Net is trained once here, on the driver, when the first such
-config is sampled, and its weights reach the workers through the object store
-(:class:`~stitch_nas.search._ray_shared.SNNetShipper`); a failed training fails that trial.
+A stitch of a jointly trained network (SN-Net's) is trained once here, on the driver, when the
+first such config is sampled, and its weights reach the workers through the object store
+(:class:`~stitch_nas.search._ray_shared.NetworkShipper`); a failed training fails that trial.
 
 Failures are isolated: a trial that raises or returns NaN is recorded FAIL with its reason; a
 worker that dies (killed, out of memory) fails only its trial and is replaced. A run stops with
@@ -45,8 +45,10 @@ import optuna
 import torch
 
 from stitch_nas import attrs
+from stitch_nas.choices import RAY_MODES
 from stitch_nas.errors import ConfigError, StitchNASError
 from stitch_nas.machine import available_memory_bytes
+from stitch_nas.stitching import NETWORKS
 
 from ._fidelity import gates_training
 from ._ray_resources import (
@@ -56,7 +58,7 @@ from ._ray_resources import (
     fit_workers,
     local_cpus,
 )
-from ._ray_shared import SNNetShipper, import_ray, share_context
+from ._ray_shared import NetworkShipper, import_ray, share_context
 from ._ray_study_workers import StudyWorker, StudyWorkerRun
 from ._ray_workers import TrialWorker, _Pending, _Pool
 from ._runner import StitchObjective, TrialOutcome
@@ -80,7 +82,6 @@ _TrialState = optuna.trial.TrialState
 # times a second, and each read is an Optuna query over every running trial (see ._seen)
 _SEEN_MAX_AGE_S = 1.0
 #: who asks the study for trials and tells it results: see the module docstring
-RAY_MODES = ("auto", "driver", "workers")
 
 
 @dataclass
@@ -151,7 +152,11 @@ class RayExecutor:
         rdb = url is not None and "://" in url
         shared = rdb and (self.address is None or not is_file_storage(cast(str, url)))
         studies = issubclass(self.worker_class, StudyWorker)
-        joint = bool(objective.space_options.get("joint"))  # an SN-Net trained once, shipped
+        # a jointly trained network (SN-Net's) is trained once, on the driver, and shipped
+        joint = any(
+            NETWORKS.get(kind).searched_by(objective.space_name, objective.space_options)
+            for kind in NETWORKS
+        )
         return "workers" if shared and studies and not joint else "driver"
 
     def run(
@@ -277,7 +282,7 @@ class RayExecutor:
         heartbeat = heartbeat_of(study)
         wait_s = None if heartbeat is None else heartbeat.interval / 2
         done, failed_in_a_row, told = completed_count(study), 0, 0
-        shipper = SNNetShipper(objective.ctx, ray.put)
+        shipper = NetworkShipper(objective.ctx, ray.put)
         unsent: list[tuple[_Pending, TrialOutcome]] = []  # failed before reaching a worker
         bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
         try:
@@ -303,8 +308,8 @@ class RayExecutor:
                         study.tell(trial, state=_TrialState.PRUNED)
                         counts["duplicates"] += 1
                         continue
-                    try:  # a joint SN-Net trains here, once, not on every worker
-                        snnets = shipper.refs(config)
+                    try:  # a joint network trains here, once, not on every worker
+                        networks = shipper.refs(config)
                     except Exception as exc:  # noqa: BLE001 - the trial fails, as it would locally
                         unsent.append((_Pending(trial, config, -1), _failed(exc)))
                         continue
@@ -313,7 +318,7 @@ class RayExecutor:
                         raise
                     worker = idle.pop()
                     front, gated = objective.front(study, config), gates_training(view)
-                    ref = pool.submit(worker, trial.number, config, front, gated, snnets)
+                    ref = pool.submit(worker, trial.number, config, front, gated, networks)
                     in_flight[ref] = _Pending(trial, config, worker)
                 if not in_flight and not unsent:
                     break

@@ -26,11 +26,11 @@ import torch
 from stitch_nas.activations import ActivationCache, ActivationKey, StitchContext
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.extras import require
-from stitch_nas.snnet import has_snnet, install_snnet, joint_specs, snnet_state, trained_snnet
+from stitch_nas.stitching import NETWORKS, joint_networks
 from stitch_nas.zoo import user_code_modules
 
 __all__ = [
-    "SNNetShipper",
+    "NetworkShipper",
     "SharedActivationCache",
     "SharedContext",
     "import_ray",
@@ -208,13 +208,15 @@ def share_context(
     )
 
 
-class SNNetShipper:
-    """Trains each SN-Net the search samples once, on the driver, and stores it for workers.
+class NetworkShipper:
+    """Trains each jointly trained network the search samples once, on the driver, and stores
+    it for workers.
 
-    A stitch of a jointly trained SN-Net (``snnet`` space with ``joint``) needs the trained
-    SN-Net; without this every worker would train the same seeded SN-Net itself. The first
-    config that names an SN-Net trains it here (in the driver's context, so the driver's own
-    re-measurements use it too) and puts its weights in the object store once.
+    A config whose first adapter names a whole jointly trained network (a plug-in's
+    :class:`~stitch_nas.stitching.NetworkBuilder`: SN-Net's ``snnet`` space with ``joint``)
+    needs that network trained; without this every worker would train the same seeded network
+    itself. The first config that names one trains it here (in the driver's context, so the
+    driver's own re-measurements use it too) and puts its weights in the object store once.
 
     Args:
         ctx: The driver's context.
@@ -226,19 +228,20 @@ class SNNetShipper:
         self.stored: dict[tuple[Any, ...], Any] = {}
 
     def refs(self, config: StitchConfig) -> list[tuple[AdapterSpec, Any]]:
-        """``(spec, ObjectRef of its weights)`` per SN-Net ``config`` is a stitch of."""
+        """``(spec, ObjectRef of its weights)`` per jointly trained network ``config`` names."""
         shipped = []
-        for spec in joint_specs(config):
-            if spec.options not in self.stored:
-                sn = trained_snnet(self.ctx, spec)
-                self.stored[spec.options] = self.put(snnet_state(sn))
-                logger.info("SN-Net trained on the driver, shipped to workers")
-            shipped.append((spec, self.stored[spec.options]))
+        for spec in joint_networks(config):
+            key = (spec.kind, spec.options)
+            if key not in self.stored:
+                self.stored[key] = self.put(NETWORKS.get(spec.kind).state(self.ctx, spec))
+                logger.info("%s network trained on the driver, shipped to workers", spec.kind)
+            shipped.append((spec, self.stored[key]))
         return shipped
 
 
 def install_shipped(ctx: StitchContext, shipped: list[tuple[AdapterSpec, Any]]) -> None:
-    """In a worker: load each shipped SN-Net into ``ctx``, fetched once and never trained here."""
+    """In a worker: load each shipped network into ``ctx``, fetched once and never trained here."""
     for spec, ref in shipped:
-        if not has_snnet(ctx, spec):
-            install_snnet(ctx, spec, import_ray().get(ref))
+        network = NETWORKS.get(spec.kind)
+        if not network.holds(ctx, spec):
+            network.install(ctx, spec, import_ray().get(ref))

@@ -64,16 +64,17 @@ class TrialWorker:
         config: dict[str, Any],
         front: list[list[float]] | None = None,
         gate_training: bool = True,
-        snnets: list[tuple[Any, Any]] | None = None,
+        networks: list[tuple[Any, Any]] | None = None,
     ) -> dict[str, Any]:
         """Evaluate one config (as JSON) for trial ``number``; the outcome as a dict.
 
         ``front``: the study's front when the config was sent, for multi-fidelity evaluation;
-        ``gate_training``: as :func:`evaluate_config`; ``snnets``: the trained SN-Nets the config
-        is a stitch of, as the driver shipped them (:class:`SNNetShipper`). The dict also holds
+        ``gate_training``: as :func:`evaluate_config`; ``networks``: the jointly trained
+        networks the config names, as the driver shipped them (:class:`NetworkShipper`). The
+        dict also holds
         ``"node"``, the Ray node id of this worker.
         """
-        install_shipped(self.ctx, snnets or [])
+        install_shipped(self.ctx, networks or [])
         stitch = StitchConfig.from_dict(config)
         outcome = evaluate_config(
             self.ctx, stitch, **self.evaluation, front=front, gate_training=gate_training
@@ -134,10 +135,10 @@ class _Pool:
         config: StitchConfig,
         front: list[list[float]] | None,
         gate_training: bool = True,
-        snnets: list[tuple[Any, Any]] | None = None,
+        networks: list[tuple[Any, Any]] | None = None,
     ) -> Any:
         actor = self.actors[index]
-        return actor.evaluate.remote(number, config.to_dict(), front, gate_training, snnets)
+        return actor.evaluate.remote(number, config.to_dict(), front, gate_training, networks)
 
     def result(self, ref: Any, pending: _Pending) -> TrialOutcome:
         """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""

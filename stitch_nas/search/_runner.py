@@ -20,6 +20,7 @@ import optuna
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
+from stitch_nas.choices import check_budgets
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES, SPACES
@@ -49,7 +50,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BUDGET_KEYS = ("macs", "params")
 #: prune stitched configs whose least-squares probe accuracy is below this multiple of chance
 DEFAULT_PROBE_THRESHOLD = 1.5
 #: stop a search after this many proposals in a row that were all repeats of evaluated configs
@@ -98,7 +98,7 @@ class StitchObjective:
                 f"[0, {ctx.num_classes}] (0 turns probe pruning off)"
             )
         self.probe_threshold = float(probe_threshold)
-        self.budgets = _check_budgets(budgets or {})
+        self.budgets = check_budgets(budgets or {})
         self.space_options = dict(space_options or {})
         # an unknown option is a one-line error now, not a TypeError on the first trial
         keyword_options(self.space, self.space_options, f"search space {space!r}")
@@ -333,22 +333,6 @@ class StitchObjective:
         if any(math.isnan(v) or math.isinf(v) for v in values):
             trial.set_user_attr(attrs.FAIL_REASON, f"non-finite objective values {values}")
         return values
-
-
-def _check_budgets(budgets: Mapping[str, float]) -> dict[str, float]:
-    out = {}
-    for key, value in budgets.items():
-        if key not in BUDGET_KEYS:
-            raise ConfigError(f"unknown budget {key!r}; budgets exist for {BUDGET_KEYS}")
-        if isinstance(value, str):  # YAML reads 2e6 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigError(f"budget {key}={value!r} must be a positive number")
-        out[key] = float(value)
-    return out
 
 
 def make_objective(

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import optuna
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
+from stitch_nas.plugins import Direction
 from stitch_nas.samplers import SAMPLERS, make_sampler
 
 from ._storage import (
@@ -34,8 +35,20 @@ from ._storage import (
     shown_url,
 )
 
-if TYPE_CHECKING:  # the objective only lends its names and directions; no import cycle
-    from ._runner import StitchObjective
+
+class StudyShape(Protocol):
+    """What a study is created for (a :class:`~stitch_nas.search.StitchObjective` has it): the
+    objectives' names and Optuna directions, the search space's name and the budgets."""
+
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def directions(self) -> Sequence[Direction]: ...
+    @property
+    def space_name(self) -> str: ...
+    @property
+    def budgets(self) -> dict[str, float]: ...
+
 
 __all__ = [
     "LEGACY_STUDY_NAME",
@@ -72,7 +85,7 @@ def set_metric_names(study: optuna.Study, names: list[str]) -> None:
 
 
 def create_study(
-    objective: StitchObjective,
+    objective: StudyShape,
     out_dir: str | Path,
     *,
     sampler: str = "tpe",

@@ -28,7 +28,7 @@ __all__ = [
     "TRAINS",
     "check_builtin_names",
     "check_lists",
-    "names",
+    "name_list",
     "third_party_plugins",
 ]
 
@@ -172,7 +172,7 @@ def third_party_plugins() -> list[str]:
     ]
 
 
-def names(key: str, value: Any) -> list[str]:
+def name_list(key: str, value: Any) -> list[str]:
     """A name or list of names (None: none), else a one-line error."""
     if value is None:
         return []
@@ -187,7 +187,7 @@ def check_lists(value: Callable[[str], Any]) -> None:
     """The option lists every built-in space reads the same way (``value(key)``: given, else
     the space's default): resizes, losses, trains."""
     for key, valid in (("resizes", RESIZE_MODES), ("losses", LOSSES), ("trains", TRAINS)):
-        bad = sorted(set(names(key, value(key))) - set(valid))
+        bad = sorted(set(name_list(key, value(key))) - set(valid))
         if bad:
             raise ConfigError(
                 f"search.space_options.{key}: unknown {bad}; use some of {', '.join(valid)}"
@@ -223,7 +223,7 @@ def check_builtin_names(search: Any) -> None:
     head = value("head")
     if isinstance(head, str) and head != "native" and head not in HEADS:
         raise _unknown("head", head, HEADS)
-    kinds = names("adapters", value("adapters")) or names("adapter", value("adapter"))
+    kinds = name_list("adapters", value("adapters")) or name_list("adapter", value("adapter"))
     for kind in kinds:
         if kind not in ADAPTERS:
             raise _unknown("adapter", kind, ADAPTERS)

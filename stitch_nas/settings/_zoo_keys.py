@@ -122,7 +122,7 @@ def register_zoo_source(
     required=("model",),
 )
 def _timm(item: dict[str, Any], labels: tuple[str, ...]) -> Any:
-    from stitch_nas.zoo._yaml import timm_entry
+    from stitch_nas.zoo import timm_entry
 
     return timm_entry(item)
 
@@ -138,7 +138,7 @@ def _timm(item: dict[str, Any], labels: tuple[str, ...]) -> Any:
     required=("model", "weights"),
 )
 def _torchvision(item: dict[str, Any], labels: tuple[str, ...]) -> Any:
-    from stitch_nas.zoo._yaml import torchvision_entry
+    from stitch_nas.zoo import torchvision_entry
 
     return torchvision_entry(item)
 
@@ -160,7 +160,7 @@ def _torchvision(item: dict[str, Any], labels: tuple[str, ...]) -> Any:
     paths=("module_path",),
 )
 def _module(item: dict[str, Any], labels: tuple[str, ...]) -> Any:
-    from stitch_nas.zoo._yaml import module_entry
+    from stitch_nas.zoo import module_entry
 
     return module_entry(item, labels)
 

@@ -9,6 +9,7 @@ from ._joint import (
     joint_stitches,
     train_snnet,
 )
+from ._network import SNNET
 from ._plan import (
     KERNEL_DEFAULT,
     STRIDE_DEFAULT,
@@ -17,7 +18,7 @@ from ._plan import (
     snnet_stitches,
     unpaired_stitching,
 )
-from ._ship import has_snnet, install_snnet, joint_specs, snnet_state, trained_snnet
+from ._ship import has_snnet, install_snnet, snnet_state, trained_snnet
 from ._spec import (
     JOINT_KIND,
     JOINT_OPTIONS,
@@ -34,6 +35,7 @@ __all__ = [
     "JointSNNet",
     "KERNEL_DEFAULT",
     "LAYER_OPTIONS",
+    "SNNET",
     "SNStitch",
     "STRIDE_DEFAULT",
     "joint_layer",
@@ -41,7 +43,6 @@ __all__ = [
     "has_snnet",
     "install_snnet",
     "joint_spec",
-    "joint_specs",
     "joint_stitches",
     "paired_stitching",
     "resolve_joint_options",

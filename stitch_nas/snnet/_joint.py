@@ -45,13 +45,11 @@ from torch import nn
 
 from stitch_nas import adapters
 from stitch_nas.activations import ActivationRows, InputRows, Rows, StitchContext, take
-from stitch_nas.adapters import resolve_teacher
-from stitch_nas.adapters._train import cosine_schedule, take_step, training_loss
+from stitch_nas.adapters import cosine_schedule, resolve_teacher, take_step, training_loss
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint, PieceChain, count_params_of
 from stitch_nas.stitching import (
-    NETWORKS,
     Preprocess,
     StitchedNet,
     head_accuracy,
@@ -375,6 +373,3 @@ def joint_network(ctx: StitchContext, config: StitchConfig) -> StitchedNet:
             f"{len(config.fragments)} fragments"
         )
     return _trained(ctx, config.adapters[0], progress=False).network(config)
-
-
-NETWORKS.register(JOINT_KIND, joint_network)

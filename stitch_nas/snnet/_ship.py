@@ -16,17 +16,11 @@ from typing import Any
 import torch
 
 from stitch_nas.activations import StitchContext
-from stitch_nas.config import AdapterSpec, StitchConfig
+from stitch_nas.config import AdapterSpec
 
 from ._joint import JointReport, JointSNNet, joint_stitches, memo_key, train_snnet
-from ._spec import JOINT_KIND
 
-__all__ = ["has_snnet", "install_snnet", "joint_specs", "snnet_state", "trained_snnet"]
-
-
-def joint_specs(config: StitchConfig) -> list[AdapterSpec]:
-    """The SN-Nets ``config`` is a stitch of (none for any other config), defaults filled in."""
-    return [memo_key(a)[1] for a in config.adapters if a.kind == JOINT_KIND]
+__all__ = ["has_snnet", "install_snnet", "snnet_state", "trained_snnet"]
 
 
 def has_snnet(ctx: StitchContext, spec: AdapterSpec) -> bool:

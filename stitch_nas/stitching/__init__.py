@@ -8,6 +8,7 @@ from ._build import (
     Preprocess,
     StitchedNet,
     build,
+    joint_networks,
 )
 from ._heads import (
     HeadKind,
@@ -67,6 +68,7 @@ __all__ = [
     "config_cka",
     "count_correct",
     "fit_head",
+    "joint_networks",
     "fit_net_head",
     "fragment_macs",
     "head_accuracy",

@@ -7,7 +7,8 @@ samples, and its output is mapped onto what the next model expects at its start 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -15,14 +16,18 @@ from torch import nn
 
 from stitch_nas import adapters
 from stitch_nas.activations import ActivationRows, ChainRows, InputRows, Rows, StitchContext
-from stitch_nas.adapters._fuse import fusable_consumer, fuse_into_segment
-from stitch_nas.adapters._lstsq import LinearStitch, fit_lstsq_batches
+from stitch_nas.adapters import (
+    LinearStitch,
+    fit_lstsq_batches,
+    fusable_consumer,
+    fuse_into_segment,
+)
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
 from stitch_nas.registry import Registry
 
-__all__ = ["NETWORKS", "NetworkBuilder", "Preprocess", "StitchedNet", "build"]
+__all__ = ["NETWORKS", "NetworkBuilder", "Preprocess", "StitchedNet", "build", "joint_networks"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +93,43 @@ class StitchedNet(nn.Module):
         return nn.Sequential(*self.parts[1:])
 
 
-NetworkBuilder = Callable[[StitchContext, StitchConfig], StitchedNet]
+@dataclass(frozen=True)
+class NetworkBuilder:
+    """A whole jointly trained network, named by the kind of a config's first adapter.
 
-#: adapter kinds that name a whole jointly trained network rather than one joint: the network
-#: comes from its builder (SN-Net registers "snnet"; group ``stitch_nas.networks``)
+    The core knows such a network only through these functions, so a plug-in (SN-Net registers
+    ``"snnet"``) needs no core module to name it.
+
+    Attributes:
+        build: ``(ctx, config) -> StitchedNet``: the network ``config`` names, trained in ``ctx``
+            the first time it is needed.
+        layer: ``(spec, src, dst) -> nn.Module``: an unfitted stitching layer of the network
+            ``spec`` names; an export loads the trained weights into it.
+        state: ``(ctx, spec) -> state``: the trained network (trained in ``ctx`` once) as CPU
+            tensors that pickle, so that a Ray driver trains it and its workers do not.
+        install: ``(ctx, spec, state) -> None``: the network rebuilt in ``ctx`` from ``state``,
+            untrained.
+        holds: ``(ctx, spec) -> bool``: whether ``ctx`` has that network already.
+        searched_by: ``(space, space_options) -> bool``: whether a search of that space samples
+            networks of this kind (the Ray executor then trains them on its driver).
+    """
+
+    build: Callable[[StitchContext, StitchConfig], StitchedNet]
+    layer: Callable[[AdapterSpec, CutPoint, CutPoint], nn.Module]
+    state: Callable[[StitchContext, AdapterSpec], Any]
+    install: Callable[[StitchContext, AdapterSpec, Any], None]
+    holds: Callable[[StitchContext, AdapterSpec], bool]
+    searched_by: Callable[[str, Mapping[str, Any]], bool]
+
+
+#: adapter kinds that name a whole jointly trained network rather than one joint
+#: (group ``stitch_nas.networks``)
 NETWORKS: Registry[NetworkBuilder] = Registry("network builder", group="stitch_nas.networks")
+
+
+def joint_networks(config: StitchConfig) -> list[AdapterSpec]:
+    """The adapters of ``config`` that name a whole jointly trained network."""
+    return [spec for spec in config.adapters if spec.kind in NETWORKS]
 
 
 def _fit_adapter(
@@ -187,7 +224,7 @@ def build(
     """
     check_labels(ctx, config)
     if config.adapters and config.adapters[0].kind in NETWORKS:  # e.g. a jointly trained SN-Net
-        return NETWORKS.get(config.adapters[0].kind)(ctx, config)
+        return NETWORKS.get(config.adapters[0].kind).build(ctx, config)
     first = config.fragments[0]
     spec = ctx.entry(first.model).input_spec
     parts: list[nn.Module] = [ctx.segment(first.model, None, first.end)]

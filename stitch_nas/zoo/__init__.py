@@ -31,6 +31,9 @@ from ._sources import (
 )
 from ._yaml import (
     import_factory,
+    module_entry,
+    timm_entry,
+    torchvision_entry,
     user_code_modules,
 )
 
@@ -53,5 +56,8 @@ __all__ = [
     "import_factory",
     "load_mini_zoo",
     "load_state_dict_file",
+    "module_entry",
+    "timm_entry",
+    "torchvision_entry",
     "user_code_modules",
 ]
