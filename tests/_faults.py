@@ -24,20 +24,20 @@ def _delay() -> None:
 class SlowWorker(TrialWorker):
     """A worker whose every trial first sleeps ``$STITCH_NAS_TEST_DELAY_S`` seconds."""
 
-    def evaluate(self, number: int, config: dict[str, Any], *rest: Any) -> dict[str, Any]:
+    def evaluate(self, number: int, plan: Any, *rest: Any) -> dict[str, Any]:
         _delay()
-        return super().evaluate(number, config, *rest)
+        return super().evaluate(number, plan, *rest)
 
 
 class FaultyWorker(TrialWorker):
     """Dies (as the OOM killer would kill it) on trial 1 and raises on trial 2."""
 
-    def evaluate(self, number: int, config: dict[str, Any], *rest: Any) -> dict[str, Any]:
+    def evaluate(self, number: int, plan: Any, *rest: Any) -> dict[str, Any]:
         if number == 1:
             os._exit(17)
         if number == 2:
             raise RuntimeError(f"injected: trial {number} raises")
-        return super().evaluate(number, config, *rest)
+        return super().evaluate(number, plan, *rest)
 
 
 class NoTrainingWorker(TrialWorker):
@@ -61,11 +61,9 @@ def slow_cli(argv: list[str], delay_s: float) -> int:
     os.environ[DELAY_ENV] = str(delay_s)  # read by Ray workers, which inherit the environment
     evaluate = StitchObjective.evaluate
 
-    def slow_evaluate(
-        self: StitchObjective, config: Any, front: Any = None, gate_training: bool = True
-    ) -> Any:
+    def slow_evaluate(self: StitchObjective, plan: Any) -> Any:
         _delay()
-        return evaluate(self, config, front, gate_training=gate_training)
+        return evaluate(self, plan)
 
     executor_from_settings = _executor.executor_from_settings
 

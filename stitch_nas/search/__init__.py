@@ -9,7 +9,7 @@ the Tune helpers (:class:`StitchOptunaSearch`, :class:`StitchTuneSpace`, :func:`
 
 from typing import TYPE_CHECKING, Any
 
-from ._evaluate import TrialOutcome, evaluate_config
+from ._evaluate import Repeat, TrialOutcome, TrialPlan, evaluate_config, evaluate_plan
 from ._loop import check_budget_reachable, run_search
 from ._ray_executor import RAY_NODE, RayExecutor, StudyWorker
 from ._ray_resources import check_ray_address
@@ -57,11 +57,13 @@ __all__ = [
     "LEGACY_STUDY_NAME",
     "RAY_NODE",
     "RayExecutor",
+    "Repeat",
     "StitchObjective",
     "StitchOptunaSearch",
     "StitchTuneSpace",
     "StudyWorker",
     "TrialOutcome",
+    "TrialPlan",
     "TrialWorker",
     "check_budget_reachable",
     "check_ray_address",
@@ -69,6 +71,7 @@ __all__ = [
     "completed_count",
     "create_study",
     "evaluate_config",
+    "evaluate_plan",
     "load_folder_study",
     "make_objective",
     "make_trainable",

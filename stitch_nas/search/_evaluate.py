@@ -1,8 +1,11 @@
 """Evaluating one config: prune it on CKA and the probe, gate it, fit it and measure it.
 
-What a trial runs, in this process (:class:`~stitch_nas.search.StitchObjective`) or on a Ray
-worker (:class:`~stitch_nas.search.TrialWorker`); the outcome is in JSON types (and the bytes
-of a safetensors file) so it can cross process boundaries.
+Every executor runs a trial the same way, in three steps: the side that asks the study *plans*
+it (:meth:`StitchObjective.plan`: sample, repeat check, the front its gate compares with) into a
+:class:`TrialPlan`; the plan is *evaluated* (:func:`evaluate_plan`) in this process, on a Ray
+worker or in a Tune trainable; the asking side *records* the :class:`TrialOutcome`
+(:meth:`StitchObjective.finish`) and tells the study. Plans and outcomes pickle, and the outcome
+is in JSON types (and the bytes of a safetensors file), so both cross process boundaries.
 """
 
 from __future__ import annotations
@@ -26,11 +29,38 @@ from stitch_nas.stitching import (
     trained_bytes,
 )
 
-from ._fidelity import FidelityGate, SliceStop, screen_before_training
+from ._fidelity import FidelityGate, Front, SliceStop, screen_before_training
 
-__all__ = ["TrialOutcome", "evaluate_config"]
+__all__ = ["Repeat", "TrialOutcome", "TrialPlan", "evaluate_config", "evaluate_plan"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """One trial's config and how it is evaluated: what the side that asks the study hands to
+    the side that evaluates it.
+
+    Attributes:
+        config: the sampled config.
+        front: the study's front when the trial was planned, which the multi-fidelity gate
+            compares the config with (None: no gate).
+        gate_training: gate a config with trained adapters on its least-squares version first
+            (:func:`~stitch_nas.search._fidelity.gates_training`).
+    """
+
+    config: StitchConfig
+    front: Front | None = None
+    gate_training: bool = True
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A planned trial whose ``config`` the study has evaluated already: it is told PRUNED with
+    ``reason``, evaluating nothing, and does not count towards the requested trials."""
+
+    config: StitchConfig
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -121,6 +151,15 @@ def evaluate_config(
         return TrialOutcome("fail", cka=cka, reason=f"{type(exc).__name__}: {exc}")
     return TrialOutcome(
         "complete", measurement=result.to_dict(), cka=cka, probe=_probe(probe), weights=weights
+    )
+
+
+def evaluate_plan(ctx: StitchContext, plan: TrialPlan, options: Mapping[str, Any]) -> TrialOutcome:
+    """Evaluate ``plan`` on ``ctx`` with a search's evaluation ``options``
+    (:meth:`StitchObjective.evaluation_options`): the middle step of every trial, wherever it
+    runs."""
+    return evaluate_config(
+        ctx, plan.config, **options, front=plan.front, gate_training=plan.gate_training
     )
 
 

@@ -1,11 +1,14 @@
 """Run a search on Ray workers: N trials in flight, fed by Optuna's ask/tell.
 
-The driver asks the study for a trial, samples its :class:`~stitch_nas.config.StitchConfig` (cheap:
-the search space only reads cut lists and MAC tables), and sends the config as JSON to an idle
-worker. Workers are Ray actors that each hold the zoo and read cached activations from the object
-store (:mod:`stitch_nas.search`); a worker CKA-prunes, fits and measures the config and sends
-back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with the same bookkeeping
-as the local executor (:meth:`StitchObjective.finish`) and tells the study. TPE's constant liar
+The driver asks the study for a trial and plans it (:meth:`StitchObjective.plan`: samples its
+:class:`~stitch_nas.config.StitchConfig`, cheap, since the search space only reads cut lists
+and MAC tables; checks it is new; takes the front its gate compares with), and sends the
+:class:`~stitch_nas.search.TrialPlan` to an idle worker. Workers are Ray actors that each hold
+the zoo and read cached activations from the object store (:mod:`stitch_nas.search`); a worker
+evaluates the plan (:func:`~stitch_nas.search.evaluate_plan`: CKA-prunes, fits and measures the
+config) and sends back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with
+the same bookkeeping as the local executor (:meth:`StitchObjective.finish`) and tells the study.
+TPE's constant liar
 handles the trials still in flight. A config evaluated before or in flight (here or in another
 driver on the study) is told PRUNED at once as a repeat and does not count
 (:meth:`StitchObjective.duplicate`); the driver knows its own trials at once and reads other
@@ -50,7 +53,7 @@ from stitch_nas.errors import ConfigError, StitchNASError
 from stitch_nas.machine import available_memory_bytes
 from stitch_nas.stitching import NETWORKS
 
-from ._fidelity import gates_training
+from ._evaluate import Repeat, TrialOutcome
 from ._ray_resources import (
     WORKER_BASE_BYTES,
     check_ray_address,
@@ -61,7 +64,7 @@ from ._ray_resources import (
 from ._ray_shared import NetworkShipper, import_ray, share_context
 from ._ray_study_workers import StudyWorker, StudyWorkerRun
 from ._ray_workers import TrialWorker, _Pending, _Pool
-from ._runner import StitchObjective, TrialOutcome
+from ._runner import StitchObjective
 from ._storage import (
     DEFAULT_HEARTBEAT_S,
     heartbeat_of,
@@ -298,28 +301,26 @@ class RayExecutor:
                     buffered = BufferedTrial(trial)
                     view = cast(optuna.Trial, buffered)  # a Trial to the objective
                     try:
-                        config = objective.sample(view)
+                        plan = objective.plan(view, max_age_s=_SEEN_MAX_AGE_S)
                     except BaseException:  # a broken space is the user's error, as locally
                         study.tell(trial, state=_TrialState.FAIL)
                         raise
-                    repeat = objective.duplicate(view, config, max_age_s=_SEEN_MAX_AGE_S)
                     buffered.flush()
-                    if repeat is not None:  # evaluated before: no worker, and it does not count
+                    if isinstance(plan, Repeat):  # evaluated before: no worker, does not count
                         study.tell(trial, state=_TrialState.PRUNED)
                         counts["duplicates"] += 1
                         continue
                     try:  # a joint network trains here, once, not on every worker
-                        networks = shipper.refs(config)
+                        networks = shipper.refs(plan.config)
                     except Exception as exc:  # noqa: BLE001 - the trial fails, as it would locally
-                        unsent.append((_Pending(trial, config, -1), _failed(exc)))
+                        unsent.append((_Pending(trial, plan.config, -1), _failed(exc)))
                         continue
                     except BaseException:  # interrupted while training: not left RUNNING
                         study.tell(trial, state=_TrialState.FAIL)
                         raise
                     worker = idle.pop()
-                    front, gated = objective.front(study, config), gates_training(view)
-                    ref = pool.submit(worker, trial.number, config, front, gated, networks)
-                    in_flight[ref] = _Pending(trial, config, worker)
+                    ref = pool.submit(worker, trial.number, plan, networks)
+                    in_flight[ref] = _Pending(trial, plan.config, worker)
                 if not in_flight and not unsent:
                     break
                 ready = []

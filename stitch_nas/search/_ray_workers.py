@@ -20,7 +20,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import StitchNASError
 from stitch_nas.stitching import fragment_macs
 
-from ._evaluate import TrialOutcome, evaluate_config
+from ._evaluate import TrialOutcome, TrialPlan, evaluate_plan
 from ._ray_shared import SharedContext, import_ray, install_shipped
 
 __all__ = ["START_TIMEOUT_S", "TrialWorker"]
@@ -59,26 +59,17 @@ class TrialWorker:
         return os.getpid()
 
     def evaluate(
-        self,
-        number: int,
-        config: dict[str, Any],
-        front: list[list[float]] | None = None,
-        gate_training: bool = True,
-        networks: list[tuple[Any, Any]] | None = None,
+        self, number: int, plan: TrialPlan, networks: list[tuple[Any, Any]] | None = None
     ) -> dict[str, Any]:
-        """Evaluate one config (as JSON) for trial ``number``; the outcome as a dict.
+        """Evaluate the driver's ``plan`` of trial ``number`` (:func:`evaluate_plan`); the
+        outcome as a dict.
 
-        ``front``: the study's front when the config was sent, for multi-fidelity evaluation;
-        ``gate_training``: as :func:`evaluate_config`; ``networks``: the jointly trained
-        networks the config names, as the driver shipped them (:class:`NetworkShipper`). The
-        dict also holds
-        ``"node"``, the Ray node id of this worker.
+        ``networks``: the jointly trained networks the config names, as the driver shipped them
+        (:class:`NetworkShipper`). The dict also holds ``"node"``, the Ray node id of this
+        worker.
         """
         install_shipped(self.ctx, networks or [])
-        stitch = StitchConfig.from_dict(config)
-        outcome = evaluate_config(
-            self.ctx, stitch, **self.evaluation, front=front, gate_training=gate_training
-        )
+        outcome = evaluate_plan(self.ctx, plan, self.evaluation)
         return {**asdict(outcome), "node": self.node}
 
     def cache_stats(self) -> dict[str, int]:
@@ -132,13 +123,10 @@ class _Pool:
         self,
         index: int,
         number: int,
-        config: StitchConfig,
-        front: list[list[float]] | None,
-        gate_training: bool = True,
+        plan: TrialPlan,
         networks: list[tuple[Any, Any]] | None = None,
     ) -> Any:
-        actor = self.actors[index]
-        return actor.evaluate.remote(number, config.to_dict(), front, gate_training, networks)
+        return self.actors[index].evaluate.remote(number, plan, networks)
 
     def result(self, ref: Any, pending: _Pending) -> TrialOutcome:
         """The trial's outcome; a raised task or a dead worker becomes a "fail" outcome."""

@@ -27,7 +27,7 @@ from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
 from stitch_nas.stitching import STITCHED, TRAINED_DIR, Measurement, network_kind, save_trained
 
-from ._evaluate import TrialOutcome, evaluate_config
+from ._evaluate import Repeat, TrialOutcome, TrialPlan, evaluate_plan
 from ._fidelity import (
     DEFAULT_FIDELITY,
     MIN_SLICE_IMAGES,
@@ -43,8 +43,6 @@ from ._user_attrs import BufferedTrial
 
 __all__ = [
     "StitchObjective",
-    "TrialOutcome",
-    "evaluate_config",
     "make_objective",
 ]
 
@@ -165,27 +163,35 @@ class StitchObjective:
         buffered = BufferedTrial(trial)
         view = cast(optuna.Trial, buffered)
         try:
-            config = self.sample(view)
+            plan = self.plan(view, max_age_s=self.seen_max_age_s)
             buffered.flush()
-            state, values, reason = self._run(view, config)
+            if isinstance(plan, Repeat):
+                raise optuna.TrialPruned(plan.reason)
+            outcome = self.evaluate(plan)
+            state, values = self.finish(view, plan.config, outcome)
         finally:
             buffered.flush()
         if state == optuna.trial.TrialState.PRUNED:
-            raise optuna.TrialPruned(reason)
+            raise optuna.TrialPruned(outcome.reason)
         if values is None:  # a failed trial: NaN values make Optuna record FAIL
             return tuple(math.nan for _ in self.objectives)
         return values
 
-    def _run(
-        self, trial: optuna.Trial, config: StitchConfig
-    ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None, str | None]:
-        repeat = self.duplicate(trial, config, max_age_s=self.seen_max_age_s)
+    def plan(
+        self, trial: optuna.Trial, *, max_age_s: float = 0.0, gate: bool = True
+    ) -> TrialPlan | Repeat:
+        """The first step of every trial, whichever executor runs it: sample ``trial``'s config,
+        check that it is new (a repeat records the earlier figures, :meth:`duplicate`) and take
+        the front its multi-fidelity gate compares with (``gate=False``: none).
+
+        ``max_age_s``: as :meth:`duplicate`.
+        """
+        config = self.sample(trial)
+        repeat = self.duplicate(trial, config, max_age_s=max_age_s)
         if repeat is not None:
-            return optuna.trial.TrialState.PRUNED, None, repeat
-        front = self.front(trial.study, config)
-        outcome = self.evaluate(config, front, gate_training=gates_training(trial))
-        state, values = self.finish(trial, config, outcome)
-        return state, values, outcome.reason
+            return Repeat(config, repeat)
+        front = self.front(trial.study, config) if gate else None
+        return TrialPlan(config, front, gates_training(trial))
 
     def evaluation_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`evaluate_config` for this objective (JSON types)."""
@@ -206,12 +212,10 @@ class StitchObjective:
         stitched = config is not None and network_kind(self.ctx, config) == STITCHED
         return current_front(study, self.names, self.budgets, STITCHED if stitched else None)
 
-    def evaluate(
-        self, config: StitchConfig, front: Front | None = None, *, gate_training: bool = True
-    ) -> TrialOutcome:
-        """Score, prune or measure ``config`` in this process (what a Ray worker does remotely)."""
-        options = {**self.evaluation_options(), "gate_training": gate_training}
-        return evaluate_config(self.ctx, config, **options, front=front)
+    def evaluate(self, plan: TrialPlan) -> TrialOutcome:
+        """The second step: score, prune or measure ``plan`` in this process (what a Ray worker
+        or a Tune trainable does elsewhere, with the same :func:`evaluate_plan`)."""
+        return evaluate_plan(self.ctx, plan, self.evaluation_options())
 
     def duplicate(
         self, trial: optuna.Trial, config: StitchConfig, *, max_age_s: float = 0.0
@@ -279,9 +283,10 @@ class StitchObjective:
     def finish(
         self, trial: optuna.Trial, config: StitchConfig, outcome: TrialOutcome
     ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None]:
-        """Record ``outcome`` on ``trial``; return the state to tell and, if COMPLETE, the values.
+        """The last step: record ``outcome`` on ``trial``; return the state to tell and, if
+        COMPLETE, the values.
 
-        This is the one place where both executors do the trial bookkeeping: CKA, prune and
+        This is the one place where every executor does the trial bookkeeping: CKA, prune and
         fail reasons, measurements as user attributes, budget constraints.
         """
         state, values = self._record_outcome(trial, outcome)

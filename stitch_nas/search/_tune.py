@@ -48,8 +48,9 @@ from stitch_nas.extras import require
 from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.stitching import Measurement, fragment_macs
 
+from ._evaluate import Repeat, TrialOutcome, TrialPlan, evaluate_plan
 from ._ray_shared import SharedContext, import_ray, models_on_cpu, share_context
-from ._runner import StitchObjective, TrialOutcome, evaluate_config
+from ._runner import StitchObjective
 from ._user_attrs import BufferedTrial
 
 # This module subclasses Ray's OptunaSearch, so it needs Ray Tune at import time;
@@ -95,11 +96,12 @@ class StitchTuneSpace:
             fragment_macs(objective.ctx, name, None, None)  # traces the model, fills its table
 
     def __call__(self, trial: optuna.Trial) -> dict[str, str]:
-        config = self.objective.sample(trial)
-        out = {CONFIG_KEY: json.dumps(config.to_dict(), sort_keys=True)}
-        repeat = self.objective.duplicate(trial, config)  # records duplicate_of and figures
-        if repeat is not None:
-            out[REPEAT_KEY] = repeat
+        # the trial's first step, as under every executor; Tune has no fidelity gate (the
+        # trainable cannot read the study's front), so the plan carries none
+        plan = self.objective.plan(trial, gate=False)  # a repeat records the earlier figures
+        out = {CONFIG_KEY: json.dumps(plan.config.to_dict(), sort_keys=True)}
+        if isinstance(plan, Repeat):
+            out[REPEAT_KEY] = plan.reason
         return out
 
 
@@ -154,9 +156,8 @@ def stitch_trainable(
         ctx = shared.materialize(device)
         _CONTEXTS.clear()  # one search per process at a time; drop an earlier one's memory
         _CONTEXTS[token] = ctx
-    stitch = StitchConfig.from_dict(json.loads(config[CONFIG_KEY]))
-    outcome = evaluate_config(ctx, stitch, **evaluation)
-    tune.report(outcome_metrics(outcome, names))
+    plan = TrialPlan(StitchConfig.from_dict(json.loads(config[CONFIG_KEY])))
+    tune.report(outcome_metrics(evaluate_plan(ctx, plan, evaluation), names))
 
 
 def outcome_metrics(outcome: TrialOutcome, names: list[str]) -> dict[str, Any]:
