@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 from stitch_nas.config import AdapterSpec
 from stitch_nas.errors import ConfigError, LayoutError
 from stitch_nas.fragments import CutPoint
@@ -33,6 +33,10 @@ ADAPTER_KINDS = (
     "transformer_block",
     "lowrank",
 )
+
+
+#: the resizes each adapter kind can join a cut pair with
+_FEASIBLE: Memo[tuple[Any, ...], dict[str, list[str]]] = Memo("feasible adapters")
 
 
 class AdapterChoices:
@@ -101,15 +105,17 @@ def suggest_adapter(
 
     ``train='all'`` fine-tunes the network's first fragment, so only the first joint offers it.
     """
-    key = ("adapter_choices", choices.kinds, choices.resizes, src, dst)
-    if key not in ctx.memo:
-        ctx.memo[key] = {
+
+    def resizes() -> dict[str, list[str]]:
+        return {
             kind: [r for r in choices.resizes if can_join(kind, src, dst, resize=r)]
             if kind != "lstsq"
             else ["-"] * can_join(kind, src, dst)
             for kind in choices.kinds
         }
-    feasible: dict[str, list[str]] = ctx.memo[key]
+
+    key = (choices.kinds, choices.resizes, src, dst)
+    feasible = _FEASIBLE.fetch(ctx, key, resizes)
     kinds = [k for k in choices.kinds if feasible[k]]
     if not kinds:
         raise LayoutError(

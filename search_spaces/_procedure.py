@@ -2,19 +2,21 @@
 
 StitchNet's recursion, SN-Net's stitch set and Traft & Cheney's grid are deterministic given the
 context and their options, and a space is sampled once per trial, so each procedure runs once
-and is memoised in ``ctx.memo`` under its name and its (frozen) arguments.
+and is memoised on the context under its name and its (frozen) arguments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 
 __all__ = ["memoised"]
 
 T = TypeVar("T")
+
+_RESULTS: Memo[tuple[Any, ...], Any] = Memo("procedure results")
 
 
 def _frozen(value: Any) -> Any:
@@ -28,7 +30,5 @@ def _frozen(value: Any) -> Any:
 
 def memoised(ctx: StitchContext, procedure: Callable[..., T], **options: Any) -> T:
     """``procedure(ctx, **options)``, computed once per context and options."""
-    key = ("procedure", procedure.__module__, procedure.__qualname__, _frozen(options))
-    if key not in ctx.memo:
-        ctx.memo[key] = procedure(ctx, **options)
-    return ctx.memo[key]
+    key = (procedure.__module__, procedure.__qualname__, _frozen(options))
+    return cast(T, _RESULTS.fetch(ctx, key, lambda: procedure(ctx, **options)))

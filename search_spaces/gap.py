@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 from stitch_nas.config import Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
@@ -27,6 +27,10 @@ from ._registry import register_space
 from .pairwise import CUT_PARAMS, _suggest_cut, zoo_models
 
 _MODEL_RULES = ("any", "same", "different")
+
+
+#: the source cuts of each model pair with a reachable target, by the space's options
+_ROUTES: Memo[tuple[Any, ...], dict[str, list[str]]] = Memo("gap routes")
 
 
 def _targets(
@@ -98,8 +102,8 @@ def _routes(
     ctx: StitchContext, names: list[str], rule: str, min_gap: int, kinds: tuple
 ) -> dict[str, list[str]]:
     """``"A>B" -> source cuts of A`` that have at least one reachable target cut in B."""
-    key = ("gap_routes", tuple(names), rule, min_gap, kinds)
-    if key not in ctx.memo:
+
+    def find() -> dict[str, list[str]]:
         routes = {}
         for a in names:
             for b in names:
@@ -108,5 +112,6 @@ def _routes(
                 sources = [c.name for c in ctx.cuts(a) if _targets(ctx, a, c, b, min_gap, kinds)]
                 if sources:
                     routes[f"{a}>{b}"] = sources
-        ctx.memo[key] = routes
-    return ctx.memo[key]
+        return routes
+
+    return _ROUTES.fetch(ctx, (tuple(names), rule, min_gap, kinds), find)

@@ -31,7 +31,7 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations import StitchContext, zoo_models
+from stitch_nas.activations import Memo, StitchContext, zoo_models
 from stitch_nas.adapters import joinable
 from stitch_nas.config import DIRECTIONS, AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
@@ -46,6 +46,10 @@ CUT_PARAMS = ("named", "depth")
 #: and how far from one a cut's share may be (no proposal where a model has no cut that near)
 MATCHED_DEPTHS = (0.25, 0.5, 0.75)
 MATCHED_TOLERANCE = 0.15
+
+
+#: the ordered model pairs a zoo can join, by models and adapter kinds
+_ROUTES: Memo[tuple[Any, ...], list[tuple[str, str, str]]] = Memo("pairwise routes")
 
 
 @register_space("pairwise")
@@ -195,9 +199,12 @@ def _routes(
     ctx: StitchContext, names: list[str], kinds: tuple[str, ...] = ("lstsq",)
 ) -> list[tuple[str, str, str]]:
     """Ordered (source, destination, direction) pairs with at least one joinable cut pair."""
-    key = ("pairwise_routes", tuple(names), kinds)
-    if key in ctx.memo:
-        return ctx.memo[key]
+    return _ROUTES.fetch(ctx, (tuple(names), kinds), lambda: _find_routes(ctx, names, kinds))
+
+
+def _find_routes(
+    ctx: StitchContext, names: list[str], kinds: tuple[str, ...]
+) -> list[tuple[str, str, str]]:
     routes = []
     for src in names:
         for dst in names:
@@ -207,7 +214,6 @@ def _routes(
                 continue
             fast = (model_macs(ctx, src), src) <= (model_macs(ctx, dst), dst)
             routes.append((src, dst, "fast_to_slow" if fast else "slow_to_fast"))
-    ctx.memo[key] = routes
     return routes
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import BudgetError, ConfigError, LayoutError
 from stitch_nas.fragments import count_params
@@ -40,6 +40,10 @@ __all__ = ["restnet_select", "restnet_spec", "RESTNET_BUDGET_FRACTIONS"]
 RESTNET_BUDGET_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 
+_PARAMS: Memo[tuple[str, str | None, str | None], int] = Memo("fragment parameters")
+_JOINS: Memo[tuple[Any, str, str], bool] = Memo("model pairs with a joint")
+
+
 def restnet_spec(adapter: str = "linear", options: Mapping[str, Any] | None = None) -> AdapterSpec:
     """ReStNet's stitching layer: ``adapter`` trained alone on the task loss (Sec. III-C)."""
     if adapter == "lstsq":
@@ -49,10 +53,8 @@ def restnet_spec(adapter: str = "linear", options: Mapping[str, Any] | None = No
 
 
 def _params(ctx: StitchContext, model: str, start: str | None, end: str | None) -> int:
-    key = ("fragment_params", model, start, end)
-    if key not in ctx.memo:
-        ctx.memo[key] = count_params(ctx.segment(model, start, end))
-    return int(ctx.memo[key])
+    segment = ctx.segment
+    return _PARAMS.fetch(ctx, (model, start, end), lambda: count_params(segment(model, start, end)))
 
 
 def _joins(spec: AdapterSpec, ctx: StitchContext, a: str, i: int, b: str, j: int) -> int | None:
@@ -161,11 +163,11 @@ def restnet(
 
 
 def _has_join(ctx: StitchContext, spec: AdapterSpec, a: str, b: str) -> bool:
-    key = ("restnet_joins", spec, a, b)
-    if key not in ctx.memo:
-        ctx.memo[key] = any(
+    def joins() -> bool:
+        return any(
             _joins(spec, ctx, a, i, b, j) is not None
             for i in range(len(ctx.cuts(a)))
             for j in range(len(ctx.cuts(b)))
         )
-    return bool(ctx.memo[key])
+
+    return _JOINS.fetch(ctx, (spec, a, b), joins)

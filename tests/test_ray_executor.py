@@ -37,6 +37,7 @@ from stitch_nas.search import (
     evaluate_config,
     run_search,
 )
+from stitch_nas.snnet import SNNETS
 from tests._faults import FaultyWorker, NoTrainingWorker
 from tests._tiny import tiny_context
 
@@ -127,7 +128,7 @@ def test_a_joint_snnet_trains_once_on_the_driver_and_reaches_the_workers(ray_ses
     run_search(objective, study, 4, executor=executor)
 
     assert completed_count(study) == 4 and executor.last_run["failed"] == 0, _states(study)
-    trained = [v for k, v in ctx.memo.items() if k[0] == "snnet_joint"]
+    trained = SNNETS.values(ctx)
     assert len(trained) == 1 and trained[0].report is not None  # trained here, once
     # the workers measured the driver's weights: a fresh context trains the same SN-Net
     done = [t for t in study.trials if t.state == Complete and "duplicate_of" not in t.user_attrs]

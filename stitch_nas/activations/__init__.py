@@ -16,6 +16,7 @@ from ._context import (
     zoo_models,
 )
 from ._device import AUTOCAST_DTYPES, is_convolutional, to_device
+from ._memo import Memo
 from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_MEMORY_FRACTION",
     "GPU_MAX_BATCH",
     "LIVE_ACTIVATIONS",
+    "Memo",
     "MAX_BATCH",
     "STORAGE_DTYPES",
     "WORK_BATCH_BYTES",

@@ -98,7 +98,9 @@ class StitchContext:
         self.cache = cache if cache is not None else ActivationCache()
         self.cost_tables = cost_tables
         self._fingerprints: dict[str, str] = {}
-        self.memo: dict[tuple, Any] = {}  # per-search memo of derived values (e.g. MACs)
+        #: each :class:`~stitch_nas.activations.Memo`'s values on this context (owned by the
+        #: modules that fill them: MAC tables, piece roles, a trained SN-Net...)
+        self.memos: dict[Any, dict[Any, Any]] = {}
         self._grams: dict[tuple[str, str, str, tuple[int, int] | None], torch.Tensor] = {}
         self._channels_last: set[str] = set()
         self._budget_checked: set[str] = set()

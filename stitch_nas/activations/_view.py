@@ -17,7 +17,13 @@ from stitch_nas.zoo import Zoo
 
 from ._cache import ActivationCache, ActivationKey
 
-__all__ = ["ContextView"]
+__all__ = ["ContextView", "MemoHolder"]
+
+
+class MemoHolder(Protocol):
+    """What a :class:`~stitch_nas.activations.Memo` stores its values in: a context's memos."""
+
+    memos: dict[Any, dict[Any, Any]]
 
 
 class ContextView(Protocol):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stitch_nas.activations import ActivationRows, InputRows, Rows, StitchContext
+from stitch_nas.activations import ActivationRows, InputRows, Memo, Rows, StitchContext
 from stitch_nas.config import AdapterSpec, Fragment
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint, segment
@@ -40,6 +40,9 @@ from ._registry import create, resolve_options
 from ._train import TrainData, TrainReport, train
 
 __all__ = ["Joint", "JointFit", "feature_cut", "fit_joint", "resolve_teacher"]
+
+#: the zoo model teacher="best" names, chosen once per context
+_BEST_TEACHER: Memo[tuple[()], str] = Memo("best teacher")
 
 
 @dataclass
@@ -108,8 +111,8 @@ def _best(ctx: StitchContext) -> str:
 
     Probe logits are cached and read by every fit anyway; ties go to the first in zoo order.
     """
-    key = ("distill_best_teacher",)
-    if key not in ctx.memo:
+
+    def best() -> str:
         labels, y = tuple(ctx.data.label_names), ctx.labels("probe")
         native = [m for m in ctx.zoo.names() if tuple(ctx.entry(m).label_names) == labels]
         if not native:
@@ -121,8 +124,9 @@ def _best(ctx: StitchContext) -> str:
             m: float((ctx.activation(m, None, "probe").argmax(1).cpu() == y).float().mean())
             for m in native
         }
-        ctx.memo[key] = max(native, key=lambda m: accuracy[m])
-    return str(ctx.memo[key])
+        return max(native, key=lambda m: accuracy[m])
+
+    return _BEST_TEACHER.fetch(ctx, (), best)
 
 
 def _check(spec: AdapterSpec, opts: dict, joint: Joint, ctx: StitchContext) -> None:

@@ -3,6 +3,7 @@ its joint training (Alg. 1).
 """
 
 from ._joint import (
+    SNNETS,
     JointReport,
     JointSNNet,
     joint_network,
@@ -36,6 +37,7 @@ __all__ = [
     "KERNEL_DEFAULT",
     "LAYER_OPTIONS",
     "SNNET",
+    "SNNETS",
     "SNStitch",
     "STRIDE_DEFAULT",
     "joint_layer",

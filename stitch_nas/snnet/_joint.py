@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from stitch_nas import adapters
-from stitch_nas.activations import ActivationRows, InputRows, Rows, StitchContext, take
+from stitch_nas.activations import ActivationRows, InputRows, Memo, Rows, StitchContext, take
 from stitch_nas.adapters import cosine_schedule, resolve_teacher, take_step, training_loss
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.errors import ConfigError
@@ -60,7 +60,7 @@ from stitch_nas.stitching import (
 from ._plan import SNStitch, snnet_stitches
 from ._spec import JOINT_KIND, LAYER_OPTIONS, joint_layer, joint_spec, resolve_joint_options
 
-__all__ = ["JointReport", "JointSNNet", "joint_network", "joint_stitches", "train_snnet"]
+__all__ = ["SNNETS", "JointReport", "JointSNNet", "joint_network", "joint_stitches", "train_snnet"]
 
 logger = logging.getLogger(__name__)
 
@@ -339,15 +339,20 @@ def train_snnet(ctx: StitchContext, *, progress: bool = False, **options: Any) -
     return _trained(ctx, joint_spec(**options), progress)
 
 
+#: each SN-Net trained (or installed) on a context, by its options with defaults filled in
+SNNETS: Memo[tuple[Any, ...], JointSNNet] = Memo("trained SN-Nets")
+
+
 def memo_key(spec: AdapterSpec) -> tuple[tuple[Any, ...], AdapterSpec]:
     """Where a context memoises the SN-Net ``spec`` names, and the spec with its defaults."""
     spec = joint_spec(**dict(spec.options))  # defaults filled in: one SN-Net, one key
-    return ("snnet_joint", spec.options), spec
+    return spec.options, spec
 
 
 def _trained(ctx: StitchContext, spec: AdapterSpec, progress: bool) -> JointSNNet:
     key, spec = memo_key(spec)
-    if key not in ctx.memo:
+    sn = SNNETS.get(ctx, key)
+    if sn is None:
         opts = resolve_joint_options(dict(spec.options))
         stitches = joint_stitches(ctx, spec)
         if opts["loss"] == "distill" and stitches:  # a bad teacher fails before any fitting
@@ -361,8 +366,8 @@ def _trained(ctx: StitchContext, spec: AdapterSpec, progress: bool) -> JointSNNe
         )
         sn.report = _train(sn, opts, progress)
         logger.info("SN-Net trained in %.1f s", sn.report.seconds)
-        ctx.memo[key] = sn
-    return ctx.memo[key]
+        SNNETS.put(ctx, key, sn)
+    return sn
 
 
 def joint_network(ctx: StitchContext, config: StitchConfig) -> StitchedNet:

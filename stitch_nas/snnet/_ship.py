@@ -18,14 +18,14 @@ import torch
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec
 
-from ._joint import JointReport, JointSNNet, joint_stitches, memo_key, train_snnet
+from ._joint import SNNETS, JointReport, JointSNNet, joint_stitches, memo_key, train_snnet
 
 __all__ = ["has_snnet", "install_snnet", "snnet_state", "trained_snnet"]
 
 
 def has_snnet(ctx: StitchContext, spec: AdapterSpec) -> bool:
     """Whether ``ctx`` already holds the SN-Net ``spec`` names (trained or installed)."""
-    return memo_key(spec)[0] in ctx.memo
+    return SNNETS.get(ctx, memo_key(spec)[0]) is not None
 
 
 def trained_snnet(ctx: StitchContext, spec: AdapterSpec) -> JointSNNet:
@@ -58,8 +58,9 @@ def install_snnet(ctx: StitchContext, spec: AdapterSpec, state: dict[str, Any]) 
         ValueError: ``state`` does not match the SN-Net ``spec`` builds on ``ctx``.
     """
     key, spec = memo_key(spec)
-    if key in ctx.memo:
-        return ctx.memo[key]
+    held = SNNETS.get(ctx, key)
+    if held is not None:
+        return held
     sn = JointSNNet(ctx, spec, joint_stitches(ctx, spec))
     layers = list(sn.layers.values())
     if len(layers) != len(state["layers"]) or set(state["anchors"]) - set(sn.chains):
@@ -73,5 +74,4 @@ def install_snnet(ctx: StitchContext, spec: AdapterSpec, state: dict[str, Any]) 
         sn.chains[name].model.load_state_dict(weights)
     if state["report"] is not None:
         sn.report = JointReport(**state["report"])
-    ctx.memo[key] = sn
-    return sn
+    return SNNETS.put(ctx, key, sn)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 from stitch_nas.config import StitchConfig
 
 __all__ = ["KINDS", "PieceRoles", "STITCHED", "network_kind", "piece_roles"]
@@ -72,11 +72,16 @@ def _first_block(model: nn.Module, names: list[str]) -> int:
     return 1
 
 
+_ROLES: Memo[str, PieceRoles] = Memo("piece roles")
+_KINDS: Memo[str, str] = Memo("network kinds")
+
+
 def piece_roles(ctx: StitchContext, model: str) -> PieceRoles:
-    """Stem, block or head for each piece of ``model`` (memoised in ``ctx.memo``)."""
-    key = ("piece_roles", model)
-    if key in ctx.memo:
-        return ctx.memo[key]
+    """Stem, block or head for each piece of ``model`` (memoised on the context)."""
+    return _ROLES.fetch(ctx, model, lambda: _piece_roles(ctx, model))
+
+
+def _piece_roles(ctx: StitchContext, model: str) -> PieceRoles:
     chain, cuts = ctx.chain(model), ctx.cuts(model)
     weighted = tuple(any(True for _ in chain.piece(i).parameters()) for i in range(len(cuts) + 1))
     pooled: list[bool] = []  # a 1x1 grid reached without weights from a larger grid
@@ -91,8 +96,7 @@ def piece_roles(ctx: StitchContext, model: str) -> PieceRoles:
     roles = tuple(
         "stem" if i < first else "head" if i > last else "block" for i in range(len(cuts) + 1)
     )
-    ctx.memo[key] = PieceRoles(roles, weighted)
-    return ctx.memo[key]
+    return PieceRoles(roles, weighted)
 
 
 def _span(ctx: StitchContext, model: str, start: str | None, end: str | None) -> range:
@@ -105,9 +109,10 @@ def _span(ctx: StitchContext, model: str, start: str | None, end: str | None) ->
 
 def network_kind(ctx: StitchContext, config: StitchConfig) -> str:
     """The kind of network ``config`` is, one of :data:`KINDS` (the rule is the module's)."""
-    key = ("network_kind", config.stable_hash())
-    if key in ctx.memo:
-        return ctx.memo[key]
+    return _KINDS.fetch(ctx, config.stable_hash(), lambda: _network_kind(ctx, config))
+
+
+def _network_kind(ctx: StitchContext, config: StitchConfig) -> str:
     frags = config.fragments
     if len(frags) == 1:
         kind = "zoo model" if frags[0].end is None else "truncated"
@@ -124,5 +129,4 @@ def network_kind(ctx: StitchContext, config: StitchConfig) -> str:
             kind = "new stem and head"
         else:
             kind = "new stem" if new_stem else "new head" if new_head else STITCHED
-    ctx.memo[key] = kind
     return kind

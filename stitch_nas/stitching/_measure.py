@@ -13,17 +13,18 @@ checked on that fixed sample (:func:`sample_correct`) instead of the whole split
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import count_macs, count_params_of
@@ -54,6 +55,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: MACs of each piece of a zoo model, and of each stitch part by cost key and input shape
+_PIECE_MACS: Memo[str, list[int]] = Memo("MACs of each piece")
+_PART_MACS: Memo[tuple[Any, ...], int] = Memo("MACs of stitch parts")
 
 #: the fixed sample a stored network is checked on: the first this many images of the split
 SAMPLE_IMAGES = 512
@@ -113,16 +118,17 @@ def fragment_macs(ctx: StitchContext, model: str, start: str | None, end: str | 
 
 def _pieces(ctx: StitchContext, model: str) -> list[int]:
     """MACs of each run between consecutive cut points (input, cut 0, ..., cut k, output)."""
-    key = ("pieces", model)
-    if key not in ctx.memo:
+
+    def count() -> list[int]:
         cuts = ctx.cuts(model)
         bounds: list[str | None] = [None, *(c.name for c in cuts), None]
         shapes = [ctx.input_shape(model), *((1, *c.shape) for c in cuts)]
-        ctx.memo[key] = [
+        return [
             count_macs(ctx.segment(model, start, end), shape)
             for start, end, shape in zip(bounds[:-1], bounds[1:], shapes, strict=True)
         ]
-    return ctx.memo[key]
+
+    return _PIECE_MACS.fetch(ctx, model, count)
 
 
 def model_macs(ctx: StitchContext, name: str) -> int:
@@ -144,10 +150,8 @@ def network_macs(ctx: StitchContext, net: StitchedNet) -> int:
         if key[0] == "fragment":
             total += fragment_macs(ctx, *key[1:])
             continue
-        memo_key = ("macs", key, tuple(in_shape))
-        if memo_key not in ctx.memo:
-            ctx.memo[memo_key] = count_macs(part, (1, *in_shape))
-        total += ctx.memo[memo_key]
+        shape = (1, *in_shape)
+        total += _PART_MACS.fetch(ctx, (key, shape), functools.partial(count_macs, part, shape))
     return total
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 from stitch_nas.adapters import get_adapter
 from stitch_nas.config import AdapterSpec, StitchConfig
 
@@ -51,20 +51,20 @@ def least_squares_version(config: StitchConfig) -> StitchConfig:
     return dataclasses.replace(config, adapters=tuple(_untrained(a) for a in config.adapters))
 
 
-def _memo_key(config: StitchConfig) -> tuple[str, str]:
-    return ("probe_score", config.stable_hash())
+#: scores seeding computed for configs it enqueued, each handed back once
+_KEPT: Memo[str, ProbeScore] = Memo("kept probe scores")
 
 
 def keep_probe_score(ctx: StitchContext, config: StitchConfig, score: ProbeScore) -> None:
     """Hold ``score`` for the next :func:`probe_accuracy` of ``config`` (seeding scores the
     configs it enqueues, and their trials then need not score them again)."""
-    ctx.memo[_memo_key(config)] = score
+    _KEPT.put(ctx, config.stable_hash(), score)
 
 
 def probe_accuracy(ctx: StitchContext, config: StitchConfig) -> ProbeScore:
     """Build the least-squares version of ``config`` and score it on the probe split (or hand
     back, once, a score kept by :func:`keep_probe_score`)."""
-    kept = ctx.memo.pop(_memo_key(config), None)
+    kept = _KEPT.pop(ctx, config.stable_hash())
     if kept is not None:
         return kept
     cheap = least_squares_version(config)
