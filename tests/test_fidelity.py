@@ -10,7 +10,7 @@ from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.report import wilson_interval
 from stitch_nas.search import StitchObjective, evaluate_config
-from stitch_nas.search._fidelity import FidelityGate, SliceStop, current_front
+from stitch_nas.search._fidelity import Fidelity, FidelityGate, SliceStop, current_front
 from stitch_nas.stitching import Measurement, measure
 from tests._tiny import tiny_context
 
@@ -117,7 +117,7 @@ def test_each_slice_is_judged_on_everything_scored_so_far(ctx):
 
 def test_accuracy_with_the_gate_equals_accuracy_without(ctx):
     gated_ctx = tiny_context()  # nothing cached: the first slice streams the whole split
-    fidelity = {"fidelity": 0.15, "objectives": list(NAMES), "budgets": {}}
+    fidelity = Fidelity(0.15, tuple(NAMES), {})
     never = [[0.0, 1e15]]  # a front that dominates nothing
     for config in _configs(ctx):
         plain = evaluate_config(ctx, config)
@@ -132,7 +132,7 @@ def test_the_gate_off_measures_everything(ctx):
     config = _configs(ctx)[0]
     assert evaluate_config(ctx, config, fidelity=None, front=hopeless).status == "complete"
     objective = StitchObjective(ctx, fidelity=0)
-    assert objective.evaluation_options()["fidelity"] is None
+    assert objective.evaluation_options().fidelity is None
     study = optuna.create_study(directions=objective.directions)
     assert objective.front(study) is None
     with pytest.raises(ConfigError, match="fidelity"):
@@ -142,12 +142,12 @@ def test_the_gate_off_measures_everything(ctx):
 def test_a_slice_below_the_minimum_turns_the_gate_off(ctx):
     n = len(ctx.labels("val"))
     small = StitchObjective(ctx, fidelity=0.15, min_slice=round(0.15 * n) + 1)
-    assert small.evaluation_options()["fidelity"] is None
+    assert small.evaluation_options().fidelity is None
     study = optuna.create_study(directions=small.directions)
     study.add_trial(optuna.trial.create_trial(values=[1.0, 1.0]))
     assert small.front(study) is None
     exact = StitchObjective(ctx, fidelity=0.15, min_slice=round(0.15 * n))
-    assert exact.evaluation_options()["fidelity"] is not None and exact.front(study)
+    assert exact.evaluation_options().fidelity is not None and exact.front(study)
 
 
 def test_a_pruned_trial_carries_the_slice(ctx):
@@ -237,7 +237,7 @@ def test_a_trained_config_that_cannot_pay_is_pruned_before_training(ctx, monkeyp
         (Fragment("resnet", None, cut_a.name), Fragment("resnet", cut_b.name, None)),
         (AdapterSpec("linear", (("loss", "task"), ("steps", 4))),),
     )
-    fidelity = {"fidelity": 0.15, "objectives": list(NAMES), "budgets": {}}
+    fidelity = Fidelity(0.15, tuple(NAMES), {})
     hopeless = evaluate_config(ctx, config, fidelity=fidelity, front=[[1.0, 1.0]])
     assert hopeless.status == "pruned", hopeless.reason
     assert hopeless.reason.startswith("before training, least squares: fidelity:")

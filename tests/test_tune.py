@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from stitch_nas.config import StitchConfig
-from stitch_nas.search import StitchObjective, TrialOutcome, evaluate_config
+from stitch_nas.search import StitchObjective, TrialOutcome, TrialPlan, evaluate_plan
 from stitch_nas.search._tune import (
     CONFIG_KEY,
     REPEAT_KEY,
@@ -36,8 +36,8 @@ def ctx():
 def _run_one(searcher, objective, trial_id: str) -> optuna.trial.FrozenTrial:
     """What Tune does for one trial: suggest, evaluate in the trainable, complete."""
     config = searcher.suggest(trial_id)
-    stitch = StitchConfig.from_dict(json.loads(config[CONFIG_KEY]))
-    outcome = evaluate_config(objective.ctx, stitch, **objective.evaluation_options())
+    plan = TrialPlan(StitchConfig.from_dict(json.loads(config[CONFIG_KEY])))
+    outcome = evaluate_plan(objective.ctx, plan, objective.evaluation_options())
     searcher.on_trial_complete(trial_id, outcome_metrics(outcome, objective.names))
     return searcher.study.trials[-1]
 

@@ -9,7 +9,15 @@ the Tune helpers (:class:`StitchOptunaSearch`, :class:`StitchTuneSpace`, :func:`
 
 from typing import TYPE_CHECKING, Any
 
-from ._evaluate import Repeat, TrialOutcome, TrialPlan, evaluate_config, evaluate_plan
+from ._evaluate import (
+    EvaluationOptions,
+    Repeat,
+    TrialOutcome,
+    TrialPlan,
+    evaluate_config,
+    evaluate_plan,
+)
+from ._fidelity import Fidelity
 from ._loop import check_budget_reachable, run_search
 from ._ray_executor import RAY_NODE, RayExecutor, StudyWorker
 from ._ray_resources import check_ray_address
@@ -54,6 +62,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CONFIG_KEY",
+    "EvaluationOptions",
+    "Fidelity",
     "LEGACY_STUDY_NAME",
     "RAY_NODE",
     "RayExecutor",

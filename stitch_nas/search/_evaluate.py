@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +29,38 @@ from stitch_nas.stitching import (
     trained_bytes,
 )
 
-from ._fidelity import FidelityGate, Front, SliceStop, screen_before_training
+from ._fidelity import Fidelity, Front, SliceStop, screen_before_training
 
-__all__ = ["Repeat", "TrialOutcome", "TrialPlan", "evaluate_config", "evaluate_plan"]
+__all__ = [
+    "EvaluationOptions",
+    "Repeat",
+    "TrialOutcome",
+    "TrialPlan",
+    "evaluate_config",
+    "evaluate_plan",
+]
+
+
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """How a search evaluates every config (:meth:`StitchObjective.evaluation_options`), the
+    same wherever a plan is evaluated; the keywords of :func:`evaluate_config`.
+
+    Attributes:
+        cka_threshold: prune stitched configs whose CKA score is below this.
+        probe_threshold: prune stitched configs whose least-squares probe accuracy is below
+            this multiple of chance.
+        fuse: fold least-squares stitches into the next layer where possible.
+        latency: time each network (an objective needs it).
+        fidelity: the multi-fidelity rule (None: every config is scored on the whole split).
+    """
+
+    cka_threshold: float = 0.0
+    probe_threshold: float = 0.0
+    fuse: bool = False
+    latency: bool = False
+    fidelity: Fidelity | None = None
+
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +125,7 @@ def evaluate_config(
     probe_threshold: float = 0.0,
     fuse: bool = False,
     latency: bool = False,
-    fidelity: Mapping[str, Any] | None = None,
+    fidelity: Fidelity | None = None,
     front: Sequence[Sequence[float]] | None = None,
     gate_training: bool = True,
 ) -> TrialOutcome:
@@ -106,14 +135,14 @@ def evaluate_config(
     A trial that raises is recorded as FAIL with its reason rather than stopping the study;
     the runners stop a study whose trials all fail. ``probe_threshold`` is a multiple of chance
     (``1 / classes``) that the least-squares version's probe accuracy must reach
-    (:mod:`stitch_nas.stitching._proxy`). ``fidelity`` (``fidelity``, ``objectives``,
-    ``budgets``) and a non-empty ``front`` turn on multi-fidelity evaluation (``._fidelity``);
+    (:mod:`stitch_nas.stitching._proxy`). ``fidelity`` (the search's :class:`Fidelity` rule)
+    and a non-empty ``front`` turn on multi-fidelity evaluation (``._fidelity``);
     with it, a config with trained adapters is first gated on its least-squares version unless
     ``gate_training`` is False.
     """
     cka: float | None = None
     probe = None
-    gate = FidelityGate(front=front, **fidelity) if fidelity and front else None
+    gate = fidelity.gate(front) if fidelity is not None and front else None
     try:
         cka = config_cka(ctx, config)
         if config.is_stitched and cka < cka_threshold:
@@ -154,12 +183,20 @@ def evaluate_config(
     )
 
 
-def evaluate_plan(ctx: StitchContext, plan: TrialPlan, options: Mapping[str, Any]) -> TrialOutcome:
+def evaluate_plan(ctx: StitchContext, plan: TrialPlan, options: EvaluationOptions) -> TrialOutcome:
     """Evaluate ``plan`` on ``ctx`` with a search's evaluation ``options``
     (:meth:`StitchObjective.evaluation_options`): the middle step of every trial, wherever it
     runs."""
     return evaluate_config(
-        ctx, plan.config, **options, front=plan.front, gate_training=plan.gate_training
+        ctx,
+        plan.config,
+        cka_threshold=options.cka_threshold,
+        probe_threshold=options.probe_threshold,
+        fuse=options.fuse,
+        latency=options.latency,
+        fidelity=options.fidelity,
+        front=plan.front,
+        gate_training=plan.gate_training,
     )
 
 

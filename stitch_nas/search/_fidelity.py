@@ -76,6 +76,7 @@ from stitch_nas.stitching import (
 __all__ = [
     "DEFAULT_FIDELITY",
     "MIN_SLICE_IMAGES",
+    "Fidelity",
     "FidelityGate",
     "Front",
     "SliceStop",
@@ -121,6 +122,25 @@ def check_fidelity(value: Any) -> float:
 
 def slice_size(n: int, fidelity: float) -> int:
     return max(1, min(n, round(fidelity * n)))
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """A search's multi-fidelity rule, before any front is known.
+
+    Attributes:
+        share: share of the validation split a new config is scored on first, in (0, 1).
+        objectives: the study's objective names, in order.
+        budgets: ``{"macs": ..., "params": ...}`` limits.
+    """
+
+    share: float
+    objectives: tuple[str, ...]
+    budgets: Mapping[str, float]
+
+    def gate(self, front: Sequence[Sequence[float]]) -> FidelityGate:
+        """The rule for a config planned when the study's front was ``front``."""
+        return FidelityGate(self.share, self.objectives, front, self.budgets)
 
 
 @dataclass(frozen=True)

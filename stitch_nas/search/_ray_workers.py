@@ -20,7 +20,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import StitchNASError
 from stitch_nas.stitching import fragment_macs
 
-from ._evaluate import TrialOutcome, TrialPlan, evaluate_plan
+from ._evaluate import EvaluationOptions, TrialOutcome, TrialPlan, evaluate_plan
 from ._ray_shared import SharedContext, import_ray, install_shipped
 
 __all__ = ["START_TIMEOUT_S", "TrialWorker"]
@@ -35,14 +35,14 @@ class TrialWorker:
 
     Args:
         shared: The driver's shared context.
-        evaluation: Keyword arguments of :func:`~stitch_nas.search.evaluate_config`.
+        evaluation: How the search evaluates every config.
         num_threads: Torch CPU threads of this worker.
     """
 
     def __init__(
         self,
         shared: SharedContext,
-        evaluation: dict[str, Any],
+        evaluation: EvaluationOptions,
         num_threads: int,
     ) -> None:
         ray = import_ray()
@@ -51,7 +51,7 @@ class TrialWorker:
         self.ctx = shared.materialize(device)
         for name in self.ctx.zoo.names():  # trace each model and fill its MAC table up front
             fragment_macs(self.ctx, name, None, None)
-        self.evaluation = dict(evaluation)
+        self.evaluation = evaluation
         self.node = ray.get_runtime_context().get_node_id()
 
     def ready(self) -> int:
@@ -92,7 +92,7 @@ class _Pool:
         self,
         ray: Any,
         shared: SharedContext,
-        evaluation: dict[str, Any],
+        evaluation: EvaluationOptions,
         resources: dict[str, float],
         worker_class: type[TrialWorker] = TrialWorker,
     ) -> None:

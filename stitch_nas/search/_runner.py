@@ -27,10 +27,11 @@ from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
 from stitch_nas.stitching import STITCHED, TRAINED_DIR, Measurement, network_kind, save_trained
 
-from ._evaluate import Repeat, TrialOutcome, TrialPlan, evaluate_plan
+from ._evaluate import EvaluationOptions, Repeat, TrialOutcome, TrialPlan, evaluate_plan
 from ._fidelity import (
     DEFAULT_FIDELITY,
     MIN_SLICE_IMAGES,
+    Fidelity,
     Front,
     check_fidelity,
     current_front,
@@ -193,16 +194,16 @@ class StitchObjective:
         front = self.front(trial.study, config) if gate else None
         return TrialPlan(config, front, gates_training(trial))
 
-    def evaluation_options(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`evaluate_config` for this objective (JSON types)."""
-        fidelity = {"fidelity": self.fidelity, "objectives": self.names, "budgets": self.budgets}
-        return {
-            "cka_threshold": self.cka_threshold,
-            "probe_threshold": self.probe_threshold,
-            "fuse": self.fuse,
-            "latency": self.latency,
-            "fidelity": fidelity if self.gated else None,
-        }
+    def evaluation_options(self) -> EvaluationOptions:
+        """How this objective's configs are evaluated, wherever their plans are."""
+        fidelity = Fidelity(self.fidelity, tuple(self.names), dict(self.budgets))
+        return EvaluationOptions(
+            cka_threshold=self.cka_threshold,
+            probe_threshold=self.probe_threshold,
+            fuse=self.fuse,
+            latency=self.latency,
+            fidelity=fidelity if self.gated else None,
+        )
 
     def front(self, study: optuna.Study, config: StitchConfig | None = None) -> Front | None:
         """The study's current front that ``config`` is gated against (None: the gate is off):

@@ -48,7 +48,7 @@ from stitch_nas.extras import require
 from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.stitching import Measurement, fragment_macs
 
-from ._evaluate import Repeat, TrialOutcome, TrialPlan, evaluate_plan
+from ._evaluate import EvaluationOptions, Repeat, TrialOutcome, TrialPlan, evaluate_plan
 from ._ray_shared import SharedContext, import_ray, models_on_cpu, share_context
 from ._runner import StitchObjective
 from ._user_attrs import BufferedTrial
@@ -137,7 +137,7 @@ def stitch_trainable(
     *,
     token: str,
     shared: SharedContext,
-    evaluation: dict[str, Any],
+    evaluation: EvaluationOptions,
     names: list[str],
 ) -> None:
     """Evaluate the StitchConfig in ``config["stitch_config"]`` and report it to Tune.
