@@ -47,7 +47,7 @@ from stitch_nas.errors import StitchNASError
 
 from ._ray_shared import import_ray
 from ._ray_workers import TrialWorker, _first_line, _Pool
-from ._runner import StitchObjective
+from ._runner import ObjectiveSettings, StitchObjective
 from ._storage import fail_running, open_storage, remember_storage
 from ._studies import completed_count, is_repeat
 
@@ -71,7 +71,7 @@ class StudyWorker(TrialWorker):
         study_name: str,
         heartbeat_s: int,
         sampler: optuna.samplers.BaseSampler,
-        objective: dict[str, Any],
+        objective: ObjectiveSettings,
         worker_id: str,
         reseed: bool = True,
     ) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,10 +43,7 @@ from ._seen import Earlier, SeenConfigs
 from ._studies import completed_count, set_metric_names
 from ._user_attrs import BufferedTrial
 
-__all__ = [
-    "StitchObjective",
-    "make_objective",
-]
+__all__ = ["ObjectiveSettings", "StitchObjective", "make_objective"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +51,26 @@ logger = logging.getLogger(__name__)
 DEFAULT_PROBE_THRESHOLD = 1.5
 #: stop a search after this many proposals in a row that were all repeats of evaluated configs
 DEFAULT_MAX_REPEATS = 50
+
+
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    """What a :class:`StitchObjective` was made with, less its context: another process (a Ray
+    worker that runs trials itself) rebuilds the same objective on its own context from it
+    (:meth:`StitchObjective.on_context`). The fields are the constructor's arguments, checked
+    there, plus the search folder."""
+
+    space: str
+    objectives: tuple[str, ...]
+    cka_threshold: float
+    probe_threshold: float
+    budgets: dict[str, float]
+    space_options: dict[str, Any]
+    fuse: bool
+    fidelity: float
+    min_slice: int
+    max_repeats: int
+    folder: Path | None
 
 
 class StitchObjective:
@@ -105,6 +123,7 @@ class StitchObjective:
         # multi-fidelity evaluation (see ._fidelity): share of the split scored first, 0: off
         self.fidelity = check_fidelity(fidelity)
         # ... on a slice of at least min_slice images; smaller splits are scored whole
+        self.min_slice = min_slice
         self.gated = self.fidelity > 0 and (
             slice_size(len(ctx.labels("val")), self.fidelity) >= min_slice
         )
@@ -124,20 +143,41 @@ class StitchObjective:
         #: than train them again; None: not kept (they are trained again from their seed)
         self.folder: Path | None = None
 
-    def portable(self) -> dict[str, Any]:
+    def portable(self) -> ObjectiveSettings:
         """This objective's settings without its context, for another process to rebuild it
         on its own context (:meth:`on_context`): a Ray worker that runs trials itself."""
-        skip = ("ctx", "_seen", "repeats", "trial_attrs", "seen_max_age_s", "_named")
-        return {k: v for k, v in vars(self).items() if k not in skip}
+        return ObjectiveSettings(
+            space=self.space_name,
+            objectives=tuple(self.names),
+            cka_threshold=self.cka_threshold,
+            probe_threshold=self.probe_threshold,
+            budgets=dict(self.budgets),
+            space_options=dict(self.space_options),
+            fuse=self.fuse,
+            fidelity=self.fidelity,
+            min_slice=self.min_slice,
+            max_repeats=self.max_repeats,
+            folder=self.folder,
+        )
 
     @classmethod
-    def on_context(cls, portable: dict[str, Any], ctx: StitchContext) -> StitchObjective:
-        """The objective :meth:`portable` describes, on ``ctx``, with nothing seen yet."""
-        objective = cls.__new__(cls)
-        vars(objective).update(portable)
-        objective.ctx, objective.repeats, objective.trial_attrs = ctx, 0, {}
-        objective.seen_max_age_s = 0.0
-        objective._seen, objective._named = SeenConfigs(), False
+    def on_context(cls, settings: ObjectiveSettings, ctx: StitchContext) -> StitchObjective:
+        """The objective ``settings`` describe (:meth:`portable`), on ``ctx``, with nothing
+        seen yet."""
+        objective = cls(
+            ctx,
+            space=settings.space,
+            objectives=settings.objectives,
+            cka_threshold=settings.cka_threshold,
+            probe_threshold=settings.probe_threshold,
+            budgets=settings.budgets,
+            space_options=settings.space_options,
+            fuse=settings.fuse,
+            fidelity=settings.fidelity,
+            min_slice=settings.min_slice,
+            max_repeats=settings.max_repeats,
+        )
+        objective.folder = settings.folder
         return objective
 
     def sample(self, trial: optuna.Trial) -> StitchConfig:
