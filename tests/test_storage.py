@@ -107,3 +107,18 @@ def test_two_processes_never_take_one_enqueued_trial_on_sqlite(tmp_path):
     # Optuna's SELECT ... FOR UPDATE is a no-op on SQLite: without one ask at a time, both
     # processes took some enqueued trials
     assert sorted(popped) == list(range(40))
+
+
+def test_the_ask_lock_lives_beside_the_database_not_in_the_temporary_folder(tmp_path):
+    """One lock file per study, removed with its folder, not one per database path ever asked
+    left in the machine's temporary folder."""
+    import tempfile
+
+    url = f"sqlite:///{tmp_path}/study.db"
+    storage = open_storage(url)
+    study = optuna.create_study(storage=storage)
+    remember_storage(study, storage, url)
+    temporary = set(Path(tempfile.gettempdir()).glob("stitch_nas-ask-*"))
+    study.tell(study.ask(), state=optuna.trial.TrialState.PRUNED)
+    assert (tmp_path / "study.db-ask.lock").is_file()
+    assert set(Path(tempfile.gettempdir()).glob("stitch_nas-ask-*")) == temporary

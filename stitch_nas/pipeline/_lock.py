@@ -32,8 +32,15 @@ __all__ = ["LOCK_NAME", "STUDY_FILES", "Claim", "check_free", "claim_out"]
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".stitch-nas.lock"
-#: what a run writes into ``--out`` before its first trial (SQLite adds the last three)
-STUDY_FILES = ("study.db", "study.db-journal", "study.db-wal", "study.db-shm")
+#: what a run writes into ``--out`` before its first trial (SQLite adds the journal, WAL and
+#: shared-memory files; the first ask the lock of ``search._storage.ask_lock_of``)
+STUDY_FILES = (
+    "study.db",
+    "study.db-journal",
+    "study.db-wal",
+    "study.db-shm",
+    "study.db-ask.lock",
+)
 # a probe (check_free) of another process holds the lock for microseconds: retry that long
 _CLAIM_TRIES = 20
 _CLAIM_PAUSE_S = 0.02

@@ -15,11 +15,9 @@ trial's user attributes in one transaction rather than one per attribute.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import sqlite3
-import tempfile
 import time
 import warnings
 import weakref
@@ -38,6 +36,7 @@ from stitch_nas.files import disk_full
 __all__ = [
     "DEFAULT_HEARTBEAT_S",
     "Heartbeat",
+    "ask_lock_of",
     "fail_running",
     "open_storage",
     "rdb_storage_of",
@@ -184,14 +183,13 @@ def _one_ask_at_a_time(study: optuna.Study, db: Path) -> None:
     An ask first takes a trial enqueued as WAITING (a seed, a refinement) by setting it
     RUNNING. Optuna guards that with ``SELECT ... FOR UPDATE``, which SQLite ignores, so two
     processes asking at once (Ray workers, joined drivers) both took the same trial and both
-    ran it. An exclusive lock on a file named after the database, in the temporary folder
-    (every process on the machine sees it; an SQLite file is shared by one machine only),
-    is held for the ask.
+    ran it. An exclusive lock on a file beside the database (:func:`ask_lock_of`; every
+    process that opens the database sees it) is held for the ask. It stays there, empty, with
+    the database: removing a lock file others may hold would let two processes lock two files.
     """
     import fcntl  # POSIX: Ray and several drivers on one SQLite file run there
 
-    digest = hashlib.sha256(str(db.resolve()).encode()).hexdigest()[:16]
-    lock = Path(tempfile.gettempdir()) / f"stitch_nas-ask-{digest}.lock"
+    lock = ask_lock_of(db)
     ask = study.ask
 
     def ask_alone(fixed_distributions: Any = None) -> optuna.Trial:
@@ -200,6 +198,12 @@ def _one_ask_at_a_time(study: optuna.Study, db: Path) -> None:
             return ask(fixed_distributions)
 
     setattr(study, "ask", ask_alone)  # noqa: B010 - this study object's asks only
+
+
+def ask_lock_of(db: Path) -> Path:
+    """The lock file that serialises asks on the SQLite database ``db``: ``<db>-ask.lock``
+    (``study.db-ask.lock``), beside it and removed with it."""
+    return db.with_name(db.name + "-ask.lock")
 
 
 def rdb_storage_of(study: optuna.Study) -> optuna.storages.RDBStorage | None:
