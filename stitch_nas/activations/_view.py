@@ -1,4 +1,5 @@
-"""What the activation stream, the row sources and the batch sizing read of a StitchContext.
+"""What the activation stream, the row sources, the batch sizing and the memos read of a
+StitchContext.
 
 They are written against this protocol rather than the class: ``_context`` imports them, and
 they never import ``_context`` back, not even for type checking, so the package has no import

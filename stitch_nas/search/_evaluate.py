@@ -40,6 +40,8 @@ __all__ = [
     "evaluate_plan",
 ]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class EvaluationOptions:
@@ -60,9 +62,6 @@ class EvaluationOptions:
     fuse: bool = False
     latency: bool = False
     fidelity: Fidelity | None = None
-
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

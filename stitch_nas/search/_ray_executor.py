@@ -8,9 +8,8 @@ the zoo and read cached activations from the object store (:mod:`stitch_nas.sear
 evaluates the plan (:func:`~stitch_nas.search.evaluate_plan`: CKA-prunes, fits and measures the
 config) and sends back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with
 the same bookkeeping as the local executor (:meth:`StitchObjective.finish`) and tells the study.
-TPE's constant liar
-handles the trials still in flight. A config evaluated before or in flight (here or in another
-driver on the study) is told PRUNED at once as a repeat and does not count
+TPE's constant liar handles the trials still in flight. A config evaluated before or in flight
+(here or in another driver on the study) is told PRUNED at once as a repeat and does not count
 (:meth:`StitchObjective.duplicate`); the driver knows its own trials at once and reads other
 drivers' at most once a second.
 
@@ -84,7 +83,6 @@ _TrialState = optuna.trial.TrialState
 # the driver reads what other drivers sent at most this often: with cheap trials it asks many
 # times a second, and each read is an Optuna query over every running trial (see ._seen)
 _SEEN_MAX_AGE_S = 1.0
-#: who asks the study for trials and tells it results: see the module docstring
 
 
 @dataclass
