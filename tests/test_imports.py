@@ -143,6 +143,18 @@ def test_the_architecture_table_names_every_package():
     assert packages == set(layers), (packages ^ set(layers), "docs/ARCHITECTURE.md, 'layer'")
 
 
+def test_the_architecture_table_lists_every_module_and_no_other():
+    """docs/ARCHITECTURE.md's table of private modules matches the tree."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_]+/_[a-z_]+\.py)` \|", text, flags=re.M))
+    tree = {
+        str(path.relative_to(ROOT / "stitch_nas"))
+        for path in (ROOT / "stitch_nas").glob("*/_*.py")
+        if path.name != "__init__.py"
+    }
+    assert listed == tree, {"not in the table": tree - listed, "not in the tree": listed - tree}
+
+
 def test_imports_go_down_the_layers():
     bad = _upward(_graph(), _layers())
     assert not bad, f"imports against the layers of docs/ARCHITECTURE.md: {sorted(bad)}"
