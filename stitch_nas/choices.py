@@ -1,9 +1,12 @@
 """The fixed choices a run names (executors, Ray modes, budgets, export formats, devices,
-autocast dtypes) and the check of budgets, which name them.
+autocast dtypes), and the checks of the values that both a run's settings and the library take
+(budgets, the fidelity share, the CKA threshold, the autocast dtype).
 
 Defined once, here, without torch: the checks before a run (``stitch_nas.pipeline``, the CLI)
 read them before anything heavy loads, and the library (``search``, ``export``,
-``activations``) reads the same tuples, so the two cannot drift apart.
+``activations``) reads the same tuples and calls the same checks, so the two cannot drift
+apart. ``where`` names the value as the caller's user wrote it (``search.fidelity`` in a
+settings file, ``fidelity`` in Python).
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ __all__ = [
     "EXECUTORS",
     "EXPORT_FORMATS",
     "RAY_MODES",
+    "check_autocast_name",
     "check_budgets",
+    "check_cka_threshold",
+    "check_fidelity",
 ]
 
 #: where trials run: in this process, or on Ray workers
@@ -67,3 +73,27 @@ def check_budgets(budgets: Mapping[str, Any]) -> dict[str, float]:
             )
         out[key] = float(number)
     return out
+
+
+def check_fidelity(value: Any, where: str = "fidelity") -> float:
+    """``value`` as the share of the validation split a new config is scored on first, in
+    [0, 1) (0: off), or a one-line ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"{where}={value!r}: give a share of the split in [0, 1); 0 turns it off")
+    return float(value)
+
+
+def check_cka_threshold(value: Any, where: str = "cka_threshold") -> float:
+    """``value`` as the CKA score below which stitched configs are pruned, in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{where}={value!r}: give a value in [0, 1] (0 turns CKA pruning off)")
+    return float(value)
+
+
+def check_autocast_name(name: str | None, where: str = "autocast") -> None:
+    """``name`` (None: off) is a dtype frozen passes may run in."""
+    if name is not None and name not in AUTOCAST_DTYPES:
+        raise ConfigError(
+            f"{where} {name!r} is not supported; use {' or '.join(AUTOCAST_DTYPES)}, "
+            "or leave it unset for float32"
+        )

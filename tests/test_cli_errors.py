@@ -389,7 +389,9 @@ def test_the_checks_and_the_library_read_one_list_of_choices():
     assert _preflight.EXECUTORS is choices.EXECUTORS
     assert _preflight.RAY_MODES is _ray_executor.RAY_MODES is choices.RAY_MODES
     assert _preflight.check_budgets is _runner.check_budgets is choices.check_budgets
-    assert _preflight.AUTOCAST_DTYPES is choices.AUTOCAST_DTYPES
+    assert _preflight.check_fidelity is _runner.check_fidelity is choices.check_fidelity
+    assert _preflight.check_cka_threshold is _runner.check_cka_threshold
+    assert _preflight.check_autocast_name is choices.check_autocast_name
     assert tuple(AUTOCAST_DTYPES) == choices.AUTOCAST_DTYPES
 
 

@@ -33,11 +33,7 @@ def check_autocast(name: str | None, device: torch.device) -> str | None:
     """``name`` (None: off) if frozen passes on ``device`` can run in it; else ConfigError."""
     if name is None:
         return None
-    if name not in AUTOCAST_DTYPES:
-        raise ConfigError(
-            f"autocast {name!r} is not supported; use {' or '.join(AUTOCAST_DTYPES)}, "
-            "or leave it unset for float32"
-        )
+    choices.check_autocast_name(name)
     if device.type not in _AUTOCAST_DEVICES:
         raise ConfigError(
             f"autocast {name!r} is not supported on device {str(device)!r}; "

@@ -22,13 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas.choices import (
-    AUTOCAST_DTYPES,
     DEVICE_CHOICES,
     DEVICE_PATTERN,
     EXECUTORS,
     EXPORT_FORMATS,
     RAY_MODES,
+    check_autocast_name,
     check_budgets,
+    check_cka_threshold,
+    check_fidelity,
 )
 from stitch_nas.errors import ConfigError
 from stitch_nas.samplers import check_sampler
@@ -55,11 +57,7 @@ logger = logging.getLogger(__name__)
 
 def check_autocast_setting(autocast: str | None, device: str) -> None:
     """``search.autocast`` (None: off) is a dtype frozen passes can run in on ``device``."""
-    if autocast is not None and autocast not in AUTOCAST_DTYPES:
-        raise ConfigError(
-            f"search.autocast {autocast!r} is not supported; use {' or '.join(AUTOCAST_DTYPES)}, "
-            "or leave it unset for float32"
-        )
+    check_autocast_name(autocast, "search.autocast")
     if autocast is not None and device == "mps":
         raise ConfigError(
             f"search.autocast {autocast!r} is not supported on mps; use cpu or cuda, or leave "
@@ -109,10 +107,8 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
             f"search.seed_pool={search.seed_pool}: give at least seed_trials "
             f"({search.seed_trials}) configs to choose from, or leave it out (4 x seed_trials)"
         )
-    if not 0.0 <= search.cka_threshold <= 1.0:
-        raise ConfigError(f"search.cka_threshold={search.cka_threshold}: give a value in [0, 1]")
-    if not 0.0 <= search.fidelity < 1.0:
-        raise ConfigError(f"search.fidelity={search.fidelity}: give a value in [0, 1); 0 is off")
+    check_cka_threshold(search.cka_threshold, "search.cka_threshold")
+    check_fidelity(search.fidelity, "search.fidelity")
     search.budgets = check_budgets(search.budgets)
     if not search.objectives:
         raise ConfigError("search.objectives is empty; give names such as [accuracy, macs]")

@@ -62,7 +62,7 @@ import torch
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
-from stitch_nas.errors import ConfigError, StitchNASError
+from stitch_nas.errors import StitchNASError
 from stitch_nas.fragments import count_params_of
 from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.stitching import (
@@ -80,7 +80,6 @@ __all__ = [
     "FidelityGate",
     "Front",
     "SliceStop",
-    "check_fidelity",
     "current_front",
     "gates_training",
     "objective_values",
@@ -109,15 +108,6 @@ class SliceStop(StitchNASError):
     def __init__(self, reason: str, record: dict[str, Any]) -> None:
         super().__init__(reason)
         self.reason, self.record = reason, record
-
-
-def check_fidelity(value: Any) -> float:
-    """``value`` as a share of the split in [0, 1) (0: off), or a one-line ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ConfigError(
-            f"fidelity={value!r}: give a share of the split in [0, 1); 0 turns it off"
-        )
-    return float(value)
 
 
 def slice_size(n: int, fidelity: float) -> int:

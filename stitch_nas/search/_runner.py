@@ -21,7 +21,7 @@ import optuna
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
-from stitch_nas.choices import check_budgets
+from stitch_nas.choices import check_budgets, check_cka_threshold, check_fidelity
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES, SPACES
@@ -34,7 +34,6 @@ from ._fidelity import (
     MIN_SLICE_IMAGES,
     Fidelity,
     Front,
-    check_fidelity,
     current_front,
     gates_training,
     slice_size,
@@ -104,9 +103,7 @@ class StitchObjective:
             raise ConfigError("give at least one objective, e.g. ['accuracy', 'macs']")
         self.names = [o.name for o in self.objectives]
         self.directions = [o.direction for o in self.objectives]
-        if not 0.0 <= cka_threshold <= 1.0:
-            raise ConfigError(f"cka_threshold must be in [0, 1], got {cka_threshold}")
-        self.cka_threshold = cka_threshold
+        self.cka_threshold = check_cka_threshold(cka_threshold)
         if probe_threshold is None:  # read at call time, so a test may change the default
             probe_threshold = DEFAULT_PROBE_THRESHOLD
         if not 0.0 <= probe_threshold <= ctx.num_classes:
