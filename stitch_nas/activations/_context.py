@@ -1,10 +1,11 @@
 """StitchContext: the zoo, the data, and everything computed once and shared by all trials.
 
-Cut points, fragment modules, the preprocessed probe, activations at cut points and the Gram
-matrices used by CKA are memoised here, so a trial only pays for what is new: fitting its stitch
-and running the suffix after it. Activations are served batch by batch
-(:meth:`StitchContext.activation_batches`) under the cache's memory budget: the probe's cuts are
-filled in one chained pass, other splits one cut at a time, on first use (see :mod:`._stream`).
+Cut points, fragment modules, the preprocessed probe and activations at cut points are memoised
+here (and, through :class:`~._similarity.CutSimilarity`, the Gram matrices used by CKA), so a
+trial only pays for what is new: fitting its stitch and running the suffix after it.
+Activations are served batch by batch (:meth:`StitchContext.activation_batches`) under the
+cache's memory budget: the probe's cuts are filled in one chained pass, other splits one cut at
+a time, on first use (see :mod:`._stream`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import torch
 
-from stitch_nas import similarity
 from stitch_nas.data import DataSplits
 from stitch_nas.errors import ConfigError, UnknownNameError
 from stitch_nas.fragments import CutPoint, PieceChain, segment
@@ -26,13 +26,14 @@ from . import _stream
 from ._batch import auto_batch_size
 from ._cache import ActivationCache, ActivationKey, weights_fingerprint
 from ._device import check_autocast, frozen_pass, is_convolutional, to_device
+from ._similarity import CutSimilarity
 
 __all__ = ["StitchContext", "zoo_models"]
 
 logger = logging.getLogger(__name__)
 
 
-class StitchContext:
+class StitchContext(CutSimilarity):
     """Shared, memoised state of a search over one zoo and one data set.
 
     Args:
@@ -101,7 +102,6 @@ class StitchContext:
         #: each :class:`~stitch_nas.activations.Memo`'s values on this context (owned by the
         #: modules that fill them: MAC tables, piece roles, a trained SN-Net...)
         self.memos: dict[Any, dict[Any, Any]] = {}
-        self._grams: dict[tuple[str, str, str, tuple[int, int] | None], torch.Tensor] = {}
         self._channels_last: set[str] = set()
         self._budget_checked: set[str] = set()
         for name in zoo.names():
@@ -322,77 +322,6 @@ class StitchContext:
                 "lower batch_size, or use 0 to cache nothing in memory"
             )
         self._budget_checked.add(model)
-
-    # -- similarity --------------------------------------------------------------------------
-    def row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:
-        """How two cuts are compared: per-position rows on a common grid, else pooled rows
-        (a 1x1 grid is a vector here too: resizing a map to 1x1 would read its centre only)."""
-        sa, sb = a.spatial, b.spatial
-        grids = a.join_layout in _GRIDS and b.join_layout in _GRIDS
-        if grids and sa is not None and sb is not None:
-            return self.cka_rows, similarity.common_spatial((1, 1, *sa), (1, 1, *sb))
-        return "pooled", None
-
-    def rows(
-        self, act: torch.Tensor, cut: CutPoint, mode: str, spatial: tuple[int, int] | None
-    ) -> torch.Tensor:
-        """``act`` (laid out as ``cut``) as CKA rows under a rule from :meth:`row_rule`."""
-        return similarity.to_rows(act, cut.layout, spatial=spatial, mode=mode)
-
-    def probe_gram(
-        self, model: str, cut: CutPoint, mode: str, spatial: tuple[int, int] | None
-    ) -> torch.Tensor:
-        """The memoised Gram matrix of ``model`` at ``cut`` on the probe, under one row rule."""
-        key = (model, cut.name, mode, spatial)
-        if key not in self._grams:
-            act = self.activation(model, cut.name, "probe")
-            self._grams[key] = similarity.gram(self.rows(act, cut, mode, spatial))
-        return self._grams[key]
-
-    def joint_cka(self, src_model: str, src_cut: str, dst_model: str, dst_cut: str) -> float:
-        """CKA on the probe set between A's output at ``src_cut`` and B's input at ``dst_cut``.
-
-        Grid layouts are compared per position after resizing both maps to the smaller grid
-        (``cka_rows="flatten"``) or after global pooling; tokens and vectors are mean-pooled.
-        """
-        a, b = self.cut(src_model, src_cut), self.cut(dst_model, dst_cut)
-        mode, spatial = self.row_rule(a, b)
-        return similarity.cka_from_grams(
-            self.probe_gram(src_model, a, mode, spatial),
-            self.probe_gram(dst_model, b, mode, spatial),
-        )
-
-    def cka_matrix(self, model_a: str, model_b: str) -> torch.Tensor:
-        """ReStNet's matrix: CKA between every cut of ``model_a`` (rows) and of ``model_b``."""
-        cuts_a, cuts_b = self.cuts(model_a), self.cuts(model_b)
-        matrix = torch.zeros(len(cuts_a), len(cuts_b), dtype=torch.float64)
-        for i, a in enumerate(cuts_a):
-            for j, b in enumerate(cuts_b):
-                matrix[i, j] = self.joint_cka(model_a, a.name, model_b, b.name)
-        return matrix
-
-    def cka_to(
-        self,
-        x: torch.Tensor,
-        x_cut: CutPoint,
-        model: str,
-        cut: CutPoint,
-        *,
-        x_grams: dict[tuple, torch.Tensor] | None = None,
-    ) -> float:
-        """CKA between a probe activation ``x`` (laid out as ``x_cut``) and B at ``cut``.
-
-        Scoring one ``x`` against many cuts, pass the same dict as ``x_grams``: ``x``'s Gram
-        matrix is then computed once per row rule instead of once per cut.
-        """
-        rule = self.row_rule(x_cut, cut)
-        grams = {} if x_grams is None else x_grams
-        if rule not in grams:
-            grams[rule] = similarity.gram(self.rows(x, x_cut, *rule))
-        return similarity.cka_from_grams(grams[rule], self.probe_gram(model, cut, *rule))
-
-
-_GRIDS = ("nchw", "nhwc")
 
 
 def zoo_models(ctx: StitchContext, models: Sequence[str] | None, minimum: int) -> list[str]:

@@ -14,7 +14,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = [
+#: each public name -> the module that defines it (imported on first use)
+_HOMES = {
+    "run": "_run",
+    "report_folder": "_run",
+    "export_folder": "_run",
+    "load_data": "_run",
+    "load_zoo": "_run",
+    "PhaseClock": "_phases",
+    "check_artifacts": "_preflight",
+    "check_caches": "_preflight",
+    "check_folder": "_preflight",
+    "check_formats": "_preflight",
+    "check_plugins": "_preflight",
+    "check_run": "_preflight",
+}
+__all__ = [  # _HOMES's keys, written out for linters and type checkers
     "PhaseClock",
     "check_artifacts",
     "check_caches",
@@ -28,24 +43,6 @@ __all__ = [
     "report_folder",
     "run",
 ]
-
-_CHECKS = (
-    "check_artifacts",
-    "check_caches",
-    "check_folder",
-    "check_formats",
-    "check_plugins",
-    "check_run",
-)
-_HOMES = {
-    **dict.fromkeys(_CHECKS, "_preflight"),
-    "run": "_run",
-    "report_folder": "_run",
-    "export_folder": "_run",
-    "load_data": "_run",
-    "load_zoo": "_run",
-    "PhaseClock": "_phases",
-}
 
 if TYPE_CHECKING:
     from ._phases import PhaseClock
