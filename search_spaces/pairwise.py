@@ -67,6 +67,7 @@ def pairwise(
     adapter_options: Mapping[str, Any] | None = None,
     cut_params: str = "named",
     matched_seeds: bool = False,
+    matched_margin: float = 0.0,
 ) -> StitchConfig:
     """Sample ``A[input:cut_a] -stitch-> B[cut_b:output]`` from two different models.
 
@@ -78,7 +79,10 @@ def pairwise(
             all routes; lets NSGA-II's crossover work, see the module docstring).
         matched_seeds: seeding also scores the stitches :func:`matched_depths` proposes
             (read by seeding only; sampling is the same either way).
+        matched_margin: :func:`matched_depths` also proposes pairs whose dearer model is up to
+            this much less accurate than the cheaper one (read by seeding only).
     """
+    _check_margin(matched_margin)
     choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
     routes = _allowed_routes(ctx, models, directions, choices, cut_params)
     choice = trial.suggest_categorical("route", [f"{src}>{dst}" for src, dst, _ in routes])
@@ -115,12 +119,15 @@ def matched_depths(
     adapter_options: Mapping[str, Any] | None = None,
     cut_params: str = "named",
     matched_seeds: bool = False,
+    matched_margin: float = 0.0,
     depths: Sequence[float] = MATCHED_DEPTHS,
 ) -> list[dict[str, Any]]:
     """Trial params of ``cheap[input:cut] -> dear[cut:output]`` at matching relative depths.
 
     For each pair of the space's models where the one of fewer MACs is also the less accurate
-    (``accuracy``: validation, by model name), and each of ``depths``: the cheaper model's
+    (``accuracy``: validation, by model name), or more accurate by at most ``matched_margin``
+    (a strong cheap model's early layers into a deeper model's head, which fine-tuning can
+    train into one network), and each of ``depths``: the cheaper model's
     joinable cut whose prefix holds the share of its MACs nearest the depth, and the dearer
     model's cut (of those that cut joins) nearest the same share; a pair with no cut within
     ``MATCHED_TOLERANCE`` of the depth, in either model, is left out. The params fix the route
@@ -128,13 +135,14 @@ def matched_depths(
     options, so it proposes only what the space can sample; nothing unless the space's option
     ``matched_seeds`` is on.
     """
+    _check_margin(matched_margin)
     if not matched_seeds:
         return []
     choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
     routes = _allowed_routes(ctx, models, directions, choices, cut_params)
     proposals = []
     for src, dst, direction in routes:
-        if direction != "fast_to_slow" or not accuracy[src] < accuracy[dst]:
+        if direction != "fast_to_slow" or not accuracy[src] < accuracy[dst] + matched_margin:
             continue
         kinds = choices.kinds
         src_cuts = [c for c in ctx.cuts(src) if any(joins(kinds, c, d) for d in ctx.cuts(dst))]
@@ -160,6 +168,13 @@ def matched_depths(
 
 
 pairwise.proposals = matched_depths  # type: ignore[attr-defined]  # read by seeding
+
+
+def _check_margin(margin: float) -> None:
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin <= 1:
+        raise ConfigError(
+            f"pairwise: matched_margin={margin!r} must be an accuracy difference in [0, 1]"
+        )
 
 
 def _nearest(ctx: StitchContext, model: str, cuts: list[CutPoint], depth: float) -> CutPoint:

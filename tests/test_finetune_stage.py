@@ -14,7 +14,7 @@ import torch
 from stitch_nas import attrs, load
 from stitch_nas.cli import main
 from stitch_nas.errors import ConfigError
-from stitch_nas.finetune import FinetuneRecipe, check_stage, spread
+from stitch_nas.finetune import FinetuneRecipe, check_stage, choose
 from stitch_nas.search import load_folder_study
 from stitch_nas.settings import settings_from_dict
 from stitch_nas.stitching import load_tuned
@@ -34,12 +34,30 @@ def test_settings_read_the_stage_and_its_recipe_and_round_trip() -> None:
     assert not settings_from_dict({}).finetune.enabled  # off unless asked for
 
 
-def test_spread_takes_the_ends_and_evenly_between() -> None:
-    trials = list(range(10))
-    assert spread(trials, 4) == [0, 3, 6, 9]  # type: ignore[arg-type]
-    assert spread(trials, 2) == [0, 9]  # type: ignore[arg-type]
-    assert spread(trials, 1) == [9]  # type: ignore[arg-type]
-    assert spread(trials[:3], 5) == [0, 1, 2]  # type: ignore[arg-type]
+def _stitched(number: int, accuracy: float, macs: float, cut: str = "a") -> SimpleNamespace:
+    fragments = [{"model": "m", "start": None, "end": cut}, {"model": "n", "start": cut}]
+    return SimpleNamespace(
+        number=number,
+        values=[accuracy, macs],
+        user_attrs={attrs.CONFIG: {"fragments": fragments}},
+    )
+
+
+def test_choose_takes_the_most_accurate_per_band_of_macs_above_the_floor() -> None:
+    trials = [
+        _stitched(0, 0.40, 1e5, "lenet"),  # below the floor: never chosen
+        _stitched(1, 0.91, 9e6, "b"),
+        _stitched(2, 0.88, 1e7, "c"),  # the same band as #1, less accurate
+        _stitched(3, 0.81, 2e7, "d"),  # alone in its band: chosen though the least accurate
+        _stitched(4, 0.90, 9e7, "e"),
+        _stitched(5, 0.92, 9e7, "e"),  # the same fragments as #4 (another adapter): one of them
+    ]
+    pick = [t.number for t in choose(trials, 3, 0.786, 0, 1)]  # type: ignore[arg-type]
+    assert pick == [1, 3, 5]  # cheapest first
+    # bands left empty give their place to the most accurate not yet chosen
+    assert [t.number for t in choose(trials, 4, 0.786, 0, 1)] == [1, 2, 3, 5]  # type: ignore[arg-type]
+    assert [t.number for t in choose(trials, 2, 0.786, 0, None)] == [5, 1]  # type: ignore[arg-type]
+    assert choose(trials, 3, 0.95, 0, 1) == []  # type: ignore[arg-type]
 
 
 def test_a_teacher_the_zoo_lacks_or_too_large_an_ensemble_is_one_line() -> None:

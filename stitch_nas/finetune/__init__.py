@@ -18,7 +18,7 @@ from ._recipe import OPTIMIZERS, TRAINS, FinetuneRecipe
 
 if TYPE_CHECKING:
     from ._augment import Augment, pad_crop_flip
-    from ._stage import FinetuneStage, Tuned, check_stage, finetune_front, spread
+    from ._stage import FLOOR_BELOW_BEST, FinetuneStage, Tuned, check_stage, choose, finetune_front
     from ._teacher import Teacher, best_models, make_teacher
     from ._train import (
         FinetuneReport,
@@ -35,7 +35,8 @@ _LAZY = {
     "Tuned": "_stage",
     "check_stage": "_stage",
     "finetune_front": "_stage",
-    "spread": "_stage",
+    "choose": "_stage",
+    "FLOOR_BELOW_BEST": "_stage",
     "Teacher": "_teacher",
     "best_models": "_teacher",
     "make_teacher": "_teacher",
@@ -47,6 +48,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "FLOOR_BELOW_BEST",
     "Augment",
     "FinetuneRecipe",
     "FinetuneReport",
@@ -57,13 +59,13 @@ __all__ = [
     "Tuned",
     "best_models",
     "check_stage",
+    "choose",
     "distillation_loss",
     "finetune",
     "finetune_front",
     "holdout_rows",
     "make_teacher",
     "pad_crop_flip",
-    "spread",
     "trained_parts",
 ]
 

@@ -279,6 +279,7 @@ def _finetune(
         stage.recipe,
         out_dir,
         networks=stage.networks,
+        floor=stage.floor,
         control=stage.control,
         fuse=settings.search.fuse,
         progress=progress,

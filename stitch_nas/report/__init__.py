@@ -17,7 +17,7 @@ from ._holdout import (
     trial_weights,
 )
 from ._intervals import accuracy_figures, wilson_interval
-from ._kinds import stitched_front
+from ._kinds import stitched_front, stitched_trials
 from ._pareto import (
     dominated_references,
     first_of_each_network,
@@ -63,6 +63,7 @@ __all__ = [
     "rebuild_checked",
     "split_hypervolumes",
     "stitched_front",
+    "stitched_trials",
     "trial_config",
     "trial_metric",
     "trial_weights",

@@ -28,7 +28,7 @@ from stitch_nas.stitching import STITCHED
 
 from ._pareto import as_losses, cheapest_first, first_of_each_network, is_feasible, trial_config
 
-__all__ = ["recorded_kinds", "stitched_front", "trial_kind", "kind_text"]
+__all__ = ["recorded_kinds", "stitched_front", "stitched_trials", "trial_kind", "kind_text"]
 
 
 def recorded_kinds(study: optuna.Study) -> dict[int, str]:
@@ -58,18 +58,28 @@ def kind_text(kind: str | None) -> str:
     return "kind unknown" if kind is None else kind
 
 
+def stitched_trials(
+    study: optuna.Study, keep: Callable[[FrozenTrial], bool] | None = None
+) -> list[FrozenTrial]:
+    """The feasible completed trials of kind "stitched", each network once (its first trial);
+    ``keep``: only the trials it accepts."""
+    recorded = recorded_kinds(study)
+    return first_of_each_network(
+        [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if is_feasible(t) and trial_kind(t, recorded) == STITCHED and (keep is None or keep(t))
+        ]
+    )
+
+
 def stitched_front(
     study: optuna.Study, keep: Callable[[FrozenTrial], bool] | None = None
 ) -> list[FrozenTrial]:
     """The non-dominated feasible completed trials of kind "stitched", compared only with each
     other (each network once, cheapest first as :func:`~stitch_nas.report.pareto_trials`);
     ``keep``: only the trials it accepts take part."""
-    recorded = recorded_kinds(study)
-    trials = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if is_feasible(t) and trial_kind(t, recorded) == STITCHED and (keep is None or keep(t))
-    ]
+    trials = stitched_trials(study, keep)
     if not trials:
         return []
     losses = as_losses(np.asarray([t.values for t in trials], dtype=float), study.directions)
@@ -78,4 +88,4 @@ def stitched_front(
         for t, row in zip(trials, losses, strict=True)
         if not np.any(np.all(losses <= row, axis=1) & np.any(losses < row, axis=1))
     ]
-    return cheapest_first(first_of_each_network(front), study.directions)
+    return cheapest_first(front, study.directions)

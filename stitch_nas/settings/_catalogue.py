@@ -74,6 +74,7 @@ SPACES: dict[str, dict[str, Any]] = {
         **_LSTSQ_FIRST,
         "cut_params": "named",
         "matched_seeds": False,
+        "matched_margin": 0.0,
     },
     "restnet": {
         "models": None,

@@ -109,7 +109,12 @@ class FinetuneSettings:
     front trained further (:mod:`stitch_nas.finetune`)."""
 
     enabled: bool = False  #: run the stage
-    networks: int = 4  #: networks of the stitched front, spread over its MACs, trained further
+    #: stitched networks trained further: the most accurate on validation in each of this many
+    #: bands of MACs, among those at or above ``floor`` (:func:`stitch_nas.finetune.choose`)
+    networks: int = 4
+    #: the validation accuracy a network needs to be chosen; None: 0.15 below the most accurate
+    #: zoo model's (fine-tuning lifts a stitched network of strong models by that much)
+    floor: float | None = None
     control: bool = False  #: also fine-tune the zoo's front models alike (the honest control)
     #: how they train: keys of ``FinetuneRecipe`` (train, teacher, k, epochs, lr, ...)
     recipe: FinetuneRecipe = field(default_factory=FinetuneRecipe)
@@ -124,7 +129,7 @@ class Settings:
 
 
 #: keys whose default None means "decided at run time", with the type of their other values
-_NUMBERS_OR_NONE: dict[str, type] = {"cache_memory_gb": float, "seed_pool": int}
+_NUMBERS_OR_NONE: dict[str, type] = {"cache_memory_gb": float, "seed_pool": int, "floor": float}
 
 
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
@@ -186,6 +191,8 @@ def _finetune_section(raw: Any) -> FinetuneSettings:
     out = _section(FinetuneSettings, "finetune", stage)
     if out.networks < 1:
         raise ConfigError(f"finetune.networks={out.networks} must be >= 1")
+    if out.floor is not None and not 0 <= out.floor <= 1:
+        raise ConfigError(f"finetune.floor={out.floor} must be a fraction in [0, 1], or null")
     if recipe is not None:
         out.recipe = FinetuneRecipe.from_dict(recipe)
     return out
