@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +14,7 @@ import torch
 from stitch_nas import attrs, load
 from stitch_nas.cli import main
 from stitch_nas.errors import ConfigError
-from stitch_nas.finetune import FinetuneRecipe, check_stage, choose
+from stitch_nas.finetune import Candidate, FinetuneRecipe, check_stage, choose
 from stitch_nas.search import load_folder_study
 from stitch_nas.settings import settings_from_dict
 from stitch_nas.stitching import load_tuned
@@ -34,30 +34,31 @@ def test_settings_read_the_stage_and_its_recipe_and_round_trip() -> None:
     assert not settings_from_dict({}).finetune.enabled  # off unless asked for
 
 
-def _stitched(number: int, accuracy: float, macs: float, cut: str = "a") -> SimpleNamespace:
+def _candidate(number: int, accuracy: float, macs: float, cut: str = "a") -> Candidate:
     fragments = [{"model": "m", "start": None, "end": cut}, {"model": "n", "start": cut}]
-    return SimpleNamespace(
-        number=number,
-        values=[accuracy, macs],
-        user_attrs={attrs.CONFIG: {"fragments": fragments}},
-    )
+    trial = SimpleNamespace(number=number, user_attrs={attrs.CONFIG: {"fragments": fragments}})
+    return Candidate(trial, accuracy, macs, True)  # type: ignore[arg-type]
 
 
 def test_choose_takes_the_most_accurate_per_band_of_macs_above_the_floor() -> None:
-    trials = [
-        _stitched(0, 0.40, 1e5, "lenet"),  # below the floor: never chosen
-        _stitched(1, 0.91, 9e6, "b"),
-        _stitched(2, 0.88, 1e7, "c"),  # the same band as #1, less accurate
-        _stitched(3, 0.81, 2e7, "d"),  # alone in its band: chosen though the least accurate
-        _stitched(4, 0.90, 9e7, "e"),
-        _stitched(5, 0.92, 9e7, "e"),  # the same fragments as #4 (another adapter): one of them
+    pool = [
+        _candidate(0, 0.40, 1e5, "lenet"),  # below the floor: never chosen
+        _candidate(1, 0.91, 9e6, "b"),
+        _candidate(2, 0.88, 1e7, "c"),  # the same band as #1, less accurate
+        _candidate(3, 0.81, 2e7, "d"),  # alone in its band: chosen though the least accurate
+        _candidate(4, 0.90, 9e7, "e"),
+        _candidate(5, 0.92, 9e7, "e"),  # the same fragments as #4 (another adapter): one of them
     ]
-    pick = [t.number for t in choose(trials, 3, 0.786, 0, 1)]  # type: ignore[arg-type]
-    assert pick == [1, 3, 5]  # cheapest first
-    # bands left empty give their place to the most accurate not yet chosen
-    assert [t.number for t in choose(trials, 4, 0.786, 0, 1)] == [1, 2, 3, 5]  # type: ignore[arg-type]
-    assert [t.number for t in choose(trials, 2, 0.786, 0, None)] == [5, 1]  # type: ignore[arg-type]
-    assert choose(trials, 3, 0.95, 0, 1) == []  # type: ignore[arg-type]
+
+    def numbers(count: int, floor: float, cost: bool = True) -> list[int]:
+        chosen = choose(pool if cost else [replace(c, cost=None) for c in pool], count, floor)
+        return [c.trial.number for c in chosen]
+
+    assert numbers(3, 0.786) == [1, 3, 5]  # cheapest first
+    assert numbers(4, 0.786) == [1, 2, 3, 5]  # an empty band's place: the most accurate left
+    assert numbers(2, 0.786, cost=False) == [1, 5]  # no cost: the two most accurate
+    assert numbers(9, 0.786) == [1, 2, 3, 5]
+    assert numbers(3, 0.95) == []
 
 
 def test_a_teacher_the_zoo_lacks_or_too_large_an_ensemble_is_one_line() -> None:
@@ -185,3 +186,59 @@ def test_weights_of_another_network_are_refused_in_one_line(searched, mini_zoo, 
     other = StitchConfig.single("resnet")
     with pytest.raises(ConfigError, match="does not hold the weights of"):
         load_tuned(ctx, other, Path(searched.out) / kept[0].user_attrs[attrs.WEIGHTS])
+
+
+def test_a_network_the_fidelity_gate_pruned_is_measured_whole_then_fine_tuned(
+    searched, mini_zoo, digits, tmp_path
+) -> None:
+    """The gate prunes what cannot beat the front as it is, which fine-tuning changes: such a
+    network is a candidate (by its slice's accuracy), measured on the whole split before it
+    trains, and its record carries none of the slice's figures."""
+    from stitch_nas.activations import StitchContext
+    from stitch_nas.finetune import candidates, finetune_front
+    from stitch_nas.report import stitched_trials
+
+    lifted = {
+        t.user_attrs[attrs.FINETUNES]
+        for t in _tuned(searched.study)
+        if t.state == optuna.trial.TrialState.COMPLETE
+    }
+    source = next(t for t in stitched_trials(searched.study) if t.number in lifted)
+    study = optuna.create_study(directions=searched.study.directions)
+    for key, value in searched.study.user_attrs.items():
+        if key != attrs.FINETUNE_CONTROL:
+            study.set_user_attr(key, value)
+    kept = {k: v for k, v in source.user_attrs.items() if k in (attrs.CONFIG, attrs.DESCRIBE)}
+    slice_figures = {
+        attrs.PARTIAL_ACCURACY: 0.99,  # a slice can flatter: the whole split decides
+        attrs.SLICE_IMAGES: 45,
+        attrs.PARTIAL_INTERVAL: [0.9, 1.0],
+        attrs.PRUNE_REASON: "fidelity: dominated",
+        "macs": source.values[1],
+        "params": source.user_attrs["params"],
+    }
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            params=source.params,
+            distributions=source.distributions,
+            user_attrs={**kept, **slice_figures},
+        )
+    )
+    ctx = StitchContext(mini_zoo, digits)
+    (pool,) = candidates(study, ctx)
+    assert not pool.whole and pool.accuracy == 0.99 and pool.cost == source.values[1]
+    assert candidates(study, ctx, {"macs": source.values[1] - 1}) == []  # pruned for a budget
+    stage = finetune_front(study, ctx, FinetuneRecipe(**RECIPE), tmp_path, networks=1, floor=0.5)
+    (tuned,) = stage.networks
+    assert tuned.source == 0 and tuned.before == pytest.approx(source.values[0])  # whole split
+    record = study.trials[tuned.trial]
+    assert record.user_attrs[attrs.FINETUNES] == 0
+    assert record.state == optuna.trial.TrialState.COMPLETE  # the recipe lifted it before
+    assert not {attrs.PARTIAL_ACCURACY, attrs.SLICE_IMAGES, attrs.PARTIAL_INTERVAL} & set(
+        record.user_attrs
+    )
+    assert attrs.PRUNE_REASON not in record.user_attrs
+    assert record.values == [tuned.after, source.values[1]] and tuned.after > tuned.before
+    assert record.user_attrs[attrs.KIND] == "stitched"
+    assert (tmp_path / record.user_attrs[attrs.WEIGHTS]).is_file()

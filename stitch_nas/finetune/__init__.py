@@ -18,7 +18,8 @@ from ._recipe import OPTIMIZERS, TRAINS, FinetuneRecipe
 
 if TYPE_CHECKING:
     from ._augment import Augment, pad_crop_flip
-    from ._stage import FLOOR_BELOW_BEST, FinetuneStage, Tuned, check_stage, choose, finetune_front
+    from ._choose import FLOOR_BELOW_BEST, Candidate, candidates, choose
+    from ._stage import FinetuneStage, Tuned, check_stage, finetune_front
     from ._teacher import Teacher, best_models, make_teacher
     from ._train import (
         FinetuneReport,
@@ -35,8 +36,10 @@ _LAZY = {
     "Tuned": "_stage",
     "check_stage": "_stage",
     "finetune_front": "_stage",
-    "choose": "_stage",
-    "FLOOR_BELOW_BEST": "_stage",
+    "Candidate": "_choose",
+    "candidates": "_choose",
+    "choose": "_choose",
+    "FLOOR_BELOW_BEST": "_choose",
     "Teacher": "_teacher",
     "best_models": "_teacher",
     "make_teacher": "_teacher",
@@ -50,6 +53,7 @@ _LAZY = {
 __all__ = [
     "FLOOR_BELOW_BEST",
     "Augment",
+    "Candidate",
     "FinetuneRecipe",
     "FinetuneReport",
     "FinetuneStage",
@@ -58,6 +62,7 @@ __all__ = [
     "Teacher",
     "Tuned",
     "best_models",
+    "candidates",
     "check_stage",
     "choose",
     "distillation_loss",

@@ -25,7 +25,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,30 +37,32 @@ from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
+from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.report import (
     accuracy_on,
     objective_names,
     rebuild,
     rebuild_checked,
     reference_values,
-    stitched_trials,
     trial_config,
     trial_weights,
     zoo_references,
 )
 from stitch_nas.stitching import (
     SAMPLE_IMAGES,
+    STITCHED,
     StitchedNet,
     fit_net_head,
     sample_correct,
     save_tuned,
 )
 
+from ._choose import FLOOR_BELOW_BEST, candidates, choose
 from ._recipe import FinetuneRecipe
 from ._teacher import Teacher, make_teacher
 from ._train import FinetuneReport, finetune, trained_parts
 
-__all__ = ["FLOOR_BELOW_BEST", "FinetuneStage", "Tuned", "check_stage", "choose", "finetune_front"]
+__all__ = ["FinetuneStage", "Tuned", "check_stage", "finetune_front"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,58 +114,6 @@ class FinetuneStage:
 
 def _name(source: int | str) -> str:
     return f"#{source}" if isinstance(source, int) else str(source)
-
-
-#: the default floor of :func:`choose`: this far below the most accurate zoo model on validation.
-#: Measured on the ten-model real zoo (H100, ``benchmarks/finetune.py``): fine-tuning lifted a
-#: stitched network from 0.81 to 0.92 and one from 0.36 to 0.91, while every network whose
-#: zoo models were weak (LeNet-5, the all-conv CNN) stayed far below the strong models.
-FLOOR_BELOW_BEST = 0.15
-
-
-def choose(
-    trials: list[FrozenTrial], count: int, floor: float, accuracy: int, cost: int | None
-) -> list[FrozenTrial]:
-    """Up to ``count`` of the stitched ``trials`` to fine-tune, cheapest first.
-
-    Only networks at or above ``floor`` (``values[accuracy]``, validation) take part, and of
-    networks with the same fragments (they differ in the adapter only, and training every
-    weight makes them nearly the same network) the most accurate. The range of ``values[cost]``
-    they span is cut into ``count`` bands of equal ratio (MACs span decades), and the most
-    accurate network of each band is chosen; bands left empty give their place to the most
-    accurate networks not yet chosen. The stitched front alone would be a poor choice: before
-    fine-tuning a cheap network with a weak zoo model's tail dominates a dearer one that
-    fine-tuning lifts far above it. ``cost`` None (no cost objective): the most accurate.
-    """
-    best: dict[str, FrozenTrial] = {}
-    for trial in trials:
-        if trial.values[accuracy] < floor:
-            continue
-        key = json.dumps(trial_config(trial).get("fragments"), sort_keys=True)
-        if key not in best or trial.values[accuracy] > best[key].values[accuracy]:
-            best[key] = trial
-    ranked = sorted(best.values(), key=lambda t: (-t.values[accuracy], t.number))
-    if count >= len(ranked):
-        chosen = ranked
-    else:
-        chosen = []
-        if cost is not None:
-            low = max(min(t.values[cost] for t in ranked), 1e-12)
-            ratio = max(max(t.values[cost] for t in ranked), low) / low
-            for band in range(count):
-                top = low * ratio ** ((band + 1) / count)
-                inside = [
-                    t
-                    for t in ranked
-                    if t not in chosen
-                    and low * ratio ** (band / count) <= t.values[cost]
-                    and (t.values[cost] < top or band == count - 1)
-                ]
-                chosen += inside[:1]  # ranked: the most accurate first
-        chosen += [t for t in ranked if t not in chosen][: count - len(chosen)]
-    if cost is None:
-        return chosen
-    return sorted(chosen, key=lambda t: (t.values[cost], t.number))
 
 
 def _digest(recipe: FinetuneRecipe) -> str:
@@ -230,6 +180,7 @@ def finetune_front(
     *,
     networks: int = 4,
     floor: float | None = None,
+    budgets: Mapping[str, float] | None = None,
     control: bool = False,
     fuse: bool = False,
     progress: bool = False,
@@ -242,9 +193,10 @@ def finetune_front(
         ctx: The zoo and data the search ran on.
         recipe: How they train; recorded with each.
         folder: The search's folder: weights go to ``folder/finetuned/``.
-        networks: How many stitched networks, chosen by :func:`choose`.
+        networks: How many stitched networks, chosen by :func:`~stitch_nas.finetune.choose`.
         floor: The validation accuracy they need at least; None: ``FLOOR_BELOW_BEST`` below
             the most accurate zoo model's.
+        budgets: The search's budgets (a network the gate pruned for one is not chosen).
         control: Also fine-tune the zoo's front models with the same recipe.
         fuse: The search's ``fuse`` setting (the networks are rebuilt as it measured them).
     """
@@ -265,41 +217,46 @@ def finetune_front(
     }
     if floor is None:
         floor = max(val.values(), default=0.0) - FLOOR_BELOW_BEST
-    costs = [i for i, d in enumerate(study.directions) if d == optuna.study.StudyDirection.MINIMIZE]
-    cost = names.index("macs") if "macs" in names else (costs[0] if costs else None)
-    pool = stitched_trials(study, keep=lambda t: attrs.FINETUNES not in t.user_attrs)
-    chosen = choose(pool, networks, floor, names.index("accuracy"), cost)
+    pool = candidates(study, ctx, budgets)
+    chosen = choose(pool, networks, floor)
     if progress:
-        by = (
-            f"the most accurate per band of {names[cost]}"
-            if cost is not None
-            else "the most accurate"
-        )
+        pruned = sum(not c.whole for c in pool)
         echo(
-            f"fine-tune: {len(chosen)} of {len(pool)} stitched networks chosen (validation >= "
-            f"{floor:.4f}, {by})"
+            f"fine-tune: {len(chosen)} of {len(pool)} stitched networks chosen ({pruned} of "
+            f"them pruned by the fidelity gate on a slice), validation >= {floor:.4f}, the "
+            "most accurate per band of cost"
         )
-    for source in chosen:
+    for candidate in chosen:
+        source = candidate.trial
         if source.number in done:
             stage.already += 1
             continue
         config = StitchConfig.from_dict(trial_config(source))
-        checked = rebuild_checked(
-            ctx,
-            config,
-            source.user_attrs,
-            f"trial {source.number}",
-            "fine-tune with the zoo, data and fuse setting of the search",
-            fuse=fuse,
-            weights=trial_weights(source, folder),
-        )
-        net, before = checked.net, checked.accuracy
+        if candidate.whole:
+            checked = rebuild_checked(
+                ctx,
+                config,
+                source.user_attrs,
+                f"trial {source.number}",
+                "fine-tune with the zoo, data and fuse setting of the search",
+                fuse=fuse,
+                weights=trial_weights(source, folder),
+            )
+            net, before, values = checked.net, checked.accuracy, list(source.values)
+            constraints = dict(source.constraints)
+        else:  # measured on a slice only: built and measured on the whole split now
+            net, measured = rebuild(ctx, config, fuse=fuse)
+            before = measured.accuracy
+            values = [float(OBJECTIVES.get(n).value(measured)) for n in names]
+            # as the search records a budget: value - limit, feasible when <= 0
+            constraints = {k: float(getattr(measured, k)) - v for k, v in (budgets or {}).items()}
         relative = f"{WEIGHTS_DIR}/trial_{source.number}_{digest}.safetensors"
         what = f"trial #{source.number}: {config.describe()}"
         tuned, report = _train(ctx, net, teacher, recipe, folder / relative, what, progress, echo)
         after = accuracy_on(ctx, tuned, "val") if report.best_epoch else before
-        sample = _sample(ctx, tuned) if report.best_epoch else None
-        number = _record(study, source, names, after, recipe, report, relative, sample)
+        values[names.index("accuracy")] = after
+        kept = {**_sample(ctx, tuned), attrs.KIND: STITCHED} if report.best_epoch else None
+        number = _record(study, source, values, constraints, recipe, report, relative, kept)
         stage.networks.append(Tuned(source.number, before, after, report, number))
     if control:
         for ref in _zoo_front(study):
@@ -322,26 +279,35 @@ def _sample(ctx: StitchContext, net: StitchedNet) -> dict[str, int]:
 def _record(
     study: optuna.Study,
     source: FrozenTrial,
-    names: list[str],
-    accuracy: float,
+    values: list[float],
+    constraints: dict[str, float],
     recipe: FinetuneRecipe,
     report: FinetuneReport,
     weights: str,
-    sample: dict[str, int] | None = None,
+    kept: dict[str, Any] | None,
 ) -> int:
     """Add the fine-tuned network to ``study`` as a COMPLETE trial; return its number.
 
-    A fine-tune that kept the starting weights (no epoch beat them on the held-out slice) made
-    no new network: it is recorded PRUNED, saying so, so that ``--resume`` does not repeat it.
+    ``values`` are the source's objectives with the accuracy after fine-tuning, ``constraints``
+    its budget constraints; ``kept`` what
+    the new network records beside them (None: the fine-tune kept the starting weights and
+    made no new network: it is recorded PRUNED, saying so, so that ``--resume`` does not
+    repeat it). The source may be a trial the search's fidelity gate pruned: its slice's
+    figures are not the new network's.
     """
-    values = list(source.values)
-    values[names.index("accuracy")] = accuracy
-    user_attrs = {
-        k: v
-        for k, v in source.user_attrs.items()
-        if k not in (attrs.DUPLICATE_OF, attrs.REFINES, attrs.PARTIAL_ACCURACY, attrs.WEIGHTS)
-        and k not in ("sample_correct", "sample_images")  # the source's, not this network's
+    accuracy = values[objective_names(study).index("accuracy")]
+    dropped = {
+        attrs.DUPLICATE_OF,
+        attrs.REFINES,
+        attrs.PARTIAL_ACCURACY,
+        attrs.PARTIAL_INTERVAL,
+        attrs.SLICE_IMAGES,
+        attrs.PRUNE_REASON,
+        attrs.WEIGHTS,
+        "sample_correct",  # the source's, not this network's
+        "sample_images",
     }
+    user_attrs = {k: v for k, v in source.user_attrs.items() if k not in dropped}
     user_attrs.update(
         {
             "accuracy": accuracy,
@@ -350,10 +316,9 @@ def _record(
             attrs.FINETUNED: {"recipe": recipe.to_dict(), "report": report.to_dict()},
         }
     )
-    kept = report.best_epoch > 0
-    if kept:
+    if kept is not None:
         user_attrs[attrs.WEIGHTS] = weights
-        user_attrs.update(sample or {})
+        user_attrs.update(kept)
     else:
         user_attrs[attrs.PRUNE_REASON] = (
             "fine-tuning kept the starting weights: no epoch beat them on the held-out slice "
@@ -366,7 +331,7 @@ def _record(
             params=source.params,
             distributions=source.distributions,
             user_attrs=user_attrs,
-            constraints=dict(source.constraints) or None,
+            constraints=constraints or None,
         )
     )
     # add_trial returns nothing: the last trial that fine-tunes this source with this recipe

@@ -280,6 +280,7 @@ def _finetune(
         out_dir,
         networks=stage.networks,
         floor=stage.floor,
+        budgets=settings.search.budgets,
         control=stage.control,
         fuse=settings.search.fuse,
         progress=progress,
