@@ -174,9 +174,9 @@ def main() -> None:
             raise SystemExit(f"{config.describe()} did not measure: {outcome.reason}")
         m = outcome.measurement
         table[config.stable_hash()] = {
-            "accuracy": m["accuracy"],
-            "macs": m["macs"],
-            "cka": m["cka"],
+            "accuracy": m.accuracy,
+            "macs": m.macs,
+            "cka": m.cka,
             "probe_accuracy": probe_accuracy(ctx, config).accuracy * ctx.num_classes,
         }
     exhaustive_seconds = time.perf_counter() - start

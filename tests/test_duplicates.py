@@ -15,6 +15,7 @@ from stitch_nas.export import select_trials
 from stitch_nas.report import pareto_trials
 from stitch_nas.search import StitchObjective, completed_count, create_study, run_search
 from stitch_nas.search import _evaluate as runner
+from stitch_nas.stitching import Measurement
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -184,7 +185,7 @@ def test_a_driver_knows_its_own_trials_between_reads_of_the_study(ctx, configs):
     reason = objective.duplicate(again, config, max_age_s=age)
     assert reason == "duplicate of trial 0, still running"
     study.tell(again, state=PRUNED)
-    measured = {"accuracy": 0.75, "macs": 10, "params": 5, "cka": 0.9}
+    measured = Measurement(accuracy=0.75, macs=10, params=5, cka=0.9)
     state, values = objective.finish(first, config, TrialOutcome("complete", measured))
     study.tell(first, values)
     third, _ = ask(0)

@@ -123,8 +123,8 @@ def test_accuracy_with_the_gate_equals_accuracy_without(ctx):
         plain = evaluate_config(ctx, config)
         gated = evaluate_config(gated_ctx, config, fidelity=fidelity, front=never)
         assert plain.status == gated.status == "complete", (plain.reason, gated.reason)
-        assert gated.measurement["accuracy"] == plain.measurement["accuracy"]
-        assert gated.measurement["macs"] == plain.measurement["macs"]
+        assert gated.measurement.accuracy == plain.measurement.accuracy
+        assert gated.measurement.macs == plain.measurement.macs
 
 
 def test_the_gate_off_measures_everything(ctx):

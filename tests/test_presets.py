@@ -142,7 +142,7 @@ def test_restnet_picks_best_cka_within_budget(ctx):
     assert float(matrix[i, j]) == pytest.approx(float(matrix.max()))  # all CNN cuts join
     budget = 0.5 * params[front]
     small = restnet_select(ctx, front, back, param_budget=budget, spec=spec)
-    assert evaluate_config(ctx, small).measurement["params"] <= budget
+    assert evaluate_config(ctx, small).measurement.params <= budget
     with pytest.raises(errors.BudgetError, match="param_budget=10"):
         restnet_select(ctx, front, back, param_budget=10, spec=spec)
 

@@ -38,6 +38,7 @@ from stitch_nas.search import (
     run_search,
 )
 from stitch_nas.snnet import SNNETS
+from stitch_nas.stitching import Measurement
 from tests._faults import FaultyWorker, NoTrainingWorker
 from tests._tiny import tiny_context
 
@@ -86,8 +87,8 @@ def test_ray_trials_match_the_local_executor(ray_session, ctx, tmp_path):
         config = StitchConfig.from_dict(trial.user_attrs["config"])
         here = evaluate_config(ctx, config)
         assert here.measurement is not None
-        assert math.isclose(here.measurement["accuracy"], trial.values[0], abs_tol=1e-6)
-        assert here.measurement["macs"] == trial.values[1] == trial.user_attrs["macs"]
+        assert math.isclose(here.measurement.accuracy, trial.values[0], abs_tol=1e-6)
+        assert here.measurement.macs == trial.values[1] == trial.user_attrs["macs"]
     # same report files, same columns, same user attributes as the local executor
     local_report, remote_report = write_report(local, tmp_path / "local"), None
     remote_report = write_report(remote, tmp_path / "ray")
@@ -136,7 +137,7 @@ def test_a_joint_snnet_trains_once_on_the_driver_and_reaches_the_workers(ray_ses
     for trial in done:
         config = StitchConfig.from_dict(trial.user_attrs["config"])
         here = evaluate_config(ctx, config).measurement
-        assert here is not None and math.isclose(here["accuracy"], trial.values[0], abs_tol=1e-6)
+        assert here is not None and math.isclose(here.accuracy, trial.values[0], abs_tol=1e-6)
 
 
 def test_an_snnet_that_cannot_train_fails_its_trials_with_the_reason(ray_session, tmp_path):
@@ -278,7 +279,7 @@ def test_a_nan_result_is_recorded_as_failed_with_its_reason(ctx):
     study = optuna.create_study(directions=objective.directions)
     trial = study.ask()
     config = objective.sample(trial)
-    nan = {"accuracy": math.nan, "macs": 10, "params": 5, "cka": 0.5}
+    nan = Measurement(accuracy=math.nan, macs=10, params=5, cka=0.5)
     state, values = objective.finish(trial, config, TrialOutcome("complete", measurement=nan))
     assert state == Fail and values is None
     assert "non-finite" in trial.user_attrs["fail_reason"]

@@ -162,7 +162,7 @@ def test_search_measures_and_exports_the_jointly_trained_stitches(ctx, tmp_path)
     assert all(c.adapters[0].kind == "snnet" for c in configs)
     # a fresh context (another worker, `stitch-nas export`) trains and measures the same
     first = evaluate_config(tiny_context(), configs[0]).measurement
-    assert first is not None and first["accuracy"] == done[0].user_attrs["accuracy"]
+    assert first is not None and first.accuracy == done[0].user_attrs["accuracy"]
     items = []
     for i, config in enumerate(dict.fromkeys(configs)):
         _, m = measure(ctx, config)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import LayoutError, StitchNASError
 from stitch_nas.stitching import (
+    Measurement,
     ProbeScore,
     config_cka,
     has_trained_adapters,
@@ -93,11 +94,12 @@ class Repeat:
 
 @dataclass(frozen=True)
 class TrialOutcome:
-    """What evaluating one config gave, in JSON types so it can cross process boundaries.
+    """What evaluating one config gave; it crosses process boundaries (Ray pickles it, Ray
+    Tune reports it as JSON: :meth:`to_dict` / :meth:`from_dict`).
 
     Attributes:
         status: "complete", "pruned" (CKA below threshold, layout mismatch) or "fail".
-        measurement: ``Measurement.to_dict()`` when complete.
+        measurement: what the network measured, when complete.
         cka: the config's CKA score when it was computed.
         reason: why it was pruned or failed (``"TypeName: message"`` for exceptions).
         partial: what the slices measured when multi-fidelity evaluation pruned it.
@@ -108,12 +110,23 @@ class TrialOutcome:
     """
 
     status: str
-    measurement: dict[str, Any] | None = None
+    measurement: Measurement | None = None
     cka: float | None = None
     reason: str | None = None
     partial: dict[str, Any] | None = None
     probe: float | None = None
     weights: bytes | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome as plain values (the measurement as ``Measurement.to_dict()``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialOutcome:
+        """The outcome :meth:`to_dict` wrote."""
+        measured = data.get("measurement")
+        measurement = None if measured is None else Measurement(**measured)
+        return cls(**{**data, "measurement": measurement})
 
 
 def evaluate_config(
@@ -178,7 +191,7 @@ def evaluate_config(
         logger.warning("config %s failed: %s", config.describe(), exc, exc_info=not known)
         return TrialOutcome("fail", cka=cka, reason=f"{type(exc).__name__}: {exc}")
     return TrialOutcome(
-        "complete", measurement=result.to_dict(), cka=cka, probe=_probe(probe), weights=weights
+        "complete", measurement=result, cka=cka, probe=_probe(probe), weights=weights
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -70,7 +70,7 @@ class TrialWorker:
         """
         install_shipped(self.ctx, networks or [])
         outcome = evaluate_plan(self.ctx, plan, self.evaluation)
-        return {**asdict(outcome), "node": self.node}
+        return {**outcome.to_dict(), "node": self.node}
 
     def cache_stats(self) -> dict[str, int]:
         """Counters of this worker's activation cache (shared fetches and hits included)."""
@@ -134,7 +134,7 @@ class _Pool:
         try:
             result = dict(self.ray.get(ref))
             pending.node = result.pop("node", None)
-            return TrialOutcome(**result)
+            return TrialOutcome.from_dict(result)
         except exceptions.RayTaskError as exc:  # the trial raised; the worker lives on
             return TrialOutcome("fail", reason=f"worker raised: {_first_line(exc.cause or exc)}")
         except exceptions.RayError as exc:  # the worker died (killed, out of memory...)

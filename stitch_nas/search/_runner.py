@@ -347,7 +347,7 @@ class StitchObjective:
         if outcome.status != "complete" or outcome.measurement is None:
             trial.set_user_attr(attrs.FAIL_REASON, outcome.reason or "no measurement")
             return optuna.trial.TrialState.FAIL, None
-        result = Measurement(**outcome.measurement)
+        result = outcome.measurement
         values = self.record(trial, result)
         if not all(math.isfinite(v) for v in values):  # record() wrote the fail_reason
             return optuna.trial.TrialState.FAIL, None

@@ -164,22 +164,24 @@ def outcome_metrics(outcome: TrialOutcome, names: list[str]) -> dict[str, Any]:
     """The metrics dict a trainable reports for ``outcome``."""
     values = [math.nan] * len(names)
     if outcome.status == "complete" and outcome.measurement is not None:
-        measurement = Measurement(**outcome.measurement)
-        values = [float(OBJECTIVES.get(n).value(measurement)) for n in names]
+        values = [float(OBJECTIVES.get(n).value(outcome.measurement)) for n in names]
     return {
         **dict(zip(names, values, strict=True)),
         "cka": math.nan if outcome.cka is None else outcome.cka,
         "stitch_status": outcome.status,
         "stitch_reason": outcome.reason or "",
-        "stitch_measurement": json.dumps(outcome.measurement),
+        "stitch_measurement": json.dumps(
+            None if outcome.measurement is None else outcome.measurement.to_dict()
+        ),
     }
 
 
 def _outcome_from(result: dict[str, Any]) -> TrialOutcome:
     cka = result.get("cka")
+    measured = json.loads(result.get("stitch_measurement") or "null")
     return TrialOutcome(
         status=str(result["stitch_status"]),
-        measurement=json.loads(result.get("stitch_measurement") or "null"),
+        measurement=None if measured is None else Measurement(**measured),
         cka=None if cka is None or math.isnan(cka) else float(cka),
         reason=result.get("stitch_reason") or None,
     )
