@@ -29,6 +29,7 @@ __all__ = [
     "check_autocast_name",
     "check_budgets",
     "check_cka_threshold",
+    "check_device",
     "check_fidelity",
 ]
 
@@ -88,6 +89,13 @@ def check_cka_threshold(value: Any, where: str = "cka_threshold") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ConfigError(f"{where}={value!r}: give a value in [0, 1] (0 turns CKA pruning off)")
     return float(value)
+
+
+def check_device(value: str, where: str = "device") -> str:
+    """``value`` as a device a run may name (:data:`DEVICE_PATTERN`), or a one-line error."""
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise ConfigError(f"{where} {value!r}: use {DEVICE_CHOICES}")
+    return value
 
 
 def check_autocast_name(name: str | None, where: str = "autocast") -> None:

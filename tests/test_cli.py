@@ -393,7 +393,7 @@ def test_device_auto_is_cuda_when_present_else_the_cpu(monkeypatch: pytest.Monke
     import torch
 
     from stitch_nas.pipeline import _run as _pipeline
-    from stitch_nas.pipeline._preflight import DEVICE_PATTERN
+    from stitch_nas.choices import DEVICE_PATTERN
 
     assert DEVICE_PATTERN.fullmatch("auto")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -7,7 +7,7 @@ import argparse
 import math
 from typing import TYPE_CHECKING
 
-from stitch_nas.choices import AUTOCAST_DTYPES, BUDGET_KEYS, DEVICE_CHOICES, DEVICE_PATTERN
+from stitch_nas.choices import AUTOCAST_DTYPES, BUDGET_KEYS, check_device
 from stitch_nas.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -35,9 +35,7 @@ def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
             )
         search.study_name = args.study_name
     if args.device is not None:
-        if not DEVICE_PATTERN.fullmatch(args.device):
-            raise ConfigError(f"--device {args.device!r}: use {DEVICE_CHOICES}")
-        search.device = args.device
+        search.device = check_device(args.device, "--device")
     if args.autocast is not None:
         if args.autocast not in (*AUTOCAST_DTYPES, "off"):
             raise ConfigError(

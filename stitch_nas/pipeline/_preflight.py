@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas.choices import (
-    DEVICE_CHOICES,
-    DEVICE_PATTERN,
     EXECUTORS,
     EXPORT_FORMATS,
     RAY_MODES,
     check_autocast_name,
     check_budgets,
     check_cka_threshold,
+    check_device,
     check_fidelity,
 )
 from stitch_nas.errors import ConfigError
@@ -73,8 +72,7 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         raise ConfigError(
             f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}"
         )
-    if not DEVICE_PATTERN.fullmatch(search.device):
-        raise ConfigError(f"search.device {search.device!r}: use {DEVICE_CHOICES}")
+    check_device(search.device, "search.device")
     check_autocast_setting(search.autocast, search.device)
     _at_least("trials", search.trials, 1)
     _at_least("workers", search.workers, 1)

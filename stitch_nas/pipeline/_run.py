@@ -15,6 +15,7 @@ from typing import Any
 
 from stitch_nas import attrs
 from stitch_nas.activations import ActivationCache, StitchContext
+from stitch_nas.choices import check_device
 from stitch_nas.data import DataSplits
 from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.export import FORMATS, ExportSummary, export_items, export_study
@@ -303,10 +304,8 @@ def _check_device(device: str) -> str:
     before the zoo is built."""
     import torch
 
-    device = _resolve_device(device)
+    device = _resolve_device(check_device(device, "search.device"))
     kind, _, index = device.partition(":")
-    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
-        raise ConfigError(f"search.device {device!r}: use auto, cpu, cuda, cuda:N or mps")
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (index and int(index) >= count):
