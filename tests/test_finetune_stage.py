@@ -241,4 +241,6 @@ def test_a_network_the_fidelity_gate_pruned_is_measured_whole_then_fine_tuned(
     assert attrs.PRUNE_REASON not in record.user_attrs
     assert record.values == [tuned.after, source.values[1]] and tuned.after > tuned.before
     assert record.user_attrs[attrs.KIND] == "stitched"
+    assert record.user_attrs["split"] == "val"  # its measurement, as a completed trial records it
+    assert record.user_attrs["accuracy"] == tuned.after
     assert (tmp_path / record.user_attrs[attrs.WEIGHTS]).is_file()

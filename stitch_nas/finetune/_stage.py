@@ -1,8 +1,8 @@
 """The fine-tune stage of a search: the front's networks trained further, and the control.
 
 After the search and its refinements, :func:`finetune_front` takes up to ``networks`` stitched
-networks (:func:`choose`: validation accuracy at least ``floor``, the most accurate in each of
-``networks`` bands of cost, one per set of fragments), trains each further
+networks (:func:`~stitch_nas.finetune.choose`: validation accuracy at least ``floor``, the most
+accurate in each of ``networks`` bands of cost, one per set of fragments), trains each further
 (:func:`~stitch_nas.finetune.finetune`) from the teacher the recipe names, and records the
 result as a trial of its own: the same config, parameters and costs as the trial it started
 from, its own validation accuracy, the recipe and what the training did (``attrs.FINETUNED``),
@@ -243,19 +243,29 @@ def finetune_front(
                 weights=trial_weights(source, folder),
             )
             net, before, values = checked.net, checked.accuracy, list(source.values)
-            constraints = dict(source.constraints)
+            constraints, measurement = dict(source.constraints), {}
         else:  # measured on a slice only: built and measured on the whole split now
             net, measured = rebuild(ctx, config, fuse=fuse)
             before = measured.accuracy
             values = [float(OBJECTIVES.get(n).value(measured)) for n in names]
             # as the search records a budget: value - limit, feasible when <= 0
             constraints = {k: float(getattr(measured, k)) - v for k, v in (budgets or {}).items()}
+            # what a completed trial records of its measurement, less the figures it replaces
+            measurement = {
+                k: v
+                for k, v in measured.to_dict().items()
+                if k not in ("accuracy", "sample_correct", "sample_images")
+            }
         relative = f"{WEIGHTS_DIR}/trial_{source.number}_{digest}.safetensors"
         what = f"trial #{source.number}: {config.describe()}"
         tuned, report = _train(ctx, net, teacher, recipe, folder / relative, what, progress, echo)
         after = accuracy_on(ctx, tuned, "val") if report.best_epoch else before
         values[names.index("accuracy")] = after
-        kept = {**_sample(ctx, tuned), attrs.KIND: STITCHED} if report.best_epoch else None
+        kept = (
+            {**measurement, **_sample(ctx, tuned), attrs.KIND: STITCHED}
+            if report.best_epoch
+            else None
+        )
         number = _record(study, source, values, constraints, recipe, report, relative, kept)
         stage.networks.append(Tuned(source.number, before, after, report, number))
     if control:
@@ -289,11 +299,10 @@ def _record(
     """Add the fine-tuned network to ``study`` as a COMPLETE trial; return its number.
 
     ``values`` are the source's objectives with the accuracy after fine-tuning, ``constraints``
-    its budget constraints; ``kept`` what
-    the new network records beside them (None: the fine-tune kept the starting weights and
-    made no new network: it is recorded PRUNED, saying so, so that ``--resume`` does not
-    repeat it). The source may be a trial the search's fidelity gate pruned: its slice's
-    figures are not the new network's.
+    its budget constraints, ``kept`` what the new network records beside them (None: the
+    fine-tune kept the starting weights and made no new network: it is recorded PRUNED, saying
+    so, so that ``--resume`` does not repeat it). The source may be a trial the search's
+    fidelity gate pruned: its slice's figures are not the new network's.
     """
     accuracy = values[objective_names(study).index("accuracy")]
     dropped = {
