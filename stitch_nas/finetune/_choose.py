@@ -1,15 +1,16 @@
 """Which stitched networks the fine-tune stage trains: those fine-tuning can lift.
 
-Two measurements on the ten-model real zoo (``benchmarks/results/realzoo_finetune_gpu*``)
-decide the rule:
+Two measurements on the ten-model real zoo decide the rule:
 
 - The stitched front on validation is a poor choice. Before fine-tuning, a cheap network ending
   in a weak zoo model's layers dominates a dearer one of two strong models that fine-tuning
-  lifts far above it (0.81 -> 0.92 on validation), and half of a front spread over its MACs
-  was LeNet-stem stitches no recipe lifts above 0.45.
+  lifts far above it (0.81 -> 0.92 on validation, ``finetune_cuda_lr0.005.json``), and half of
+  a front spread over its MACs was LeNet-stem stitches no recipe lifts above 0.45
+  (``realzoo_finetune_gpu_long_seed0.json``).
 - The search's fidelity gate prunes a network that cannot beat the front *as it is*, which is
   exactly what fine-tuning changes: it pruned 229 of 261 trials per seed, and between 10 and
-  41 M MACs, where the strong models are, 69 to 78 trials per seed and completed 0 to 5.
+  41 M MACs, where the strong models are, 69 to 78 trials per seed and completed 0 to 5
+  (``realzoo_finetune_h100_complete_only_seed*.json``, all in ``benchmarks/results``).
 
 So the candidates are the stitched networks the search completed (their validation accuracy)
 *and* those its gate pruned on a slice of the validation split (the slice's accuracy, a
