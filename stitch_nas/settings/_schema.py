@@ -110,9 +110,9 @@ class FinetuneSettings:
 
     enabled: bool = False  #: run the stage
     #: stitched networks trained further: the most accurate on validation in each of this many
-    #: bands of MACs, among those at or above ``floor`` (:func:`stitch_nas.finetune.choose`)
+    #: bands of MACs, among those at or above floor (the fine-tune guide: which networks)
     networks: int = 4
-    #: the validation accuracy a network needs to be chosen; None: 0.15 below the most accurate
+    #: the validation accuracy a network needs to be chosen; null: 0.15 below the most accurate
     #: zoo model's (fine-tuning lifts a stitched network of strong models by that much)
     floor: float | None = None
     control: bool = False  #: also fine-tune the zoo's front models alike (the honest control)
