@@ -392,8 +392,8 @@ def test_autocast_reaches_the_search_context(monkeypatch, capsys, tmp_path, mini
 def test_device_auto_is_cuda_when_present_else_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from stitch_nas.pipeline import _run as _pipeline
     from stitch_nas.choices import DEVICE_PATTERN
+    from stitch_nas.pipeline import _run as _pipeline
 
     assert DEVICE_PATTERN.fullmatch("auto")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
