@@ -151,6 +151,26 @@ def test_pairwise_proposes_cheaper_less_accurate_into_dearer_at_matching_depth(c
     assert matched_depths(ctx, {n: -accuracy[n] for n in names}, matched_seeds=True) == []
 
 
+def test_matched_margin_admits_a_cheaper_model_up_to_that_much_more_accurate(ctx):
+    """A strong cheap model's early layers into a dearer head: proposed only within the margin,
+    and a margin outside [0, 1] is a one-line error."""
+    from search_spaces.pairwise import matched_depths
+    from stitch_nas.stitching import model_macs
+
+    by_macs = sorted(ctx.zoo.names(), key=lambda n: model_macs(ctx, n))
+    # every cheaper model 0.01 more accurate than the next dearer one
+    accuracy = {n: 0.9 - 0.01 * i for i, n in enumerate(by_macs)}
+    assert matched_depths(ctx, accuracy, matched_seeds=True) == []
+    near = matched_depths(ctx, accuracy, matched_seeds=True, matched_margin=0.015)
+    wide = matched_depths(ctx, accuracy, matched_seeds=True, matched_margin=1.0)
+    assert near and len(wide) > len(near)
+    for params in near:  # within the margin: neighbours in MACs only
+        src, dst = params["route"].split(">")
+        assert 0 < accuracy[src] - accuracy[dst] <= 0.015
+    with pytest.raises(ConfigError, match=r"matched_margin=-0.1 must be an accuracy difference"):
+        matched_depths(ctx, accuracy, matched_seeds=True, matched_margin=-0.1)
+
+
 def test_seeding_gives_a_share_of_the_seeds_to_the_spaces_proposals(ctx):
     from stitch_nas.search._seeding import MATCHED_SHARE
 
