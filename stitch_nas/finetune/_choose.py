@@ -24,6 +24,7 @@ accurate network not yet chosen.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -124,14 +125,12 @@ def choose(pool: list[Candidate], count: int, floor: float) -> list[Candidate]:
     costs = [c.cost for c in ranked if c.cost is not None]
     if count < len(ranked) and len(costs) == len(ranked):
         low = max(min(costs), 1e-12)
-        ratio = max(max(costs), low) / low
-        for band in range(count):
-            bottom, top = low * ratio ** (band / count), low * ratio ** ((band + 1) / count)
-            inside = [
-                c
-                for c in ranked
-                if bottom <= c.cost < top or (band == count - 1 and c.cost >= bottom)  # type: ignore[operator]
-            ]
-            chosen += [c for c in inside if c not in chosen][:1]  # ranked: the most accurate
+        span = math.log(max(max(costs), low) / low)
+        taken: set[int] = set()
+        for c, cost in zip(ranked, costs, strict=True):  # the most accurate first
+            band = min(int(count * math.log(max(cost, low) / low) / span), count - 1) if span else 0
+            if band not in taken:  # the most accurate of its band
+                taken.add(band)
+                chosen.append(c)
     chosen += [c for c in ranked if c not in chosen][: count - len(chosen)]
     return sorted(chosen, key=lambda c: (c.cost if c.cost is not None else 0.0, c.trial.number))
