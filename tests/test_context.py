@@ -65,9 +65,9 @@ def test_cached_activations_survive_in_place_ops_after_the_cut():
 
 
 def test_train_activations_do_not_depend_on_what_else_is_cached():
-    """Adapter training amplifies rounding: a train-split activation is always computed from
-    the input, never from a stored (float16) earlier cut, so a network rebuilt later trains
-    on the same numbers as the one the search measured."""
+    """Adapter training amplifies rounding: a train-split activation computed from a stored
+    (float16) earlier cut is the one computed from the input, so a network rebuilt later
+    trains on the same numbers as the one the search measured."""
     names = [c.name for c in tiny_context().cuts("resnet")]
     early, late = names[1], names[-2]
     alone = tiny_context().activation("resnet", late, "train")

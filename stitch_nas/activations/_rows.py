@@ -12,6 +12,7 @@ batch-size rounding).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -58,7 +59,7 @@ class ActivationRows:
         if keeps and _stream.stored(ctx, self.key) is None:
             for _ in ctx.activation_batches(model, cut, split):
                 pass
-        self._prefix: nn.Module | None = None
+        self._prefix: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return self.n
@@ -75,7 +76,7 @@ class ActivationRows:
     def _recompute(self, index: torch.Tensor) -> torch.Tensor:
         ctx = self.ctx
         if self._prefix is None:
-            self._prefix = ctx.segment(self.model, None, self.cut)
+            self._prefix = _stream.cut_by_cut(ctx, self.model, None, self.cut)
         out = []
         for x in ctx.input_rows(self.model, self.split, index):
             with ctx.frozen():

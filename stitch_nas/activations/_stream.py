@@ -8,17 +8,19 @@ else into a spill file written through a memory map, else nowhere (it is recompu
 time). So at no moment does more than one batch exist outside the cache's budget, and no code
 path holds every cut of a model over a whole split.
 
-Stored values are rounded to the cache's storage dtype; every batch handed out, fresh or cached,
-is that rounded value in float32, so a cached and a freshly computed activation agree exactly.
-A recomputation that starts from a cached earlier cut starts from its rounded value: with
-float16 storage it agrees with the first computation to float16 precision, with float32
-storage exactly (see the README, "Memory and the activation cache").
+An activation is defined cut by cut: the output of every cut on the way from the input is
+rounded to the cache's storage dtype and handed on as a read from the cache hands it, whether
+or not that cut is cached (:func:`cut_by_cut`). So the value at a cut is the same whichever
+earlier cut, or the input, a computation starts from, and what a network measures does not
+depend on what the cache held when it ran (its budget, what it evicted, which worker ran it).
+Every batch handed out, fresh or cached, is that rounded value in float32.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,6 +37,7 @@ __all__ = [
     "stored_batches",
     "compute_batches",
     "computed_rows",
+    "cut_by_cut",
     "fill_every_cut",
     "gathered_batches",
     "selected_batches",
@@ -119,6 +122,28 @@ def _same_layout(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def cut_by_cut(
+    ctx: ContextView, model: str, start: str | None, end: str | None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``model`` from cut ``start`` to ``end`` (None: the input; the output) as an activation is
+    defined: piece by piece, each cut passed on the way rounded to the storage dtype and handed
+    to the next piece as a read from the cache would hand it. Run it inside ``ctx.frozen()``;
+    the output at ``end`` itself is left for the caller to round (and store)."""
+    names = [c.name for c in ctx.cuts(model)]
+    first = 0 if start is None else names.index(start) + 1
+    last = len(names) if end is None else names.index(end)
+    pieces = [ctx.segment(model, a, b) for a, b in pairwise([start, *names[first:last], end])]
+    dtype = ctx.cache.dtype
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = pieces[0](x)
+        for piece in pieces[1:]:
+            x = piece(ctx.for_compute(model, x.to(dtype)))
+        return x
+
+    return run
+
+
 def _source(
     ctx: ContextView, model: str, cut: str | None, split: str
 ) -> tuple[str | None, Iterator[torch.Tensor]]:
@@ -133,14 +158,7 @@ def _nearest(
     ctx: ContextView, model: str, cut: str | None, split: str
 ) -> tuple[str | None, Stored | None]:
     """The nearest cut before ``cut`` whose activation on ``split`` is cached, and its values
-    (``None, None``: none is, so the computation starts from the images).
-
-    The train split always starts from the input: it feeds adapter training, which amplifies
-    the rounding of a stored (float16) earlier cut into a different network, so a network
-    rebuilt later, with other cuts cached, would train differently from the one measured.
-    """
-    if split == "train":
-        return None, None
+    (``None, None``: none is, so the computation starts from the images)."""
     names = [c.name for c in ctx.cuts(model)]
     end = len(names) if cut is None else names.index(cut)
     for index in range(end - 1, -1, -1):
@@ -162,7 +180,7 @@ def computed_rows(
         rows = ctx.input_rows(model, split, index)
     else:
         rows = gathered_batches(ctx, model, values, index)
-    piece = ctx.segment(model, start, cut)
+    piece = cut_by_cut(ctx, model, start, cut)
     for x in rows:
         with ctx.frozen():
             out = piece(x)
@@ -217,7 +235,7 @@ def compute_batches(
     key = ctx.activation_key(model, cut, split)
     ctx.cache.count_miss()
     start, source = _source(ctx, model, cut, split)
-    piece = ctx.segment(model, start, cut)
+    piece = cut_by_cut(ctx, model, start, cut)
     n, done, sink = len(ctx.split(split)), 0, None
     try:
         for x in source:
@@ -258,14 +276,14 @@ def fill_every_cut(ctx: ContextView, model: str, split: str) -> None:
                     x = piece(x)
                     what = f"activations of {model!r} at {keys[i].cut or 'output'!r} on {split}"
                     check_finite(x, what)
+                    rounded = x.to(ctx.cache.dtype)
                     if wanted[i]:
-                        rounded = x.to(ctx.cache.dtype)
                         if sinks[i] is None:
                             sinks[i] = _Sink(ctx, keys[i], n, rounded)
                         sinks[i].write(done, rounded)  # type: ignore[union-attr]
-                    # the next piece may open with an in-place op: hand it a copy, in float32
-                    # as a pass that starts from this cut's cached value is handed (autocast)
-                    x = x.to(torch.float32, copy=True)
+                    # on, as cut_by_cut hands it on: rounded, a copy in float32 (the next
+                    # piece may open with an in-place op)
+                    x = ctx.for_compute(model, rounded)
             done += len(x)
     finally:
         for sink in sinks:

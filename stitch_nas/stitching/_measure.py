@@ -282,10 +282,10 @@ def streamed_accuracy(
     return _mean(*count_correct(ctx, net, split, head))
 
 
-#: how far a re-measured accuracy may move when activations are stored below float32: a value
-#: recomputed from an earlier cached cut starts from that cut's rounded value, which flips a
-#: near-tie now and then (2 of 5,000 CIFAR-10 images on the real zoo); another zoo, data set or
-#: network moves it by more
+#: how far a re-measured accuracy may move when activations are stored below float32: the
+#: search's own figures do not depend on the cache (activations are rounded cut by cut), but a
+#: rebuild elsewhere (another machine, batch size or device) runs other kernels, whose rounding
+#: through float16 flips a near-tie now and then; another zoo, data set or network moves it by more
 LOW_PRECISION_TOLERANCE = 0.002
 
 
