@@ -77,11 +77,11 @@ class ActivationRows:
         ctx = self.ctx
         if self._prefix is None:
             self._prefix = _stream.cut_by_cut(ctx, self.model, None, self.cut)
-        out = []
+        rounding, out = _stream.Rounding(ctx, self.model), []
         for x in ctx.input_rows(self.model, self.split, index):
             with ctx.frozen():
                 y = self._prefix(x)
-            out.append(ctx.for_compute(self.model, y.to(ctx.cache.dtype)))
+            out.append(rounding(y))
         return torch.cat(out)
 
 
