@@ -115,8 +115,27 @@ def test_each_slice_is_judged_on_everything_scored_so_far(ctx):
     assert stop.value.record[attrs.SLICE_IMAGES] == sizes[0] + sizes[1]
 
 
+def test_a_config_dropped_at_the_first_slice_runs_only_its_images(ctx):
+    """The first slice computes the prefix for its images only and stores nothing; a config
+    that goes on streams (and stores) the whole split; the figures are the same either way."""
+    from stitch_nas.activations._stream import stored
+
+    config = _configs(ctx)[2]
+    first = config.fragments[0]
+    _, plain = measure(ctx, config)
+    fresh = tiny_context()
+    key = fresh.activation_key(first.model, first.end, "val")
+    with pytest.raises(SliceStop):
+        measure(fresh, config, screen=_Recorder(stop_at=1))
+    assert stored(fresh, key) is None
+    _, screened = measure(fresh, config, screen=_Recorder())
+    assert stored(fresh, key) is not None
+    assert screened.accuracy == plain.accuracy
+    assert screened.sample_correct == plain.sample_correct
+
+
 def test_accuracy_with_the_gate_equals_accuracy_without(ctx):
-    gated_ctx = tiny_context()  # nothing cached: the first slice streams the whole split
+    gated_ctx = tiny_context()  # nothing cached: the first slice computes its images only
     fidelity = Fidelity(0.15, tuple(NAMES), {})
     never = [[0.0, 1e15]]  # a front that dominates nothing
     for config in _configs(ctx):

@@ -198,7 +198,9 @@ def screen_before_training(gate: FidelityGate, ctx: StitchContext, net: Stitched
         accuracy=math.nan, macs=network_macs(ctx, net), params=count_params_of([net]), cka=math.nan
     )
     first = gate.slices(len(ctx.labels("val")))[0]
-    correct, seen = count_correct(ctx, net, "val", fit_net_head(ctx, net), first)
+    # only the slice's images run: most configs stop here (see measure's first slice)
+    whole = len(first) == len(ctx.labels("val"))
+    correct, seen = count_correct(ctx, net, "val", fit_net_head(ctx, net), first, store=whole)
     try:
         gate.check(costs, correct, seen)
     except SliceStop as stop:

@@ -390,7 +390,11 @@ def measure(
         for i, part in enumerate(screen.slices(len(ctx.labels(split)))):
             if i:  # the screen judges what has been scored before each further slice
                 screen.check(result, correct, seen)
-            more, extra, more_first = _count(ctx, net, split, head, part, first)
+            # most configs stop after the first slice: a prefix the cache lacks is computed
+            # for its images only, and streamed (and stored) over the whole split only for a
+            # config that goes on; the values are the same either way (cut by cut)
+            whole = i > 0 or len(part) == len(ctx.labels(split))
+            more, extra, more_first = _count(ctx, net, split, head, part, first, store=whole)
             correct, seen, in_first = correct + more, seen + extra, in_first + more_first
     if first:
         result.sample_correct, result.sample_images = in_first, first
