@@ -18,6 +18,7 @@ import torch
 
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import StitchNASError
+from stitch_nas.machine import reuse_freed_memory
 from stitch_nas.stitching import fragment_macs
 
 from ._evaluate import EvaluationOptions, TrialOutcome, TrialPlan, evaluate_plan
@@ -46,6 +47,7 @@ class TrialWorker:
         num_threads: int,
     ) -> None:
         ray = import_ray()
+        reuse_freed_memory()  # as the driver's command line does: the same values, faster
         torch.set_num_threads(max(1, num_threads))
         device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
         self.ctx = shared.materialize(device)

@@ -45,6 +45,7 @@ from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.extras import require
+from stitch_nas.machine import reuse_freed_memory
 from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.stitching import Measurement, fragment_macs
 
@@ -150,8 +151,9 @@ def stitch_trainable(
         tune.report(outcome_metrics(TrialOutcome("pruned", reason=config[REPEAT_KEY]), names))
         return
     ctx = _CONTEXTS.get(token)
-    if ctx is None:
+    if ctx is None:  # this worker process's first trial of the search
         ray = import_ray()
+        reuse_freed_memory()  # as the driver's command line does: the same values, faster
         device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
         ctx = shared.materialize(device)
         _CONTEXTS.clear()  # one search per process at a time; drop an earlier one's memory
