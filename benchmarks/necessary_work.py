@@ -26,8 +26,9 @@ or reuse could remove:
 
 A second of necessary work is timed as plain forwards on the same machine: every zoo model over
 ``images`` validation images as a frozen pass, as the search runs it (the context's pieces and
-memory layout) and nothing else; a training step's MACs are
-converted at the same rate (an approximation, since a backward runs other kernels).
+memory layout, freed memory reused as ``stitch-nas`` sets up its process) and nothing else; a
+training step's MACs are converted at the same rate (an approximation, since a backward runs
+other kernels).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.adapters import ADAPTERS, get_adapter, resolve_options
 from stitch_nas.config import StitchConfig
+from stitch_nas.machine import reuse_freed_memory
 from stitch_nas.report import pareto_trials
 from stitch_nas.search import StitchObjective, load_folder_study
 from stitch_nas.settings import Settings, settings_from_dict
@@ -217,6 +219,9 @@ def necessary_work(folder: Path, phases: dict[str, Any]) -> dict[str, Any]:
     """Per phase of the search in ``folder``: its necessary work (image-MACs), that work's
     seconds as plain forwards on this machine, and the phase's median seconds (``phases``, as
     e2e.json keeps them) over it."""
+    # the forwards run as the search's process runs them: freed blocks reused, as its command
+    # line sets up (the setting holds for this process from here on)
+    reuse_freed_memory()
     study, ctx, settings = _context(folder)
     work = _work(study, ctx, settings)
     rates = plain_forward_rate(ctx)
