@@ -225,6 +225,30 @@ def test_a_network_that_does_not_measure_as_recorded_is_refused(ctx, items, tmp_
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_network_checked_once_is_handed_out_again_for_the_same_record(ctx, items, monkeypatch):
+    """The export after a search's test pass writes the networks the pass rebuilt and checked
+    on the same context: checked again against the same record, nothing is rebuilt; against
+    another record it is rebuilt and checked again."""
+    from stitch_nas.report import _holdout, rebuild_checked
+
+    item = items["grid"]
+    first = rebuild_checked(ctx, item.config, item.metrics, "grid", "fix it", fuse=False)
+
+    def rebuilt(*args, **kwargs):
+        raise AssertionError("rebuilt a network checked already")
+
+    monkeypatch.setattr(_holdout, "build", rebuilt)
+    again = rebuild_checked(ctx, item.config, item.metrics, "grid", "fix it", fuse=False)
+    assert again is first
+    images = item.metrics["sample_images"]
+    wrong = {**item.metrics, "accuracy": 0.01, "sample_correct": round(0.01 * images)}
+    with pytest.raises(AssertionError, match="rebuilt"):
+        rebuild_checked(ctx, item.config, wrong, "grid", "fix it", fuse=False)
+    monkeypatch.undo()
+    with pytest.raises(errors.ConfigError, match="recorded 0.0100"):
+        rebuild_checked(ctx, item.config, wrong, "grid", "fix it", fuse=False)
+
+
 def test_unknown_format_is_refused(ctx, items, tmp_path):
     with pytest.raises(errors.ExportError, match="unknown export format 'tflite'"):
         export_network(ctx, items["grid"], tmp_path, formats=["tflite"])

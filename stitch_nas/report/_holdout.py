@@ -34,7 +34,7 @@ import torch
 from optuna.trial import FrozenTrial
 
 from stitch_nas import attrs
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import Memo, StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.stitching import (
@@ -197,6 +197,11 @@ class Rechecked:
     measurement: Measurement | None = None
 
 
+#: networks rebuilt and checked on a context, by what they were rebuilt from and checked
+#: against: the export that follows a search's test pass writes the networks that pass checked
+_CHECKED: Memo[tuple[Any, ...], Rechecked] = Memo("rebuilt and checked networks")
+
+
 def rebuild_checked(
     ctx: StitchContext,
     config: StitchConfig,
@@ -216,11 +221,34 @@ def rebuild_checked(
     the first images tell another zoo, data or fuse setting from the same one at a tenth of
     the cost. A record without one (an older study) is measured on the whole split again.
 
+    A network checked on ``ctx`` before against the same record (the test pass's, when the
+    export runs after it) is handed out again, not rebuilt: a caller that trains one trains a
+    copy (the fine-tune stage does).
+
     Raises:
         ConfigError: ``what`` does not reproduce its record, saying how to ``fix`` it.
     """
     accuracy = finite_number(recorded.get("accuracy"))
     sample = recorded.get("sample_correct"), recorded.get("sample_images")
+    key = (config.stable_hash(), fuse, None if weights is None else str(weights), accuracy, sample)
+    done = _CHECKED.get(ctx, key)
+    if done is not None:
+        return done
+    return _CHECKED.put(
+        ctx, key, _rebuild_checked(ctx, config, accuracy, sample, what, fix, fuse, weights)
+    )
+
+
+def _rebuild_checked(
+    ctx: StitchContext,
+    config: StitchConfig,
+    accuracy: float | None,
+    sample: tuple[Any, Any],
+    what: str,
+    fix: str,
+    fuse: bool,
+    weights: Path | None,
+) -> Rechecked:
     if accuracy is None or sample[0] is None or not sample[1]:
         net, result = rebuild(ctx, config, fuse=fuse, weights=weights)
         if accuracy is not None and not reproduces(ctx, result.accuracy, accuracy):
