@@ -284,33 +284,3 @@ def test_rows_the_cache_lacks_are_computed_for_those_images_only():
     # from a cached earlier cut, as the stream would start
     later = torch.cat(list(ctx.activation_rows("resnet", "layer3.0", "val", index, store=False)))
     assert torch.equal(later, ctx.activation("resnet", "layer3.0", "val")[index])
-
-
-def test_rows_computed_alone_are_kept_for_the_next_network_on_the_same_rows(monkeypatch):
-    """The gate's first slice and the fixed sample are the same rows for every network: rows
-    computed alone are kept under their own key (not as the split's), read back by the next
-    network with the same prefix, and a deeper cut starts from them."""
-    from stitch_nas.activations import _stream
-
-    ctx = tiny_context()
-    index = torch.tensor([3, 10, 11, 57, 200])
-    starts = []
-    real = _stream.cut_by_cut
-
-    def recorded(ctx, model, start, end):
-        starts.append((start, end))
-        return real(ctx, model, start, end)
-
-    monkeypatch.setattr(_stream, "cut_by_cut", recorded)
-    first = torch.cat(list(ctx.activation_rows("resnet", "layer2.0", "val", index, store=False)))
-    assert _stream.rows_key(ctx, "resnet", "layer2.0", "val", index) in ctx.cache
-    assert ctx.activation_key("resnet", "layer2.0", "val") not in ctx.cache
-    again = torch.cat(list(ctx.activation_rows("resnet", "layer2.0", "val", index, store=False)))
-    deeper = torch.cat(list(ctx.activation_rows("resnet", "layer3.0", "val", index, store=False)))
-    assert starts == [(None, "layer2.0"), ("layer2.0", "layer3.0")]  # read back, then continued
-    assert torch.equal(again, first)
-    monkeypatch.setattr(_stream, "cut_by_cut", real)
-    assert torch.equal(deeper, tiny_context().activation("resnet", "layer3.0", "val")[index])
-    # other rows are other entries
-    other = torch.tensor([0, 1, 2])
-    assert _stream.rows_key(ctx, "resnet", "layer2.0", "val", other) not in ctx.cache

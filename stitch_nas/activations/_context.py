@@ -276,8 +276,7 @@ class StitchContext(CutSimilarity):
 
         Read from the cache when it holds the activation; otherwise the whole split streams
         (and is stored, as on any first use) and only those rows go on. ``store=False``: only
-        those rows are computed (or read, when an earlier pass on the same rows kept them), and
-        kept under their own key, not as the split's (the gate's first slice, a fixed sample).
+        those rows are computed, and nothing is stored (a one-off check of a few images).
         """
         self.split(split)
         self.check_budget(model)

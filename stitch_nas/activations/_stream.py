@@ -6,9 +6,7 @@ batch from the nearest earlier cut of the same model that is cached (the model's
 and stored while it streams: into a buffer reserved against the memory budget when it fits,
 else into a spill file written through a memory map, else nowhere (it is recomputed the next
 time). So at no moment does more than one batch exist outside the cache's budget, and no code
-path holds every cut of a model over a whole split. A few rows of a split (the fidelity gate's
-first slice, the fixed sample a rebuilt network is checked on) are computed alone and cached
-under their own key (:func:`computed_rows`), apart from the split's.
+path holds every cut of a model over a whole split.
 
 An activation is defined cut by cut: the output of every cut on the way from the input is
 rounded to the cache's storage dtype and handed on as a read from the cache hands it, whether
@@ -20,7 +18,6 @@ Every batch handed out, fresh or cached, is that rounded value in float32.
 
 from __future__ import annotations
 
-import hashlib
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import pairwise
@@ -37,7 +34,6 @@ if TYPE_CHECKING:
     from ._view import ContextView
 
 __all__ = [
-    "rows_key",
     "stored_batches",
     "compute_batches",
     "computed_rows",
@@ -203,67 +199,24 @@ def _nearest(
     return None, None
 
 
-def rows_key(
-    ctx: ContextView, model: str, cut: str | None, split: str, index: torch.Tensor
-) -> ActivationKey:
-    """The key of ``model`` at ``cut`` on the rows ``index`` (sorted) of ``split`` alone: a
-    subset many measurements read, such as the fidelity gate's first slice or the fixed sample
-    a rebuilt network is checked on, cached apart from the whole split."""
-    rows = hashlib.sha256(index.cpu().numpy().astype(np.int64).tobytes()).hexdigest()[:16]
-    return ctx.activation_key(model, cut, f"{split}[{len(index)} rows {rows}]")
-
-
-def _nearest_rows(
-    ctx: ContextView, model: str, cut: str | None, split: str, index: torch.Tensor
-) -> tuple[str | None, Iterator[torch.Tensor] | None]:
-    """The nearest cut before ``cut`` cached on the whole split or on the rows ``index``, and
-    those rows' batches from it (``None, None``: no earlier cut is)."""
-    names = [c.name for c in ctx.cuts(model)]
-    end = len(names) if cut is None else names.index(cut)
-    for name in reversed(names[:end]):
-        values = stored(ctx, ctx.activation_key(model, name, split))
-        if values is not None:
-            return name, gathered_batches(ctx, model, values, index)
-        values = stored(ctx, rows_key(ctx, model, name, split, index))
-        if values is not None:
-            return name, stored_batches(ctx, model, values)
-    return None, None
-
-
 def computed_rows(
     ctx: ContextView, model: str, cut: str | None, split: str, index: torch.Tensor
 ) -> Iterator[torch.Tensor]:
     """The rows ``index`` (sorted) of ``model`` at ``cut`` on ``split``, batch by batch, computed
-    as :func:`compute_batches` computes them (from the nearest earlier cut cached on the split
-    or on these rows, rounded to the storage dtype) for those rows only, and stored under the
-    rows' own key (:func:`rows_key`), never as the split's: a check of a few images costs a few
-    images' forward passes, not the whole split's, and the next network that starts with the
-    same prefix on the same rows reads them (most configs stop at the gate's first slice, and
-    many share their first fragment)."""
-    key = rows_key(ctx, model, cut, split, index)
-    values = stored(ctx, key)
-    if values is not None:
-        yield from stored_batches(ctx, model, values)
-        return
-    start, rows = _nearest_rows(ctx, model, cut, split, index)
-    if rows is None:
+    as :func:`compute_batches` computes them (from the nearest cached earlier cut, rounded to
+    the storage dtype) for those rows only, and stored nowhere: a one-off check of a few
+    images costs a few images' forward passes, not the whole split's."""
+    start, values = _nearest(ctx, model, cut, split)
+    if values is None:
         rows = ctx.input_rows(model, split, index)
+    else:
+        rows = gathered_batches(ctx, model, values, index)
     piece, rounding = cut_by_cut(ctx, model, start, cut), Rounding(ctx, model)
-    done, sink = 0, None
-    try:
-        for x in rows:
-            with ctx.frozen():
-                out = piece(x)
-            check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
-            rounded = rounding(out)
-            if sink is None:
-                sink = _Sink(ctx, key, len(index), rounded)
-            sink.write(done, rounded)  # a copy: the consumer may change ``rounded`` in place
-            done += len(rounded)
-            yield rounded
-    finally:
-        if sink is not None:
-            sink.close(complete=done == len(index))
+    for x in rows:
+        with ctx.frozen():
+            out = piece(x)
+        check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
+        yield rounding(out)
 
 
 class _Sink:

@@ -189,8 +189,8 @@ def output_batches(
     When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
     stands for it, and the whole network runs on the preprocessed images, batch by batch.
     ``index`` (sorted): only those images of the split, in that order; ``store=False``: a
-    first-fragment activation the cache lacks is computed for those images only and kept for
-    those images alone (:meth:`~stitch_nas.activations.StitchContext.activation_rows`).
+    first-fragment activation the cache lacks is computed for those images only and not stored
+    (:meth:`~stitch_nas.activations.StitchContext.activation_rows`).
     """
     first = net.config.fragments[0]
     rest: torch.nn.Module
@@ -266,7 +266,7 @@ def sample_correct(
 ) -> int:
     """Images right among the first ``images`` of the validation split: what a trial recorded
     as ``sample_correct``, for a network rebuilt to be checked. Only those images run (a
-    prefix the cache lacks is computed, and kept, for those images alone)."""
+    prefix the cache lacks is not computed for the whole split, nor stored)."""
     return count_correct(ctx, net, "val", head, torch.arange(images), store=False)[0]
 
 
@@ -391,8 +391,8 @@ def measure(
             if i:  # the screen judges what has been scored before each further slice
                 screen.check(result, correct, seen)
             # most configs stop after the first slice: a prefix the cache lacks is computed
-            # (and kept) for its images only, and streamed (and stored) over the whole split
-            # only for a config that goes on; the values are the same either way (cut by cut)
+            # for its images only, and streamed (and stored) over the whole split only for a
+            # config that goes on; the values are the same either way (cut by cut)
             whole = i > 0 or len(part) == len(ctx.labels(split))
             more, extra, more_first = _count(ctx, net, split, head, part, first, store=whole)
             correct, seen, in_first = correct + more, seen + extra, in_first + more_first
