@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 import timm
@@ -125,6 +126,30 @@ def test_train_eval_modes_restored() -> None:
     assert [m.training for m in model.modules()] == [True, True, False, True]
     model.eval()
     count_macs(model, (2, 4))
+    assert not any(m.training for m in model.modules())
+
+
+def test_threads_counting_one_model_at_once_get_the_same_count() -> None:
+    # two drivers in one process (or Optuna's n_jobs) count MACs from two threads
+    model = timm.create_model("test_resnet", pretrained=False, num_classes=10).eval()
+    expected = count_macs(model, (1, 3, 32, 32))
+    counts: list[int] = []
+    failures: list[BaseException] = []
+
+    def count() -> None:
+        for _ in range(8):
+            try:
+                counts.append(count_macs(model, (1, 3, 32, 32)))
+            except TraceError as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=count) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:1]
+    assert counts == [expected] * 16
     assert not any(m.training for m in model.modules())
 
 

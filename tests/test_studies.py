@@ -34,7 +34,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from stitch_nas import errors
+from stitch_nas import attrs, errors
 from stitch_nas.search import (
     LEGACY_STUDY_NAME,
     StitchObjective,
@@ -330,11 +330,13 @@ def test_two_drivers_on_postgresql_survive_one_killed_mid_trial(postgres, tmp_pa
                 continue
             trials = study.get_trials(deepcopy=False)
             running = [t for t in trials if t.state == Running]
-            # every running trial sampled (its config recorded) and started under a second
-            # ago: the victim's lasts at least 1.5 s, so it is still under way when the kill
-            # lands (a busy machine could otherwise let it finish between this look and it)
+            # every running trial sampled (its config recorded), new (a repeat of an earlier
+            # config is pruned at once, without the delay) and started under a second ago: the
+            # victim's lasts at least 1.5 s, so it is still under way when the kill lands (a
+            # busy machine could otherwise let it finish between this look and it)
             fresh = all(
-                "config" in t.user_attrs
+                attrs.CONFIG in t.user_attrs
+                and attrs.PRUNE_REASON not in t.user_attrs
                 and t.datetime_start is not None
                 and (datetime.now() - t.datetime_start).total_seconds() < 1.0
                 for t in running

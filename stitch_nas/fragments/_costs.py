@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,6 +29,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Counts take turns: torch.jit's tracer fails when two threads trace at once (two drivers in
+#: one process, Optuna's ``n_jobs``: "Cannot get parent from Scope with no parent", "module is
+#: not installed as a submodule"), and a count flips the shared model's train/eval flags
+_TRACING = threading.Lock()
 
 
 def _check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
@@ -72,6 +78,33 @@ def _resolve_inputs(
     return args
 
 
+def _trace_counts(model: nn.Module, args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """fvcore's counts by operator and its unsupported ops, traced in eval mode (every
+    submodule's train/eval flag restored after)."""
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch.jit tracing is deprecated in recent torch and may warn about
+            # data-dependent Python control flow; neither changes the count.
+            warnings.simplefilter("ignore")
+            analysis = FlopCountAnalysis(model, args)
+            analysis.set_op_handle(**EXTRA_HANDLES)
+            analysis.unsupported_ops_warnings(False)
+            analysis.uncalled_modules_warnings(False)
+            analysis.tracer_warnings("none")
+            return analysis.by_operator(), analysis.unsupported_ops()
+    except Exception as exc:  # anything from tracing or a handler means we have no count
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise TraceError(
+            f"cannot count MACs of {type(model).__name__}: {reason}; make sure "
+            "torch.jit.trace(model, inputs) works for this input"
+        ) from exc
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
 def count_macs_by_operator(
     model: nn.Module, input_shape: Sequence[int] | None, *, inputs: Any = None, strict: bool = False
 ) -> dict[str, int]:
@@ -92,29 +125,8 @@ def count_macs_by_operator(
         TraceError: The model cannot be traced or counted.
     """
     args = _resolve_inputs(model, input_shape, inputs)
-    modes = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            # torch.jit tracing is deprecated in recent torch and may warn about
-            # data-dependent Python control flow; neither changes the count.
-            warnings.simplefilter("ignore")
-            analysis = FlopCountAnalysis(model, args)
-            analysis.set_op_handle(**EXTRA_HANDLES)
-            analysis.unsupported_ops_warnings(False)
-            analysis.uncalled_modules_warnings(False)
-            analysis.tracer_warnings("none")
-            by_op = analysis.by_operator()
-            unsupported = analysis.unsupported_ops()
-    except Exception as exc:  # anything from tracing or a handler means we have no count
-        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise TraceError(
-            f"cannot count MACs of {type(model).__name__}: {reason}; make sure "
-            "torch.jit.trace(model, inputs) works for this input"
-        ) from exc
-    finally:
-        for module, training in modes.items():
-            module.training = training
+    with _TRACING:
+        by_op, unsupported = _trace_counts(model, args)
     name = type(model).__name__
     quiet = ", ".join(sorted(op for op in unsupported if op in NO_MAC_OPS))
     loud = ", ".join(sorted(op for op in unsupported if op not in NO_MAC_OPS))
