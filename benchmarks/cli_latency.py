@@ -6,7 +6,7 @@ Runs each command as a new process (what a user waits for, interpreter start inc
 records the median and the spread of ``--repeats`` runs: ``stitch-nas --help``, ``--version``,
 and ``search`` on a YAML file with an unknown key, a bad value, a missing zoo checkpoint, and a
 misspelt search space, space option, adapter or head (all refused before torch is imported; the
-plug-in names are checked against the built-ins' torch-free catalogue). Writes
+plug-in names are checked against the built-ins' torch-free declarations). Writes
 benchmarks/results/cli_latency.json. Targets: ``--help`` under 1 s and a bad YAML file refused
 under 1.5 s on an idle 2-core machine.
 """

@@ -5,23 +5,40 @@
 register your own with :func:`register_space`.
 """
 
-from . import chain as _chain  # noqa: F401  (registers "chain")
-from . import gap as _gap  # noqa: F401  (registers "gap")
-from . import pairwise as _pairwise  # noqa: F401  (registers "pairwise")
-from . import restnet as _restnet  # noqa: F401  (registers "restnet": ReStNet preset)
-from . import snnet as _snnet  # noqa: F401  (registers "snnet": SN-Net preset)
-from . import stitchnet as _stitchnet  # noqa: F401  (registers "stitchnet": Alg. 1 preset)
-from . import traft as _traft  # noqa: F401  (registers "traft": Traft & Cheney grid)
-from ._adapter_choice import ADAPTER_KINDS, AdapterChoices, suggest_adapter
-from ._registry import SpaceFn, get_space, list_spaces, register_space, sample
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stitch_nas.lazy import lazy_face
+
+#: public name -> the module that defines it (a lazy face: light names load without torch)
+_HOMES = {
+    "AdapterChoices": "._adapter_choice",
+    "suggest_adapter": "._adapter_choice",
+    "ADAPTER_KINDS": "._options",
+    "SPACE_OPTIONS": "._options",
+    "SpaceFn": "._registry",
+    "get_space": "._registry",
+    "list_spaces": "._registry",
+    "register_space": "._registry",
+    "sample": "._registry",
+}
 
 __all__ = [
     "ADAPTER_KINDS",
     "AdapterChoices",
-    "SpaceFn",
     "get_space",
     "list_spaces",
     "register_space",
     "sample",
+    "SPACE_OPTIONS",
+    "SpaceFn",
     "suggest_adapter",
 ]
+
+if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports lazily
+    from ._adapter_choice import AdapterChoices, suggest_adapter
+    from ._options import ADAPTER_KINDS, SPACE_OPTIONS
+    from ._registry import SpaceFn, get_space, list_spaces, register_space, sample
+
+__getattr__, __dir__ = lazy_face(__name__, _HOMES)

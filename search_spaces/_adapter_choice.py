@@ -22,17 +22,9 @@ from stitch_nas.config import AdapterSpec
 from stitch_nas.errors import ConfigError, LayoutError
 from stitch_nas.fragments import CutPoint
 
-__all__ = ["ADAPTER_KINDS", "AdapterChoices", "suggest_adapter", "can_join"]
+from ._options import ADAPTER_KINDS
 
-ADAPTER_KINDS = (
-    "lstsq",
-    "linear",
-    "linear_relu",
-    "conv3x3",
-    "bottleneck",
-    "transformer_block",
-    "lowrank",
-)
+__all__ = ["ADAPTER_KINDS", "AdapterChoices", "suggest_adapter", "can_join"]
 
 
 #: the resizes each adapter kind can join a cut pair with

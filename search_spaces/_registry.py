@@ -5,6 +5,7 @@ The registry belongs to the core (:mod:`stitch_nas.plugins`); this package fills
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -12,14 +13,34 @@ import optuna
 
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
+from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import SPACES, SpaceFn
+
+from ._options import SPACE_OPTIONS
 
 __all__ = ["SpaceFn", "register_space", "get_space", "list_spaces", "sample"]
 
 
 def register_space(name: str) -> Callable[[SpaceFn], SpaceFn]:
-    """Decorator adding a space under ``name``; a duplicate name is an error."""
-    return SPACES.register(name)
+    """Decorator adding a space under ``name``; a duplicate name is an error.
+
+    A space this package declares (:data:`._options.SPACE_OPTIONS`, what the settings check
+    reads without torch) must take exactly the declared keyword options with their defaults.
+    """
+
+    def declared(fn: SpaceFn) -> None:
+        options = {
+            key: p.default
+            for key, p in inspect.signature(fn).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+        if name in SPACE_OPTIONS and options != SPACE_OPTIONS[name]:
+            raise ConfigError(
+                f"search space {name!r} takes options {options}, but "
+                f"search_spaces/_options.py declares {SPACE_OPTIONS[name]}; make them equal"
+            )
+
+    return SPACES.register(name, check=declared)
 
 
 def get_space(name: str) -> SpaceFn:

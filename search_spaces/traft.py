@@ -31,13 +31,13 @@ from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
 
 from ._adapter_choice import can_join
+from ._options import TRAFT_ADAPTERS
 from ._procedure import memoised
 from ._registry import register_space
 from .pairwise import zoo_models
 
 __all__ = ["TRAFT_ADAPTERS", "stages", "traft_gaps", "traft_grid"]
 
-TRAFT_ADAPTERS = ("linear", "linear_relu", "conv3x3", "bottleneck", "transformer_block")
 _SCENARIOS = ("same", "cross", "both")
 
 

@@ -7,9 +7,10 @@ one subpackage per pipeline stage (see docs/ARCHITECTURE.md).
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_face
 
 __version__ = version("stitch-nas")  # pyproject.toml's, the one place it is written
 
@@ -102,14 +103,4 @@ if TYPE_CHECKING:  # what static checkers and IDEs see; at run time __getattr__ 
     from .stitching import Measurement, StitchedNet, build, measure
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'stitch_nas' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_face(__name__, {name: f".{home}" for name, home in _HOMES.items()})

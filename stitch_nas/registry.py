@@ -5,8 +5,10 @@ each a :class:`Registry` owned by the core. Entries are added by decorator
 (``@ADAPTERS.register("name")``); a duplicate name is an error. Third-party packages add
 entries through a Python entry-point group (``stitch_nas.adapters``, ``stitch_nas.spaces``...):
 the registry imports every entry point of its group the first time a name is looked up or
-listed, so installing a plug-in is enough to use it. The built-in search spaces and objectives
-are registered the same way, which is why the core never imports those packages by name.
+listed, so installing a plug-in is enough to use it. The built-in search spaces, objectives,
+adapter kinds and heads are registered the same way, which is why the core never imports those
+packages by name (and why the faces of ``stitch_nas.adapters`` and ``stitch_nas.stitching`` can
+stay lazy: importing them registers nothing).
 
 This module imports nothing heavy: the CLI checks names and options before torch loads.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar, overload
@@ -31,6 +33,7 @@ __all__ = [
     "integer",
     "keyword_options",
     "number",
+    "unknown_name",
 ]
 
 logger = logging.getLogger(__name__)
@@ -125,13 +128,18 @@ class Registry(Generic[T]):
         self._loaded = group is None
 
     @overload
-    def register(self, name: str) -> Callable[[T], T]: ...
+    def register(
+        self, name: str, *, check: Callable[[T], None] | None = None
+    ) -> Callable[[T], T]: ...
 
     @overload
-    def register(self, name: str, obj: T) -> T: ...
+    def register(self, name: str, obj: T, *, check: Callable[[T], None] | None = None) -> T: ...
 
-    def register(self, name: str, obj: Any = None) -> Any:
-        """Add ``obj`` under ``name`` (or decorate: ``@registry.register(name)``).
+    def register(
+        self, name: str, obj: Any = None, *, check: Callable[[T], None] | None = None
+    ) -> Any:
+        """Add ``obj`` under ``name`` (or decorate: ``@registry.register(name)``); ``check``,
+        if given, sees a new entry first and raises to refuse it.
 
         Raises:
             ConfigError: ``name`` is already registered.
@@ -140,6 +148,8 @@ class Registry(Generic[T]):
         def add(value: T) -> T:
             if name in self._entries:
                 raise ConfigError(f"{self.kind} {name!r} is already registered; pick a new name")
+            if check is not None:
+                check(value)
             self._entries[name] = value
             return value
 
@@ -150,8 +160,7 @@ class Registry(Generic[T]):
         if name not in self._entries:
             self.load_plugins()
         if name not in self._entries:
-            available = ", ".join(self.list()) or "none (is stitch-nas installed? pip install -e .)"
-            raise UnknownNameError(f"unknown {self.kind} {shorten(name)}; available: {available}")
+            raise unknown_name(self.kind, name, self.list())
         return self._entries[name]
 
     def list(self, pattern: str = "*") -> list[str]:
@@ -182,6 +191,12 @@ class Registry(Generic[T]):
                 continue
             if not inspect.ismodule(obj) and ep.name not in self._entries:
                 self._entries[ep.name] = obj
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError:
+    """The one-line error for a name no ``kind`` has, listing the ones that exist."""
+    available = ", ".join(sorted(known)) or "none (is stitch-nas installed? pip install -e .)"
+    return UnknownNameError(f"unknown {kind} {shorten(name)}; available: {available}")
 
 
 def keyword_options(fn: Callable[..., Any], options: Mapping[str, Any], what: str) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from stitch_nas.cli import main
+from stitch_nas.errors import ConfigError
 
 TIMES: dict[str, float] = {}
 
@@ -344,9 +345,11 @@ _TORCH_FREE = (
         ("search: {space_options: {adapters: [linear], resizes: [cubic]}}", "cubic"),
         ("search: {refine_trials: 2, refine_adapters: [{kind: lstsq}]}", "lstsq"),
         ("search: {refine_trials: 2, refine_adapters: [{kind: linear, stepz: 1}]}", "stepz"),
+        ("search: {space: gap, space_options: {adapter_options: {steps: -5}}}", "steps=-5"),
+        ("search: {refine_trials: 2, refine_adapters: [{kind: linear, lr: -1}]}", "lr=-1"),
     ],
 )
-def test_a_bad_plugin_name_answers_before_torch_is_imported(tmp_path, yaml, bad):
+def test_a_bad_plugin_name_or_option_answers_before_torch_is_imported(tmp_path, yaml, bad):
     config = tmp_path / "run.yaml"
     config.write_text(yaml + "\n")
     out = tmp_path / "out"
@@ -395,27 +398,34 @@ def test_the_checks_and_the_library_read_one_list_of_choices():
     assert tuple(AUTOCAST_DTYPES) == choices.AUTOCAST_DTYPES
 
 
-def test_the_plugin_catalogue_is_what_the_builtin_plugins_register():
-    import inspect
+def test_the_built_in_plugins_declare_what_they_register():
+    """The torch-free declarations the settings check reads are what the registries hold (each
+    built-in registration takes its declaration, or refuses to load)."""
+    from stitch_nas.settings import declared_tables, registered_tables
 
-    from stitch_nas import adapters
-    from stitch_nas.plugins import HEADS, SPACES
-    from stitch_nas.settings import _catalogue
+    declared = declared_tables()
+    assert declared is not None  # no third-party plug-in installed: the declarations answer
+    assert declared == registered_tables()
 
-    spaces = {
-        name: {
-            k: p.default
-            for k, p in inspect.signature(SPACES.get(name)).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
-        }
-        for name in SPACES.list()
-    }
-    kinds = {name: adapters.get_adapter(name) for name in adapters.list_adapters()}
-    # a failure prints what stitch_nas/settings/_catalogue.py should now say
-    assert _catalogue.SPACES == spaces
-    assert _catalogue.ADAPTERS == {n: tuple(sorted(k.options)) for n, k in kinds.items()}
-    assert set(_catalogue.TRAINED) == {n for n, k in kinds.items() if k.trainable}
-    assert _catalogue.HEADS == tuple(HEADS.list())
-    assert _catalogue.RESIZE_MODES == adapters.RESIZE_MODES
-    assert _catalogue.LOSSES == adapters.LOSSES and _catalogue.TRAINS == adapters.TRAINS
-    assert _catalogue.third_party_plugins() == []  # what the catalogue's answers rely on
+
+def test_a_space_that_differs_from_its_declaration_refuses_to_register(monkeypatch):
+    from search_spaces import _options, _registry
+
+    monkeypatch.setitem(_options.SPACE_OPTIONS, "declared_only", {"models": None, "k": 2})
+
+    def space(trial, ctx, *, models=None, k=3):
+        return None
+
+    with pytest.raises(ConfigError, match="declared_only.*k.*3"):
+        _registry.register_space("declared_only")(space)
+
+
+def test_a_built_in_adapter_kind_takes_its_declared_options(monkeypatch):
+    from stitch_nas.adapters import ADAPTERS, register_adapter
+
+    with pytest.raises(ConfigError, match="'linear' is already registered"):
+        register_adapter("linear", options={})(lambda src, dst: None)
+    # before the built-in kinds load (a plug-in registering first), the declaration answers
+    monkeypatch.setattr(ADAPTERS, "_entries", {})
+    with pytest.raises(ConfigError, match="'lstsq' is built in"):
+        register_adapter("lstsq", trainable=False)(lambda src, dst: None)

@@ -21,19 +21,10 @@ from torch import nn
 from stitch_nas.errors import LayoutError
 from stitch_nas.fragments import CutPoint
 
-from ._convert import CLS_MODES, RESIZE_MODES, FromGrid, ToGrid, folds, plan, prefix
-from ._registry import Option, choice, integer, number, register_adapter
-from ._train import TRAIN_OPTIONS
+from ._convert import FromGrid, ToGrid, folds, plan, prefix
+from ._registry import register_adapter
 
-__all__ = ["StitchAdapter", "COMMON_OPTIONS"]
-
-COMMON_OPTIONS: dict[str, Option] = {
-    "resize": choice("bilinear", *RESIZE_MODES, structural=True),
-    "norm": choice("batch", "batch", "layer", "none", structural=True),
-    "cls": choice("fold", *CLS_MODES, structural=True),
-    "pos": choice("learned", "learned", "none", structural=True),
-    **TRAIN_OPTIONS,
-}
+__all__ = ["StitchAdapter"]
 
 
 class StitchAdapter(nn.Module):
@@ -209,26 +200,23 @@ def _heads(c_out: int, heads: int | None) -> int:
 _LINEAR_DOC = "1x1 convolution (Linear per position); least-squares initialised"
 
 
-@register_adapter("linear", options=COMMON_OPTIONS, description=_LINEAR_DOC)
+@register_adapter("linear", description=_LINEAR_DOC)
 def _linear(src: CutPoint, dst: CutPoint, **opts: Any) -> nn.Module:
     return _build(src, dst, lambda i, o, s: LinearBody(i, o, s, relu=False), **opts)
 
 
-@register_adapter("linear_relu", options=COMMON_OPTIONS, description=_LINEAR_DOC + ", then ReLU")
+@register_adapter("linear_relu", description=_LINEAR_DOC + ", then ReLU")
 def _linear_relu(src: CutPoint, dst: CutPoint, **opts: Any) -> nn.Module:
     return _build(src, dst, lambda i, o, s: LinearBody(i, o, s, relu=True), **opts)
 
 
-@register_adapter(
-    "conv3x3", options=COMMON_OPTIONS, description="3x3 convolution + ReLU; least squares init"
-)
+@register_adapter("conv3x3", description="3x3 convolution + ReLU; least squares init")
 def _conv3x3(src: CutPoint, dst: CutPoint, **opts: Any) -> nn.Module:
     return _build(src, dst, Conv3x3Body, **opts)
 
 
 @register_adapter(
     "bottleneck",
-    options={**COMMON_OPTIONS, "width": integer(None, 1, optional=True, structural=True)},
     description="ResNet bottleneck block (width: destination channels / 4 by default)",
 )
 def _bottleneck(src: CutPoint, dst: CutPoint, *, width: int | None, **opts: Any) -> nn.Module:
@@ -237,16 +225,8 @@ def _bottleneck(src: CutPoint, dst: CutPoint, *, width: int | None, **opts: Any)
     )
 
 
-_BLOCK_OPTIONS = {
-    **COMMON_OPTIONS,
-    "heads": integer(None, 1, optional=True, structural=True),
-    "mlp_ratio": number(4.0, 0.25, structural=True),
-}
-
-
 @register_adapter(
     "transformer_block",
-    options=_BLOCK_OPTIONS,
     description="1x1 projection + one ViT block over positions (for token layouts)",
 )
 def _transformer_block(

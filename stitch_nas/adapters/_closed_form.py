@@ -15,18 +15,13 @@ from torch import nn
 from stitch_nas.fragments import CutPoint
 
 from ._lstsq import LinearStitch
-from ._registry import Option, number, register_adapter
+from ._registry import register_adapter
 
 __all__: list[str] = []
 
 
 @register_adapter(
     "lstsq",
-    options={
-        "ridge": number(None, 0.0, optional=True),
-        "fuse": Option(False, lambda v: isinstance(v, bool), "true or false"),
-    },
-    trainable=False,
     description="closed-form affine map (least squares with bias and ridge); fusable",
 )
 def _lstsq(src: CutPoint, dst: CutPoint) -> nn.Module:

@@ -23,8 +23,6 @@ from stitch_nas.errors import LayoutError
 from stitch_nas.fragments import CutPoint
 
 __all__ = [
-    "RESIZE_MODES",
-    "CLS_MODES",
     "ToGrid",
     "FromGrid",
     "plan",
@@ -33,8 +31,6 @@ __all__ = [
     "prefix",
 ]
 
-RESIZE_MODES = ("bilinear", "none", "integrated")
-CLS_MODES = ("fold", "drop")
 _GRID = ("nchw", "nhwc")
 
 

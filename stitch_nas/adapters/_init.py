@@ -21,10 +21,9 @@ from ._bodies import StitchAdapter
 from ._convert import grid_target, prefix
 from ._lowrank import LowRankStitch
 from ._lstsq import LinearStitch, NormalEquations, chunk_images, fit_lstsq, solve_normal
+from ._options import INIT_MODES
 
-__all__ = ["INIT_MODES", "initialise", "fit_conv"]
-
-INIT_MODES = ("lstsq", "identity", "random")
+__all__ = ["initialise", "fit_conv"]
 
 
 def fit_conv(

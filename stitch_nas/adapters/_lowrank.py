@@ -30,24 +30,11 @@ from torch import nn
 from stitch_nas.errors import LayoutError
 from stitch_nas.fragments import CutPoint
 
-from ._convert import RESIZE_MODES, _side
+from ._convert import _side
 from ._lstsq import LinearStitch
-from ._registry import choice, integer, register_adapter
-from ._train import LOSSES, TRAIN_OPTIONS
+from ._registry import register_adapter
 
-__all__ = ["LowRankStitch", "LOWRANK_OPTIONS"]
-
-#: a usual LoRA rank; the seed papers give none for SN-Netv2's or ESTA's stitches
-DEFAULT_RANK = 8
-
-LOWRANK_OPTIONS = {
-    **TRAIN_OPTIONS,
-    "rank": integer(DEFAULT_RANK, 1, structural=True),
-    "resize": choice("bilinear", *RESIZE_MODES, structural=True),
-    # the base is the least-squares map by definition; other inits have no meaning here
-    "init": choice("lstsq", "lstsq"),
-    "loss": choice("task", *LOSSES),
-}
+__all__ = ["LowRankStitch"]
 
 
 class LowRankStitch(nn.Module):
@@ -97,7 +84,6 @@ def _lora_a(rank: int, channels: int) -> torch.Tensor:
 
 @register_adapter(
     "lowrank",
-    options=LOWRANK_OPTIONS,
     description="frozen least-squares map + trained rank-r (LoRA) update; rank 8 by default",
 )
 def _lowrank(src: CutPoint, dst: CutPoint, *, rank: int, resize: str) -> nn.Module:

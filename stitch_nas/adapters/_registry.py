@@ -17,9 +17,11 @@ from typing import Any
 
 from torch import nn
 
-from stitch_nas.errors import LayoutError
+from stitch_nas.errors import ConfigError, LayoutError
 from stitch_nas.fragments import CutPoint
 from stitch_nas.registry import Option, Registry, check_options, choice, integer, number
+
+from ._options import BUILTIN_KINDS, KindOptions
 
 __all__ = [
     "ADAPTERS",
@@ -30,6 +32,7 @@ __all__ = [
     "AdapterKind",
     "register_adapter",
     "get_adapter",
+    "registered_kinds",
     "list_adapters",
     "resolve_options",
     "check_options",
@@ -56,15 +59,44 @@ ADAPTERS: Registry[AdapterKind] = Registry("adapter", group="stitch_nas.adapters
 
 
 def register_adapter(
-    name: str, *, options: Mapping[str, Option], trainable: bool = True, description: str = ""
+    name: str,
+    *,
+    options: Mapping[str, Option] | None = None,
+    trainable: bool = True,
+    description: str = "",
 ) -> Callable[[Factory], Factory]:
-    """Decorator adding an adapter kind under ``name``; a duplicate name is an error."""
+    """Decorator adding an adapter kind under ``name``; a duplicate name is an error.
+
+    A built-in kind takes the options and trainability declared in :mod:`._options` (where the
+    settings check reads them without torch) and refuses others.
+    """
+    declared = BUILTIN_KINDS.get(name)
+    given = options is not None or not trainable
+    if declared is not None and not given:
+        options, trainable = declared.options, declared.trainable
+
+    def built_in(kind: AdapterKind) -> None:
+        if declared is not None and given:
+            raise ConfigError(
+                f"adapter {name!r} is built in, with the options stitch_nas/adapters/_options.py "
+                "declares; register a new kind under another name"
+            )
 
     def add(factory: Factory) -> Factory:
-        ADAPTERS.register(name, AdapterKind(name, factory, dict(options), trainable, description))
+        kind = AdapterKind(name, factory, dict(options or {}), trainable, description)
+        ADAPTERS.register(name, kind, check=built_in)
         return factory
 
     return add
+
+
+def registered_kinds() -> dict[str, KindOptions]:
+    """Every registered kind's options and whether it trains (plug-ins' kinds included)."""
+    return {
+        name: KindOptions(kind.options, kind.trainable)
+        for name in ADAPTERS.list()
+        for kind in [ADAPTERS.get(name)]
+    }
 
 
 def get_adapter(name: str) -> AdapterKind:

@@ -31,13 +31,8 @@ from torch import nn
 from stitch_nas.activations import Rows, take
 from stitch_nas.errors import NonFiniteError
 
-from ._registry import Option, choice, integer, number
-
 __all__ = [
-    "TRAIN_OPTIONS",
-    "LOSSES",
     "training_loss",
-    "TRAINS",
     "TrainData",
     "TrainReport",
     "cosine_schedule",
@@ -47,38 +42,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-LOSSES = ("none", "match", "task", "distill", "feature")
-TRAINS = ("adapter", "suffix", "all")
-
-TRAIN_OPTIONS: dict[str, Option] = {
-    "init": choice("lstsq", "lstsq", "identity", "random"),
-    "ridge": number(None, 0.0, optional=True),
-    "loss": choice("match", *LOSSES),
-    "train": choice("adapter", *TRAINS),
-    "temperature": Option(
-        1.0,
-        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf,
-        "a number > 0 (distill's softening temperature)",
-    ),
-    "teacher": Option(
-        "destination",
-        lambda v: isinstance(v, str) and bool(v),
-        "'destination', 'best' or a zoo model name (distill's teacher)",
-    ),
-    "steps": integer(200, 1),
-    "seconds": number(None, 0.0, optional=True),
-    "lr": number(2e-3, 0.0),
-    "weight_decay": number(0.05, 0.0),
-    "batch_size": integer(64, 1),
-    "patience": integer(5, 0),
-    "eval_every": integer(20, 1),
-    "split": choice("train", "train", "probe"),
-    "device": Option(
-        "auto", lambda v: isinstance(v, str), "'auto' or a device name ('cpu', 'cuda')"
-    ),
-    "seed": integer(0, 0),
-}
 
 
 @dataclass

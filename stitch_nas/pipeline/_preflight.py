@@ -2,11 +2,12 @@
 
 Two stages. :func:`check_run` reads nothing heavy (no torch; Optuna only for a sampler given
 by ``module:Class`` or with options): the search section's names, numbers and budgets, the
-sampler (:mod:`stitch_nas.samplers`), the built-in plug-ins' names and option names
-(:mod:`._catalogue`), and the output folder (a folder, writable, holding a study only when the
-run continues one). :func:`check_plugins` imports the plug-ins (and so torch) and checks the
-search space, its options and their values, the adapters and heads they name, third-party
-ones included; it runs before the data are read or the zoo is built. What needs the zoo (a
+sampler (:mod:`stitch_nas.samplers`), the plug-ins the search names (space, options and their
+values, adapters, heads: ``stitch_nas.settings.check_plugin_settings``, against the built-in
+plug-ins' torch-free declarations), and the output folder (a folder, writable, holding a study
+only when the run continues one). When a third-party plug-in is installed, :func:`check_plugins`
+makes the plug-in check instead, against the registries (importing them, and so torch); it
+runs before the data are read or the zoo is built. What needs the zoo (a
 budget no network can meet) is checked by the pipeline right after the zoo loads, still before
 the study is created.
 Neither stage writes anything, so a refused run leaves ``--out`` as it found it.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from stitch_nas.choices import (
 )
 from stitch_nas.errors import ConfigError
 from stitch_nas.samplers import check_sampler
-from stitch_nas.settings import check_builtin_names, check_lists, name_list
+from stitch_nas.settings import check_plugin_settings, declared_tables, registered_tables
 
 from ._lock import check_free
 
@@ -116,7 +116,9 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         if not isinstance(name, str):
             raise ConfigError(f"search.objectives holds {name!r}; give objective names")
         OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
-    check_builtin_names(search)
+    tables = declared_tables()  # None: a third-party plug-in, checked by check_plugins
+    if tables is not None:
+        check_plugin_settings(search, tables)
     check_caches(settings)
     check_out(out_dir, resume=resume, join=join, storage=search.storage)
     if search.artifacts is not None:
@@ -269,49 +271,11 @@ def check_formats(text: str) -> list[str]:
 
 
 def check_plugins(search: Any) -> None:
-    """The search space, its options and the adapters and heads they name (imports torch)."""
-    import inspect
-
-    from stitch_nas.plugins import HEADS, SPACES
-    from stitch_nas.registry import keyword_options
-
-    space = SPACES.get(search.space)
-    options = dict(search.space_options)
-    keyword_options(space, options, f"search space {search.space!r}")
-    params = inspect.signature(space).parameters
-
-    def value(key: str) -> Any:  # given, else the space's default
-        if key in options:
-            return options[key]
-        return params[key].default if key in params else None
-
-    head = value("head")
-    if isinstance(head, str) and head != "native":
-        HEADS.get(head)
-    _check_adapters(value)
-    if search.refine_trials:
-        from stitch_nas.search import refine_adapters
-
-        refine_adapters(search.refine_adapters, "search.refine_adapters")
-
-
-def _check_adapters(value: Any) -> None:
-    """The option names the built-in spaces share: adapter, adapters, adapter_options,
-    resizes, losses, trains. A plug-in space that reads others checks them itself."""
-    from stitch_nas import adapters
-    from stitch_nas.registry import check_options
-
-    kinds = name_list("adapters", value("adapters")) or name_list("adapter", value("adapter"))
-    found = [adapters.get_adapter(kind) for kind in kinds]  # unknown: one line
-    check_lists(value)
-    extra = value("adapter_options") or {}
-    if not isinstance(extra, Mapping):
-        raise ConfigError(f"search.space_options.adapter_options must be a mapping, got {extra!r}")
-    # the spaces pass adapter_options to every trained kind they may pick
-    for kind in (k for k in found if k.trainable):
-        check_options(
-            kind.options, extra, f"adapter {kind.name!r} (search.space_options.adapter_options)"
-        )
+    """The plug-ins ``search`` names, when a third-party plug-in is installed: against the
+    registries, which imports them and torch (without one, :func:`check_run` checked them
+    against the built-in plug-ins' declarations)."""
+    if declared_tables() is None:
+        check_plugin_settings(search, registered_tables())
 
 
 def check_first_sample(objective: Any) -> None:

@@ -41,9 +41,8 @@ from typing import Any
 import optuna
 
 from stitch_nas import attrs
-from stitch_nas.adapters import get_adapter, resolve_options
+from stitch_nas.adapters import refined_adapter, refined_adapters, registered_kinds
 from stitch_nas.config import AdapterSpec, StitchConfig
-from stitch_nas.errors import ConfigError
 from stitch_nas.stitching import STITCHED, Measurement, network_kind
 
 from ._fidelity import objective_values, reference_points
@@ -54,29 +53,17 @@ __all__ = ["refine_adapter", "refine_adapters", "refine_study"]
 
 
 def refine_adapters(specs: Any, where: str = "refine_adapters") -> list[AdapterSpec]:
-    """A list of ``{"kind": ..., **options}`` mappings as checked AdapterSpecs (see
-    :func:`refine_adapter`)."""
-    if not isinstance(specs, (list, tuple)) or not specs:
-        raise ConfigError(
-            f"{where}={specs!r}: give a non-empty list of adapters, e.g. [{{kind: linear}}]"
-        )
-    return [refine_adapter(spec, f"{where}[{i}]") for i, spec in enumerate(specs)]
+    """A list of ``{"kind": ..., **options}`` mappings as checked AdapterSpecs of trained kinds
+    (one-line errors: an unknown kind or option, a bad value, a kind that does not train)."""
+    checked = refined_adapters(specs, registered_kinds(), where)
+    return [AdapterSpec(kind, tuple(sorted(options.items()))) for kind, options in checked]
 
 
 def refine_adapter(spec: Mapping[str, Any], where: str = "refine_adapter") -> AdapterSpec:
-    """``{"kind": ..., **options}`` as a checked AdapterSpec of a trained kind (one-line
-    ConfigError for an unknown kind or option, or a kind that does not train)."""
-    if not isinstance(spec, Mapping) or not isinstance(spec.get("kind"), str):
-        raise ConfigError(f"{where}={spec!r}: give a mapping with a kind, e.g. {{kind: lowrank}}")
-    options = {k: v for k, v in spec.items() if k != "kind"}
-    kind = get_adapter(spec["kind"])  # an unknown kind is one line listing the known ones
-    if not kind.trainable or "loss" not in kind.options:
-        raise ConfigError(
-            f"{where}.kind={kind.name!r} does not train; use a trained kind such as lowrank, "
-            "linear or conv3x3"
-        )
-    resolve_options(kind.name, options)  # unknown or bad options: one line
-    return AdapterSpec(kind.name, tuple(sorted(options.items())))
+    """One ``{"kind": ..., **options}`` mapping as a checked AdapterSpec (see
+    :func:`refine_adapters`)."""
+    kind, options = refined_adapter(spec, registered_kinds(), where)
+    return AdapterSpec(kind, tuple(sorted(options.items())))
 
 
 def _refined(config: StitchConfig, adapter: AdapterSpec) -> StitchConfig | None:

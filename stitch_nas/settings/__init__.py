@@ -4,15 +4,20 @@ parsed into dataclasses and checked key by key, without loading torch.
 ``load_settings(path)`` reads a file; ``settings_from_dict(raw)`` a dict. Zoo sources and data
 kinds are registries a plug-in adds to (``ZOO_SOURCES`` with :func:`register_zoo_source`,
 ``DATA_KINDS`` with :func:`register_data_kind`, or the entry-point groups
-``stitch_nas.zoo_sources`` and ``stitch_nas.data_kinds``). ``check_builtin_names`` checks the
-names a search's settings give (space, options, heads, adapters) against the built-in plug-ins
-without importing them.
+``stitch_nas.zoo_sources`` and ``stitch_nas.data_kinds``). ``check_plugin_settings`` checks the
+plug-ins a search's settings name (space, options, heads, adapters) against the tables the
+plug-ins declare: without torch for the built-in ones (``declared_tables``).
 """
 
 from __future__ import annotations
 
-from ._catalogue import check_builtin_names, check_lists, name_list
 from ._data_keys import DATA_KINDS, DataKind, register_data_kind
+from ._plugin_options import (
+    PluginTables,
+    check_plugin_settings,
+    declared_tables,
+    registered_tables,
+)
 from ._schema import (
     DataSettings,
     FinetuneSettings,
@@ -34,12 +39,13 @@ __all__ = [
     "ZOO_SOURCES",
     "ZooSettings",
     "ZooSource",
-    "check_builtin_names",
-    "check_lists",
+    "PluginTables",
+    "check_plugin_settings",
+    "declared_tables",
     "entry_from_settings",
     "load_settings",
-    "name_list",
     "register_data_kind",
     "register_zoo_source",
+    "registered_tables",
     "settings_from_dict",
 ]

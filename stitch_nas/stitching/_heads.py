@@ -19,7 +19,9 @@ from torch import nn
 from stitch_nas.config import HeadSpec
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import HEADS
-from stitch_nas.registry import Option, check_options, integer
+from stitch_nas.registry import Option, check_options
+
+from ._head_options import BUILTIN_HEADS
 
 __all__ = [
     "HeadKind",
@@ -141,7 +143,7 @@ def _probe_recipe(head: LinearProbeHead) -> dict[str, Any]:
 
 register_head(
     "knn",
-    HeadKind(_fit_knn, _knn_recipe, _knn_rebuild, KNNHead, {"k": integer(5, 1)}),
+    HeadKind(_fit_knn, _knn_recipe, _knn_rebuild, KNNHead, dict(BUILTIN_HEADS["knn"])),
 )
 register_head(
     "linear_probe",
@@ -150,7 +152,7 @@ register_head(
         _probe_recipe,
         lambda r: LinearProbeHead(int(r["dim"]), int(r["num_classes"])),
         LinearProbeHead,
-        {"max_iter": integer(500, 1)},
+        dict(BUILTIN_HEADS["linear_probe"]),
     ),
 )
 
