@@ -1,9 +1,12 @@
-"""The built-in adapter kinds' options, declared without torch.
+"""The built-in adapter kinds' options, declared without torch, and the one reading of a list
+of adapters to refine with.
 
-Each kind's module registers with the options declared here (``register_adapter`` refuses a
-built-in kind whose options differ), and the settings check reads them from here, through the
-lazy face of :mod:`stitch_nas.adapters`: a misspelt adapter, option or value in a YAML file is
+Each built-in kind registers with the options declared here (``register_adapter`` refuses other
+options under a built-in name), and the settings check reads them from here, through the lazy
+face of :mod:`stitch_nas.adapters`: a misspelt adapter, option or value in a YAML file is
 answered before torch loads, by the same declarations the fitting code resolves.
+:func:`refined_adapters` reads ``refine_adapters`` against any table of kinds: the
+declarations before torch loads, the registry's (:func:`registered_kinds`) when refining.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ _LSTSQ_OPTIONS = {
 
 @dataclass(frozen=True)
 class KindOptions:
-    """What a built-in adapter kind declares: its options and whether it trains."""
+    """An adapter kind's options and whether it trains: what a built-in kind declares, and
+    what ``registered_kinds`` gives for every registered kind."""
 
     options: Mapping[str, Option]
     trainable: bool = True
