@@ -5,7 +5,6 @@ The registry belongs to the core (:mod:`stitch_nas.plugins`); this package fills
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import SPACES, SpaceFn
+from stitch_nas.registry import keyword_defaults
 
 from ._options import SPACE_OPTIONS
 
@@ -29,11 +29,7 @@ def register_space(name: str) -> Callable[[SpaceFn], SpaceFn]:
     """
 
     def declared(fn: SpaceFn) -> None:
-        options = {
-            key: p.default
-            for key, p in inspect.signature(fn).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY
-        }
+        options = keyword_defaults(fn)
         if name in SPACE_OPTIONS and options != SPACE_OPTIONS[name]:
             raise ConfigError(
                 f"search space {name!r} takes options {options}, but "

@@ -31,6 +31,8 @@ __all__ = [
     "check_options",
     "choice",
     "integer",
+    "check_keywords",
+    "keyword_defaults",
     "keyword_options",
     "number",
     "unknown_name",
@@ -199,12 +201,23 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError
     return UnknownNameError(f"unknown {kind} {shorten(name)}; available: {available}")
 
 
-def keyword_options(fn: Callable[..., Any], options: Mapping[str, Any], what: str) -> None:
-    """Refuse keyword ``options`` that ``fn`` does not take, in one line naming the valid ones."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+def keyword_defaults(fn: Callable[..., Any]) -> dict[str, Any] | None:
+    """``fn``'s keyword-only parameters and their defaults (None: it takes ``**options``)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def check_keywords(valid: Mapping[str, Any] | None, options: Mapping[str, Any], what: str) -> None:
+    """Refuse keyword ``options`` not in ``valid`` (None: any), in one line naming the valid."""
+    if valid is None:
         return
-    valid = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ConfigError(f"unknown option(s) {unknown} for {what}; valid: {', '.join(valid)}")
+
+
+def keyword_options(fn: Callable[..., Any], options: Mapping[str, Any], what: str) -> None:
+    """Refuse keyword ``options`` that ``fn`` does not take, in one line naming the valid ones."""
+    check_keywords(keyword_defaults(fn), options, what)

@@ -12,7 +12,6 @@ be its, so the tables are read from the registries instead, after torch loads
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -27,7 +26,13 @@ from stitch_nas.adapters import (
     refined_adapters,
 )
 from stitch_nas.errors import ConfigError
-from stitch_nas.registry import Option, check_options, unknown_name
+from stitch_nas.registry import (
+    Option,
+    check_keywords,
+    check_options,
+    keyword_defaults,
+    unknown_name,
+)
 from stitch_nas.stitching import BUILTIN_HEADS
 
 __all__ = [
@@ -89,14 +94,8 @@ def registered_tables() -> PluginTables:
     from stitch_nas.adapters import registered_kinds
     from stitch_nas.plugins import HEADS, SPACES
 
-    def keywords(fn: Callable[..., Any]) -> Mapping[str, Any] | None:
-        params = inspect.signature(fn).parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            return None
-        return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
-
     return PluginTables(
-        spaces={name: keywords(SPACES.get(name)) for name in SPACES.list()},
+        spaces={name: keyword_defaults(SPACES.get(name)) for name in SPACES.list()},
         adapters=registered_kinds(),
         heads={name: HEADS.get(name).options for name in HEADS.list()},
     )
@@ -138,13 +137,7 @@ def check_plugin_settings(search: Any, tables: PluginTables) -> None:
         raise unknown_name("search space", search.space, tables.spaces)
     defaults = tables.spaces[search.space]
     options = dict(search.space_options)
-    if defaults is not None:
-        unknown = sorted(set(options) - set(defaults))
-        if unknown:  # stitch_nas.registry.keyword_options's message
-            raise ConfigError(
-                f"unknown option(s) {unknown} for search space {search.space!r}; "
-                f"valid: {', '.join(defaults)}"
-            )
+    check_keywords(defaults, options, f"search space {search.space!r}")
 
     def value(key: str) -> Any:
         return options[key] if key in options else (defaults or {}).get(key)
