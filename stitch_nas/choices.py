@@ -25,6 +25,7 @@ __all__ = [
     "DEVICE_PATTERN",
     "EXECUTORS",
     "EXPORT_FORMATS",
+    "PROBE_SIZE_RANGE",
     "RAY_MODES",
     "check_autocast_name",
     "check_budgets",
@@ -44,17 +45,21 @@ EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")
 #: devices a run may name (``auto``: CUDA when present, else the CPU)
 DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
+#: the images a probe split may hold, inclusive (stitch fits and the proxy read it whole)
+PROBE_SIZE_RANGE = (32, 256)
 #: the dtypes frozen passes may run in (float16 could overflow activations no loss scale guards)
 AUTOCAST_DTYPES = ("bfloat16",)
 
 
-def check_budgets(budgets: Mapping[str, Any]) -> dict[str, float]:
+def check_budgets(budgets: Any, where: str = "budgets") -> dict[str, float]:
     """``{"macs": 2e6}`` checked: known keys, positive finite numbers (YAML's "2e6" string too)."""
+    if not isinstance(budgets, Mapping):
+        raise ConfigError(f"{where} must map budget names to numbers, e.g. {{macs: 2.0e6}}")
     out: dict[str, float] = {}
     for key, value in budgets.items():
         if key not in BUDGET_KEYS:
             raise ConfigError(
-                f"unknown budget {key!r}; budgets exist for {', '.join(BUDGET_KEYS)} "
+                f"{where}: unknown budget {key!r}; budgets exist for {', '.join(BUDGET_KEYS)} "
                 "(e.g. macs: 2.0e6)"
             )
         number = value
@@ -69,7 +74,7 @@ def check_budgets(budgets: Mapping[str, Any]) -> dict[str, float]:
             or not (math.isfinite(number) and number > 0)
         ):
             raise ConfigError(
-                f"budget {key}={value!r} must be a positive number of {key} "
+                f"{where}: {key}={value!r} must be a positive number of {key} "
                 "(plain digits or 2.0e6, no unit suffix)"
             )
         out[key] = float(number)

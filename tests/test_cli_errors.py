@@ -384,17 +384,20 @@ def test_the_checks_and_the_library_read_one_list_of_choices():
     copies that could drift apart."""
     from stitch_nas import choices
     from stitch_nas.activations import AUTOCAST_DTYPES
+    from stitch_nas.data import PROBE_SIZE_RANGE
     from stitch_nas.export import FORMATS
     from stitch_nas.pipeline import _preflight
     from stitch_nas.search import _ray_executor, _runner
+    from stitch_nas.settings import FIELD_CHECKS, _values
 
     assert _preflight.EXPORT_FORMATS is FORMATS is choices.EXPORT_FORMATS
-    assert _preflight.EXECUTORS is choices.EXECUTORS
-    assert _preflight.RAY_MODES is _ray_executor.RAY_MODES is choices.RAY_MODES
-    assert _preflight.check_budgets is _runner.check_budgets is choices.check_budgets
-    assert _preflight.check_fidelity is _runner.check_fidelity is choices.check_fidelity
-    assert _preflight.check_cka_threshold is _runner.check_cka_threshold
-    assert _preflight.check_autocast_name is choices.check_autocast_name
+    assert _values.EXECUTORS is choices.EXECUTORS
+    assert _values.RAY_MODES is _ray_executor.RAY_MODES is choices.RAY_MODES
+    assert _values.check_budgets is _runner.check_budgets is choices.check_budgets
+    assert FIELD_CHECKS["search.fidelity"] is _runner.check_fidelity is choices.check_fidelity
+    assert FIELD_CHECKS["search.cka_threshold"] is _runner.check_cka_threshold
+    assert _values.check_autocast_name is choices.check_autocast_name
+    assert _values.PROBE_SIZE_RANGE is PROBE_SIZE_RANGE is choices.PROBE_SIZE_RANGE
     assert tuple(AUTOCAST_DTYPES) == choices.AUTOCAST_DTYPES
 
 

@@ -396,4 +396,4 @@ def test_cli_executor_options_are_checked_before_any_work(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("search: {executor: dask}\n")
     assert main(["search", str(bad), "--out", out]) == 2
-    assert "unknown executor 'dask'; use one of local, ray" in capsys.readouterr().err
+    assert "search.executor='dask' is unknown; use one of local, ray" in capsys.readouterr().err

@@ -1,106 +1,92 @@
-"""The per-run flags of ``stitch-nas demo`` / ``search`` / ``export``: parsed, checked and laid
-over the YAML file's ``search`` section, before torch or the zoo load."""
+"""The per-run flags of ``stitch-nas demo`` / ``search`` / ``export``: parsed and laid over the
+YAML file's settings, before torch or the zoo load (the settings check their values)."""
 
 from __future__ import annotations
 
 import argparse
-import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from stitch_nas.choices import AUTOCAST_DTYPES, BUDGET_KEYS, check_device
 from stitch_nas.errors import ConfigError
+from stitch_nas.settings import check_settings
 
 if TYPE_CHECKING:
-    from stitch_nas.settings import SearchSettings
+    from stitch_nas.settings import Settings
 
 __all__ = ["apply_run_flags", "trial_numbers"]
 
 
-def apply_run_flags(args: argparse.Namespace, search: SearchSettings) -> None:
-    """Check the per-run flags and let them override the YAML file's search section.
+#: "section.key" set straight from the flag of the same name (argparse typed the value)
+_PLAIN_FLAGS = {
+    "search.trials": "--trials",
+    "search.sampler": "--sampler",
+    "search.seed": "--seed",
+    "search.executor": "--executor",
+    "search.workers": "--workers",
+    "search.ray_address": "--ray-address",
+    "search.storage": "--storage",
+    "search.study_name": "--study-name",
+    "search.device": "--device",
+    "search.cka_threshold": "--cka-threshold",
+    "search.probe_threshold": "--probe-threshold",
+    "search.fidelity": "--fidelity",
+    "search.artifacts": "--artifacts",
+    "zoo.cache_dir": "--cache-dir",
+}
 
-    Everything is checked here, after parsing and before torch or the zoo load, so a bad
-    value answers at once with one line.
+
+def apply_run_flags(args: argparse.Namespace, settings: Settings) -> None:
+    """Lay the per-run flags over the settings file's values, then check every value.
+
+    The flags are only parsed here; each value is checked once, by
+    :func:`stitch_nas.settings.check_settings`, whose message names the flag that set it.
+    All of it runs before torch or the zoo load, so a bad value answers at once in one line.
     """
     if args.resume and args.join:
         raise ConfigError(
             "--resume and --join exclude each other: --resume is for a study no other driver "
             "runs on, --join for one they may; pick one"
         )
-    if args.study_name is not None:
-        if not args.study_name.strip() or args.study_name != args.study_name.strip():
-            raise ConfigError(
-                f"--study-name {args.study_name!r}: give a non-empty name without leading or "
-                "trailing spaces"
-            )
-        search.study_name = args.study_name
-    if args.device is not None:
-        search.device = check_device(args.device, "--device")
+    if (args.workers is not None or args.ray_address is not None) and args.executor == "local":
+        raise ConfigError("--workers and --ray-address need --executor ray; drop them")
+    flags: dict[str, str] = {}
+
+    def put(key: str, value: Any, flag: str) -> None:
+        section, _, name = key.partition(".")
+        setattr(getattr(settings, section), name, value)
+        flags[key] = flag
+
+    for key, flag in _PLAIN_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            put(key, value, flag)
+    if args.workers is not None or args.ray_address is not None:
+        put("search.executor", "ray", "--executor")
+    if args.no_export:
+        put("search.export", False, "--no-export")
+    if args.finetune is not None:
+        put("finetune.enabled", args.finetune, "--finetune")
     if args.autocast is not None:
-        if args.autocast not in (*AUTOCAST_DTYPES, "off"):
-            raise ConfigError(
-                f"--autocast {args.autocast!r}: use {', '.join(AUTOCAST_DTYPES)} or off"
-            )
-        search.autocast = None if args.autocast == "off" else args.autocast
-    if args.cka_threshold is not None:
-        search.cka_threshold = _unit_number("--cka-threshold", args.cka_threshold)
-    if args.probe_threshold is not None:
-        search.probe_threshold = _number("--probe-threshold", args.probe_threshold, 0.0, 10.0)
-    if args.fidelity is not None:
-        search.fidelity = _unit_number("--fidelity", args.fidelity)
-        if search.fidelity == 1.0:
-            raise ConfigError("--fidelity 1 scores nothing first; use 0 to turn the slice off")
+        put("search.autocast", None if args.autocast == "off" else args.autocast, "--autocast")
     if args.objectives is not None:
         names = [n.strip() for n in args.objectives.split(",") if n.strip()]
-        if not names:
-            raise ConfigError("--objectives is empty; give names such as accuracy,macs")
-        if len(set(names)) != len(names):
-            raise ConfigError(f"--objectives {args.objectives!r} names an objective twice")
-        search.objectives = names
+        put("search.objectives", names, "--objectives")
     if args.budget is not None:
-        search.budgets = _budgets(args.budget)
-    from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
-
-    for name in search.objectives:
-        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
+        put("search.budgets", _budgets(args.budget), "--budget")
+    check_settings(settings, flags)
 
 
-def _unit_number(flag: str, text: str) -> float:
-    return _number(flag, text, 0.0, 1.0)
-
-
-def _number(flag: str, text: str, low: float, high: float) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(
-            f"{flag} {text!r} is not a number; give one in [{low:g}, {high:g}]"
-        ) from None
-    if not low <= value <= high:
-        raise ConfigError(f"{flag} {text!r} must be in [{low:g}, {high:g}]")
-    return value
-
-
-def _budgets(items: list[str]) -> dict[str, float]:
-    """``["macs=2e6", "params=1e5"]`` -> ``{"macs": 2e6, "params": 1e5}``, checked."""
-    budgets: dict[str, float] = {}
+def _budgets(items: list[str]) -> dict[str, str]:
+    """``["macs=2e6", "params=1e5"]`` -> ``{"macs": "2e6", "params": "1e5"}``; the numbers
+    are checked with the settings file's budgets."""
+    budgets: dict[str, str] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip()
-        if not sep or key not in BUDGET_KEYS:
-            raise ConfigError(
-                f"--budget {item!r}: use KEY=VALUE with KEY one of {', '.join(BUDGET_KEYS)}, "
-                "e.g. --budget macs=2e6"
-            )
-        try:
-            value = float(text)
-        except ValueError:
-            raise ConfigError(f"--budget {item!r}: {text!r} is not a number") from None
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--budget {item!r}: the limit must be a positive number")
+        if not sep:
+            raise ConfigError(f"--budget {item!r}: use KEY=VALUE, e.g. --budget macs=2e6")
         if key in budgets:
             raise ConfigError(f"--budget {key} is given twice; give it once")
-        budgets[key] = value
+        budgets[key] = text.strip()
     return budgets
 
 

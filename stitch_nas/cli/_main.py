@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stitch_nas.errors import ConfigError, StitchNASError
+from stitch_nas.errors import StitchNASError
 from stitch_nas.machine import reuse_freed_memory
 
 from ._flags import apply_run_flags, trial_numbers
@@ -43,31 +43,11 @@ def _run_search(args: argparse.Namespace) -> int:
         settings.search.space = args.space
         # options that keep the demo to minutes on a laptop; the YAML file sets any of them
         settings.search.space_options = _DEMO_SPACE_OPTIONS.get(args.space, {})
-    if args.trials is not None:
-        settings.search.trials = args.trials
-    if args.sampler is not None:
-        settings.search.sampler = args.sampler
-    if args.seed is not None:
-        settings.search.seed = args.seed
-    if args.cache_dir is not None:
-        settings.zoo.cache_dir = args.cache_dir
-    if args.no_export:
-        settings.search.export = False
-    if args.artifacts is not None:
-        settings.search.artifacts = args.artifacts
-    if args.finetune is not None:
-        settings.finetune.enabled = args.finetune
-        if args.command == "demo":  # digits: a mirrored 2 is no 2, and the demo stays short
-            recipe = dataclasses.replace(settings.finetune.recipe, augment=False, epochs=3)
-            settings.finetune.recipe = recipe
-    for option in ("executor", "workers", "ray_address", "storage"):
-        if getattr(args, option) is not None:
-            setattr(settings.search, option, getattr(args, option))
-    if args.workers is not None or args.ray_address is not None:
-        if args.executor == "local":
-            raise ConfigError("--workers and --ray-address need --executor ray; drop them")
-        settings.search.executor = "ray"
-    apply_run_flags(args, settings.search)
+    if args.finetune and args.command == "demo":
+        # digits: a mirrored 2 is no 2, and the demo stays short
+        recipe = dataclasses.replace(settings.finetune.recipe, augment=False, epochs=3)
+        settings.finetune.recipe = recipe
+    apply_run_flags(args, settings)  # and check every value, naming the flags that set them
     from stitch_nas.pipeline import check_plugins, check_run
 
     check_run(settings, Path(args.out), resume=args.resume, join=args.join)

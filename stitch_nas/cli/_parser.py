@@ -179,17 +179,20 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     )
     parser.add_argument(
         "--cka-threshold",
+        type=float,
         default=None,
         help="prune stitches with CKA below this, in [0, 1] (default 0: off)",
     )
     parser.add_argument(
         "--probe-threshold",
+        type=float,
         default=None,
         help="prune stitches whose least-squares probe accuracy is below this multiple of "
         "chance, in [0, 10] (default 1.5; 0: off)",
     )
     parser.add_argument(
         "--fidelity",
+        type=float,
         default=None,
         help="share of val a new config is scored on first, in [0, 1); 0 scores every "
         "config on the whole split (default 0.15)",

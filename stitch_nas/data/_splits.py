@@ -26,14 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from stitch_nas.choices import PROBE_SIZE_RANGE
 from stitch_nas.errors import ConfigError, DataError
 
 from ._sources import ArrayImages, ImageSource, check_finite_rows, resize_images
 
 __all__ = ["PROBE_SIZE_RANGE", "Split", "DataSplits", "load_digits_splits"]
 
-PROBE_SIZE_RANGE = (32, 256)
-"""Inclusive range allowed for ``probe_size``."""
 
 _DIGITS_TRAIN = 1000
 _DIGITS_VAL = 300

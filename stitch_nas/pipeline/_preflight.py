@@ -1,15 +1,15 @@
 """Checks of a whole run before any slow work, so a bad value answers at once in one line.
 
 Two stages. :func:`check_run` reads nothing heavy (no torch; Optuna only for a sampler given
-by ``module:Class`` or with options): the search section's names, numbers and budgets, the
-sampler (:mod:`stitch_nas.samplers`), the plug-ins the search names (space, options and their
-values, adapters, heads: ``stitch_nas.settings.check_plugin_settings``, against the built-in
-plug-ins' torch-free declarations), and the output folder (a folder, writable, holding a study
-only when the run continues one). When a third-party plug-in is installed, :func:`check_plugins`
-makes the plug-in check instead, against the registries (importing them, and so torch); it
-runs before the data are read or the zoo is built. What needs the zoo (a
-budget no network can meet) is checked by the pipeline right after the zoo loads, still before
-the study is created.
+by ``module:Class`` or with options): every value's limits
+(:func:`stitch_nas.settings.check_settings`), the plug-ins the search names (space, options
+and their values, adapters, heads: ``stitch_nas.settings.check_plugin_settings``, against the
+built-in plug-ins' torch-free declarations), and the output folder (a folder, writable,
+holding a study only when the run continues one). When a third-party plug-in is installed,
+:func:`check_plugins` makes the plug-in check instead, against the registries (importing
+them, and so torch); it runs before the data are read or the zoo is built. What needs the zoo
+(a budget no network can meet) is checked by the pipeline right after the zoo loads, still
+before the study is created.
 Neither stage writes anything, so a refused run leaves ``--out`` as it found it.
 """
 
@@ -21,19 +21,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stitch_nas.choices import (
-    EXECUTORS,
-    EXPORT_FORMATS,
-    RAY_MODES,
-    check_autocast_name,
-    check_budgets,
-    check_cka_threshold,
-    check_device,
-    check_fidelity,
-)
+from stitch_nas.choices import EXPORT_FORMATS
 from stitch_nas.errors import ConfigError
-from stitch_nas.samplers import check_sampler
-from stitch_nas.settings import check_plugin_settings, declared_tables, registered_tables
+from stitch_nas.settings import (
+    check_plugin_settings,
+    check_settings,
+    declared_tables,
+    registered_tables,
+)
 
 from ._lock import check_free
 
@@ -54,91 +49,22 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def check_autocast_setting(autocast: str | None, device: str) -> None:
-    """``search.autocast`` (None: off) is a dtype frozen passes can run in on ``device``."""
-    check_autocast_name(autocast, "search.autocast")
-    if autocast is not None and device == "mps":
-        raise ConfigError(
-            f"search.autocast {autocast!r} is not supported on mps; use cpu or cuda, or leave "
-            "autocast unset"
-        )
-
-
 def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None:
     """Everything about ``settings`` and ``out_dir`` that can be known without torch."""
-    search = settings.search
-    check_sampler(search.sampler, search.sampler_options)  # a module:Class imports here
-    if search.executor not in EXECUTORS:
-        raise ConfigError(
-            f"unknown executor {search.executor!r}; use one of {', '.join(EXECUTORS)}"
-        )
-    check_device(search.device, "search.device")
-    check_autocast_setting(search.autocast, search.device)
-    _at_least("trials", search.trials, 1)
-    _at_least("workers", search.workers, 1)
-    _at_least("heartbeat_s", search.heartbeat_s, 1)
-    if search.cache_memory_gb is not None and not search.cache_memory_gb > 0:
-        raise ConfigError(
-            f"search.cache_memory_gb={search.cache_memory_gb}: give a positive size in GB"
-        )
-    if not search.cpus_per_worker > 0:
-        raise ConfigError(f"search.cpus_per_worker={search.cpus_per_worker}: give a number > 0")
-    if search.gpus_per_worker < 0 and search.gpus_per_worker != -1:
-        raise ConfigError(
-            f"search.gpus_per_worker={search.gpus_per_worker} is invalid; use -1 (auto) or >= 0"
-        )
-    if search.ray_mode not in RAY_MODES:
-        raise ConfigError(
-            f"search.ray_mode={search.ray_mode!r} is unknown; use one of {', '.join(RAY_MODES)}"
-        )
-    if not 0.0 <= search.probe_threshold <= 10.0:
-        raise ConfigError(
-            f"search.probe_threshold={search.probe_threshold}: give a multiple of chance in "
-            "[0, 10] (1.5 by default; 0 turns probe pruning off)"
-        )
-    if search.seed_trials < 0:
-        raise ConfigError(f"search.seed_trials={search.seed_trials}: give 0 (off) or more")
-    if search.refine_trials < 0:
-        raise ConfigError(f"search.refine_trials={search.refine_trials}: give 0 (off) or more")
-    if search.seed_pool is not None and search.seed_pool < search.seed_trials:
-        raise ConfigError(
-            f"search.seed_pool={search.seed_pool}: give at least seed_trials "
-            f"({search.seed_trials}) configs to choose from, or leave it out (4 x seed_trials)"
-        )
-    check_cka_threshold(search.cka_threshold, "search.cka_threshold")
-    check_fidelity(search.fidelity, "search.fidelity")
-    search.budgets = check_budgets(search.budgets)
-    if not search.objectives:
-        raise ConfigError("search.objectives is empty; give names such as [accuracy, macs]")
-    from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
-
-    for name in search.objectives:
-        if not isinstance(name, str):
-            raise ConfigError(f"search.objectives holds {name!r}; give objective names")
-        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
+    check_settings(settings)  # each value's limits (the CLI ran it first, naming its flags)
     tables = declared_tables()  # None: a third-party plug-in, checked by check_plugins
     if tables is not None:
-        check_plugin_settings(search, tables)
+        check_plugin_settings(settings.search, tables)
     check_caches(settings)
-    check_out(out_dir, resume=resume, join=join, storage=search.storage)
-    if search.artifacts is not None:
-        if not search.export:
-            raise ConfigError(
-                "search.artifacts (--artifacts) uploads the exported networks, and the export "
-                "is off (--no-export, search.export: false); drop one of them"
-            )
-        check_artifacts(Path(search.artifacts))
+    check_out(out_dir, resume=resume, join=join, storage=settings.search.storage)
+    if settings.search.artifacts is not None:
+        check_artifacts(Path(settings.search.artifacts))
     models = Path(out_dir) / "models"
-    if search.export and models.exists() and not models.is_dir():  # the run ends writing there
-        raise ConfigError(
+    if settings.search.export and models.exists() and not models.is_dir():
+        raise ConfigError(  # the run ends writing there
             f"{models} is a file; move it away (the Pareto front is exported there) or pass "
             "--no-export"
         )
-
-
-def _at_least(key: str, value: int, minimum: int) -> None:
-    if value < minimum:
-        raise ConfigError(f"search.{key}={value} (--{key}): give an integer >= {minimum}")
 
 
 def check_out(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -> None:

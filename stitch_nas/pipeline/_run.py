@@ -15,7 +15,6 @@ from typing import Any
 
 from stitch_nas import attrs
 from stitch_nas.activations import ActivationCache, StitchContext
-from stitch_nas.choices import check_device
 from stitch_nas.data import DataSplits
 from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.export import FORMATS, ExportSummary, export_items, export_study
@@ -304,7 +303,7 @@ def _check_device(device: str) -> str:
     before the zoo is built."""
     import torch
 
-    device = _resolve_device(check_device(device, "search.device"))
+    device = _resolve_device(device)  # a name check_settings accepted
     kind, _, index = device.partition(":")
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0

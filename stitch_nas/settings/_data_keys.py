@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stitch_nas.choices import PROBE_SIZE_RANGE
 from stitch_nas.errors import ConfigError, UnknownNameError
 from stitch_nas.registry import Registry
 
@@ -23,7 +24,6 @@ from ._zoo_keys import expand_path
 __all__ = ["DATA_KINDS", "DataKind", "SPLITS", "check_data", "register_data_kind"]
 
 SPLITS = ("train", "probe", "val", "test")
-_PROBE = (32, 256)  # stitch_nas.data.PROBE_SIZE_RANGE, repeated here to stay torch-free
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,6 @@ def _folder(settings: Any, where: str) -> Path:
 
 
 def _check_image_folder(settings: Any, where: str) -> None:
-    if settings.workers < 0:
-        raise ConfigError(
-            f"data.workers={settings.workers} is invalid; use an int >= 0 (0: decode in the "
-            "search's own process)"
-        )
     root = _folder(settings, where)
     present = {p.name for p in root.iterdir() if p.is_dir()}
     if settings.split_folders:
@@ -192,8 +187,9 @@ def _check_npz(settings: Any, where: str) -> None:
             raise ConfigError(
                 f"{at} takes rows {start}..{stop - 1} but {file.name} has {rows}; lower start/count"
             )
-        if name == "probe" and not _PROBE[0] <= stop - start <= _PROBE[1]:
-            raise ConfigError(f"{at} has {stop - start} images; use {_PROBE[0]} to {_PROBE[1]}")
+        low, high = PROBE_SIZE_RANGE
+        if name == "probe" and not low <= stop - start <= high:
+            raise ConfigError(f"{at} has {stop - start} images; use {low} to {high}")
         for other_start, other_stop, other in ranges.get(str(file), []):
             if start < other_stop and other_start < stop:
                 raise ConfigError(

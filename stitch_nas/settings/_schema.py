@@ -1,7 +1,8 @@
 """The YAML file of ``stitch-nas search``: what to search, on what, for how long.
 
 Every key is checked: a wrong key or type is a one-line ``ConfigError`` that names it and lists
-what is allowed. An example with every key is in ``examples/search.yaml``.
+what is allowed; each value's limits are checked once, by
+:func:`~stitch_nas.settings.check_settings`. ``examples/search.yaml`` shows every key.
 """
 
 from __future__ import annotations
@@ -189,10 +190,6 @@ def _finetune_section(raw: Any) -> FinetuneSettings:
         raise ConfigError(f"finetune.recipe must be a mapping, got {type(recipe).__name__}")
     stage = {k: v for k, v in raw.items() if k != "recipe"} if isinstance(raw, dict) else raw
     out = _section(FinetuneSettings, "finetune", stage)
-    if out.networks < 1:
-        raise ConfigError(f"finetune.networks={out.networks} must be >= 1")
-    if out.floor is not None and not 0 <= out.floor <= 1:
-        raise ConfigError(f"finetune.floor={out.floor} must be a fraction in [0, 1], or null")
     if recipe is not None:
         out.recipe = FinetuneRecipe.from_dict(recipe)
     return out
@@ -207,6 +204,7 @@ def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
             is relative to the working directory. Paths are stored absolute.
     """
     from ._data_keys import check_data
+    from ._values import check_settings
     from ._zoo_keys import check_zoo_item
 
     if raw is None:
@@ -233,6 +231,7 @@ def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ConfigError(f"zoo.models has two models named {repeated[0]!r}; give each a name")
+    check_settings(settings)  # each value's limits, before the data kind reads its files
     given = set(raw.get("data") or {})
     check_data(settings.data, given, base)
     return settings

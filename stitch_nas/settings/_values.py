@@ -1,0 +1,214 @@
+"""The one check of each settings value: its limits, its message, in one table.
+
+:func:`check_settings` runs every check of :data:`FIELD_CHECKS` and then the checks that read
+two values together; :func:`~stitch_nas.settings.settings_from_dict` runs it on a file's
+values, the CLI again after its flags override some (the message then names the flag the user
+typed), and :func:`stitch_nas.run` on settings built in Python. Values whose check needs more
+than the value (the plug-ins a search names, a zoo item's files, the data kind's files, the
+fine-tune recipe, folders a run writes in) are checked by the one function
+:data:`CHECKED_BY` names. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import fields
+from typing import Any
+
+from stitch_nas.choices import (
+    EXECUTORS,
+    PROBE_SIZE_RANGE,
+    RAY_MODES,
+    check_autocast_name,
+    check_budgets,
+    check_cka_threshold,
+    check_device,
+    check_fidelity,
+)
+from stitch_nas.errors import ConfigError, shorten
+
+__all__ = ["CHECKED_BY", "FIELD_CHECKS", "TYPE_ONLY", "check_settings"]
+
+#: ``(value, where) -> the value kept``; ``where`` names the value as the user wrote it
+Check = Callable[[Any, str], Any]
+
+
+def _at_least(minimum: int, note: str = "") -> Check:
+    def check(value: Any, where: str) -> Any:
+        if value < minimum:
+            raise ConfigError(f"{where}={value!r}: give an integer >= {minimum}{note}")
+        return value
+
+    return check
+
+
+def _positive_or_none(note: str) -> Check:
+    def check(value: Any, where: str) -> Any:
+        if value is not None and not value > 0:
+            raise ConfigError(f"{where}={value!r}: give a positive number{note}")
+        return value
+
+    return check
+
+
+def _within(low: float, high: float, note: str) -> Check:
+    def check(value: Any, where: str) -> Any:
+        if value is not None and not low <= value <= high:
+            raise ConfigError(f"{where}={value!r}: give a value in [{low:g}, {high:g}]{note}")
+        return value
+
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    def check(value: Any, where: str) -> Any:
+        if value not in choices:
+            raise ConfigError(f"{where}={value!r} is unknown; use one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def _gpus(value: float, where: str) -> float:
+    if value < 0 and value != -1:
+        raise ConfigError(f"{where}={value!r}: use -1 (share the visible GPUs) or a number >= 0")
+    return value
+
+
+def _autocast(value: str | None, where: str) -> str | None:
+    check_autocast_name(value, where)
+    return value
+
+
+def _objectives(value: list, where: str) -> list:
+    from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
+
+    if not value:
+        raise ConfigError(f"{where} is empty; give names such as accuracy and macs")
+    for name in value:
+        if not isinstance(name, str):
+            raise ConfigError(f"{where} holds {shorten(name)}; give objective names")
+        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
+    if len(set(value)) != len(value):
+        twice = next(n for n in value if value.count(n) > 1)
+        raise ConfigError(f"{where} names {twice!r} twice; give each objective once")
+    return value
+
+
+def _study_name(value: str | None, where: str) -> str | None:
+    if value is not None and (not value.strip() or value != value.strip()):
+        raise ConfigError(
+            f"{where}={value!r}: give a non-empty name without leading or trailing spaces"
+        )
+    return value
+
+
+#: "section.key" -> the one check of that value (after its type, which the schema checks)
+FIELD_CHECKS: dict[str, Check] = {
+    "data.size": _at_least(1, " (pixels per side)"),
+    "data.probe_size": _within(*PROBE_SIZE_RANGE, " (images in the probe split)"),
+    "data.workers": _at_least(0, " (0: decode in the search's own process)"),
+    "search.objectives": _objectives,
+    "search.trials": _at_least(1),
+    "search.probe_threshold": _within(
+        0, 10, " as a multiple of chance (1.5 by default; 0 turns probe pruning off)"
+    ),
+    "search.seed_trials": _at_least(0, " (0: off)"),
+    "search.cka_threshold": check_cka_threshold,
+    "search.refine_trials": _at_least(0, " (0: off)"),
+    "search.fidelity": check_fidelity,
+    "search.budgets": check_budgets,
+    "search.device": check_device,
+    "search.autocast": _autocast,
+    "search.cache_memory_gb": _positive_or_none(" of GB (leave it out: 5 % of memory)"),
+    "search.executor": _one_of(EXECUTORS),
+    "search.workers": _at_least(1),
+    "search.cpus_per_worker": _positive_or_none(""),
+    "search.gpus_per_worker": _gpus,
+    "search.ray_mode": _one_of(RAY_MODES),
+    "search.study_name": _study_name,
+    "search.heartbeat_s": _at_least(1),
+    "finetune.networks": _at_least(1),
+    "finetune.floor": _within(0, 1, " (a validation accuracy), or null"),
+}
+
+#: "section.key" -> the one function that checks a value needing more than itself
+CHECKED_BY: dict[str, str] = {
+    "zoo.models": "stitch_nas.settings._zoo_keys.check_zoo_item (its source's keys, files)",
+    "zoo.cache_dir": "stitch_nas.pipeline.check_caches (a folder this run can write in)",
+    "data.kind": "stitch_nas.settings._data_keys.check_data (a registered data kind)",
+    "data.root": "the data kind's check (an existing folder)",
+    "data.name": "the data kind's check (torchvision: a data set class)",
+    "data.splits": "the data kind's check (npz: files, rows, overlaps)",
+    "data.split_folders": "the data kind's check (image_folder: train/, val/, test/)",
+    "search.space": "stitch_nas.settings.check_plugin_settings (a registered space)",
+    "search.space_options": "stitch_nas.settings.check_plugin_settings (the space's options)",
+    "search.refine_adapters": "stitch_nas.settings.check_plugin_settings (adapter kinds)",
+    "search.seed_pool": "check_settings, against seed_trials (None: 4 x seed_trials)",
+    "search.sampler": "check_settings with sampler_options (stitch_nas.samplers.check_sampler)",
+    "search.sampler_options": "check_settings with sampler (stitch_nas.samplers.check_sampler)",
+    "search.cache_dir": "stitch_nas.pipeline.check_caches (a folder this run can write in)",
+    "search.artifacts": "stitch_nas.pipeline.check_artifacts (a folder); needs export",
+    "search.storage": "stitch_nas.search.create_study (opened before any trial)",
+    "search.ray_address": "stitch_nas.search.check_ray_address (before the study is made)",
+    "finetune.recipe": "stitch_nas.finetune.FinetuneRecipe.from_dict (each recipe key)",
+}
+
+#: values any value of the right type is good for
+TYPE_ONLY = frozenset(
+    {
+        "zoo.mini_zoo",
+        "data.seed",
+        "data.x_key",
+        "data.y_key",
+        "data.label_names",
+        "data.shuffle",
+        "search.seed",
+        "search.fuse",
+        "search.export",
+        "finetune.enabled",
+        "finetune.control",
+    }
+)
+
+
+def check_settings(settings: Any, flags: Mapping[str, str] | None = None) -> None:
+    """Check every value of ``settings`` (a :class:`~stitch_nas.settings.Settings`) with its
+    one check, and the values that go together; keep what the checks return (budgets as
+    floats). ``flags`` maps ``"section.key"`` to the command-line flag that set it, which the
+    message then names instead."""
+    flags = flags or {}
+    for section in fields(settings):
+        values = getattr(settings, section.name)
+        for item in fields(values):
+            key = f"{section.name}.{item.name}"
+            check = FIELD_CHECKS.get(key)
+            if check is not None:
+                where = flags.get(key, key)
+                setattr(values, item.name, check(getattr(values, item.name), where))
+    _check_search_together(settings.search, flags)
+
+
+def _check_search_together(search: Any, flags: Mapping[str, str]) -> None:
+    """The search values that are checked against each other."""
+    from stitch_nas.samplers import check_sampler
+
+    def name(key: str) -> str:
+        return flags.get(f"search.{key}", f"search.{key}")
+
+    if search.seed_pool is not None and search.seed_pool < search.seed_trials:
+        raise ConfigError(
+            f"{name('seed_pool')}={search.seed_pool}: give at least seed_trials "
+            f"({search.seed_trials}) configs to choose from, or leave it out (4 x seed_trials)"
+        )
+    if search.autocast is not None and search.device == "mps":
+        raise ConfigError(
+            f"{name('autocast')} {search.autocast!r} is not supported on mps; use cpu or cuda, "
+            "or leave autocast unset"
+        )
+    if search.artifacts is not None and not search.export:
+        raise ConfigError(
+            "search.artifacts (--artifacts) uploads the exported networks, and the export "
+            "is off (--no-export, search.export: false); drop one of them"
+        )
+    check_sampler(search.sampler, search.sampler_options)  # a module:Class imports here
