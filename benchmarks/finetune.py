@@ -44,11 +44,10 @@ import torch
 from stitch_nas.activations import ActivationCache, StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.finetune import FinetuneRecipe, finetune, make_teacher
-from stitch_nas.pipeline._run import load_data, load_zoo
+from stitch_nas.pipeline import load_data, load_zoo
 from stitch_nas.report import accuracy_on, hypervolume, wilson_interval
 from stitch_nas.settings import load_settings
-from stitch_nas.stitching import build
-from stitch_nas.stitching._measure import fragment_macs, model_macs
+from stitch_nas.stitching import build, fragment_macs, model_macs
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPTHS = (0.25, 0.5, 0.75)

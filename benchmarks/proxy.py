@@ -83,7 +83,7 @@ def _context(zoo_name: str, val: int | None) -> StitchContext:
         data = load_digits_splits()
         return StitchContext(load_mini_zoo(data), data)
     # The real zoo exactly as ``stitch-nas search examples/realzoo.yaml`` loads it.
-    from stitch_nas.pipeline._run import load_data, load_zoo
+    from stitch_nas.pipeline import load_data, load_zoo
     from stitch_nas.settings import load_settings
 
     settings = load_settings(Path(__file__).parents[1] / "examples" / "realzoo.yaml")

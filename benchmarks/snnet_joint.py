@@ -129,7 +129,7 @@ def _table(rows: list[dict]) -> str:
 
 def _realzoo(val: int) -> StitchContext:
     """The real zoo and data exactly as ``stitch-nas search examples/realzoo.yaml`` loads them."""
-    from stitch_nas.pipeline._run import load_data, load_zoo
+    from stitch_nas.pipeline import load_data, load_zoo
     from stitch_nas.settings import load_settings
 
     settings = load_settings(Path(__file__).parents[1] / "examples" / "realzoo.yaml")

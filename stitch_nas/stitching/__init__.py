@@ -28,17 +28,17 @@ _HOMES = {
     "STITCHED": "._kinds",
     "network_kind": "._kinds",
     "piece_roles": "._kinds",
+    "config_cka": "._costs",
+    "fragment_macs": "._costs",
+    "model_macs": "._costs",
+    "network_macs": "._costs",
     "Measurement": "._measure",
     "SAMPLE_IMAGES": "._measure",
-    "config_cka": "._measure",
     "count_correct": "._measure",
     "fit_net_head": "._measure",
-    "fragment_macs": "._measure",
     "head_accuracy": "._measure",
     "measure": "._measure",
-    "model_macs": "._measure",
     "net_outputs": "._measure",
-    "network_macs": "._measure",
     "reproduces": "._measure",
     "reproduces_count": "._measure",
     "sample_correct": "._measure",
@@ -103,6 +103,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports lazily
     from ._build import NETWORKS, NetworkBuilder, Preprocess, StitchedNet, build, joint_networks
+    from ._costs import config_cka, fragment_macs, model_macs, network_macs
     from ._head_options import BUILTIN_HEADS
     from ._heads import (
         HeadKind,
@@ -117,15 +118,11 @@ if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports l
     from ._measure import (
         SAMPLE_IMAGES,
         Measurement,
-        config_cka,
         count_correct,
         fit_net_head,
-        fragment_macs,
         head_accuracy,
         measure,
-        model_macs,
         net_outputs,
-        network_macs,
         reproduces,
         reproduces_count,
         sample_correct,
