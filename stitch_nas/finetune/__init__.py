@@ -11,8 +11,9 @@ The recipe imports without torch (the CLI checks it before loading anything); th
 on first use.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stitch_nas.lazy import lazy_face
 
 from ._recipe import OPTIMIZERS, TRAINS, FinetuneRecipe
 
@@ -30,24 +31,24 @@ if TYPE_CHECKING:
     )
 
 _LAZY = {
-    "Augment": "_augment",
-    "pad_crop_flip": "_augment",
-    "FinetuneStage": "_stage",
-    "Tuned": "_stage",
-    "check_stage": "_stage",
-    "finetune_front": "_stage",
-    "Candidate": "_choose",
-    "candidates": "_choose",
-    "choose": "_choose",
-    "FLOOR_BELOW_BEST": "_choose",
-    "Teacher": "_teacher",
-    "best_models": "_teacher",
-    "make_teacher": "_teacher",
-    "FinetuneReport": "_train",
-    "distillation_loss": "_train",
-    "finetune": "_train",
-    "holdout_rows": "_train",
-    "trained_parts": "_train",
+    "Augment": "._augment",
+    "pad_crop_flip": "._augment",
+    "FinetuneStage": "._stage",
+    "Tuned": "._stage",
+    "check_stage": "._stage",
+    "finetune_front": "._stage",
+    "Candidate": "._choose",
+    "candidates": "._choose",
+    "choose": "._choose",
+    "FLOOR_BELOW_BEST": "._choose",
+    "Teacher": "._teacher",
+    "best_models": "._teacher",
+    "make_teacher": "._teacher",
+    "FinetuneReport": "._train",
+    "distillation_loss": "._train",
+    "finetune": "._train",
+    "holdout_rows": "._train",
+    "trained_parts": "._train",
 }
 
 __all__ = [
@@ -74,8 +75,4 @@ __all__ = [
     "trained_parts",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

@@ -11,23 +11,24 @@ Names are imported on first use, so the checks load without torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stitch_nas.lazy import lazy_face
 
 #: each public name -> the module that defines it (imported on first use)
 _HOMES = {
-    "run": "_run",
-    "report_folder": "_run",
-    "export_folder": "_run",
-    "load_data": "_run",
-    "load_zoo": "_run",
-    "PhaseClock": "_phases",
-    "check_artifacts": "_preflight",
-    "check_caches": "_preflight",
-    "check_folder": "_preflight",
-    "check_formats": "_preflight",
-    "check_plugins": "_preflight",
-    "check_run": "_preflight",
+    "run": "._run",
+    "report_folder": "._run",
+    "export_folder": "._run",
+    "load_data": "._run",
+    "load_zoo": "._run",
+    "PhaseClock": "._phases",
+    "check_artifacts": "._preflight",
+    "check_caches": "._preflight",
+    "check_folder": "._preflight",
+    "check_formats": "._preflight",
+    "check_plugins": "._preflight",
+    "check_run": "._preflight",
 }
 __all__ = [  # _HOMES's keys, written out for linters and type checkers
     "PhaseClock",
@@ -56,8 +57,4 @@ if TYPE_CHECKING:
     )
     from ._run import export_folder, load_data, load_zoo, report_folder, run
 
-
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, _HOMES)

@@ -7,7 +7,9 @@ the Tune helpers (:class:`StitchOptunaSearch`, :class:`StitchTuneSpace`, :func:`
 :func:`tune_modes`). The other names are what the pipeline's stages call.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stitch_nas.lazy import lazy_face
 
 from ._evaluate import (
     EvaluationOptions,
@@ -47,17 +49,14 @@ if TYPE_CHECKING:  # static checkers see them; at run time __getattr__ imports t
 # The Ray Tune helpers subclass Ray's OptunaSearch, so their module needs Ray at import time.
 # They are loaded on first use (PEP 562): the base install (no `ray` extra) imports this
 # package, and a user who reaches for them without Ray gets the one-line MissingDependencyError.
-_TUNE_NAMES = frozenset(
-    {"CONFIG_KEY", "StitchOptunaSearch", "StitchTuneSpace", "make_trainable", "tune_modes"}
+_TUNE_NAMES = (
+    "CONFIG_KEY",
+    "StitchOptunaSearch",
+    "StitchTuneSpace",
+    "make_trainable",
+    "tune_modes",
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TUNE_NAMES:
-        from . import _tune
-
-        return getattr(_tune, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_face(__name__, dict.fromkeys(_TUNE_NAMES, "._tune"))
 
 
 __all__ = [
