@@ -149,3 +149,13 @@ def test_values_checked_together():
 def test_checks_keep_the_values_they_normalise():
     settings = settings_from_dict({"search": {"budgets": {"macs": "2e6"}}})
     assert settings.search.budgets == {"macs": 2e6}
+
+
+def test_stored_settings_read_back_without_their_sampler_module(tmp_path):
+    """``report`` and ``export`` rebuild from the settings a study stored; a sampler module
+    the search imported need not exist where they run: the sampler is checked by the run's
+    pre-flight, which builds it, not when settings are read."""
+    raw = {"search": {"sampler": "no_such_package.samplers:Mine"}}
+    settings = settings_from_dict(raw)  # read back: fine
+    with pytest.raises(ConfigError, match="no_such_package"):
+        check_run(settings, tmp_path / "out", resume=False, join=False)

@@ -23,6 +23,7 @@ from typing import Any
 
 from stitch_nas.choices import EXPORT_FORMATS
 from stitch_nas.errors import ConfigError
+from stitch_nas.samplers import check_sampler
 from stitch_nas.settings import (
     check_plugin_settings,
     check_settings,
@@ -52,6 +53,7 @@ logger = logging.getLogger(__name__)
 def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None:
     """Everything about ``settings`` and ``out_dir`` that can be known without torch."""
     check_settings(settings)  # each value's limits (the CLI ran it first, naming its flags)
+    check_sampler(settings.search.sampler, settings.search.sampler_options)  # may import it
     tables = declared_tables()  # None: a third-party plug-in, checked by check_plugins
     if tables is not None:
         check_plugin_settings(settings.search, tables)

@@ -145,8 +145,9 @@ CHECKED_BY: dict[str, str] = {
     "search.space_options": "stitch_nas.settings.check_plugin_settings (the space's options)",
     "search.refine_adapters": "stitch_nas.settings.check_plugin_settings (adapter kinds)",
     "search.seed_pool": "check_settings, against seed_trials (None: 4 x seed_trials)",
-    "search.sampler": "check_settings with sampler_options (stitch_nas.samplers.check_sampler)",
-    "search.sampler_options": "check_settings with sampler (stitch_nas.samplers.check_sampler)",
+    # built before a run (a module:Class is imported), not when stored settings are read back
+    "search.sampler": "stitch_nas.pipeline.check_run (stitch_nas.samplers.check_sampler)",
+    "search.sampler_options": "stitch_nas.pipeline.check_run (with the sampler it builds)",
     "search.cache_dir": "stitch_nas.pipeline.check_caches (a folder this run can write in)",
     "search.artifacts": "stitch_nas.pipeline.check_artifacts (a folder); needs export",
     "search.storage": "stitch_nas.search.create_study (opened before any trial)",
@@ -191,7 +192,6 @@ def check_settings(settings: Any, flags: Mapping[str, str] | None = None) -> Non
 
 def _check_search_together(search: Any, flags: Mapping[str, str]) -> None:
     """The search values that are checked against each other."""
-    from stitch_nas.samplers import check_sampler
 
     def name(key: str) -> str:
         return flags.get(f"search.{key}", f"search.{key}")
@@ -211,4 +211,3 @@ def _check_search_together(search: Any, flags: Mapping[str, str]) -> None:
             "search.artifacts (--artifacts) uploads the exported networks, and the export "
             "is off (--no-export, search.export: false); drop one of them"
         )
-    check_sampler(search.sampler, search.sampler_options)  # a module:Class imports here
