@@ -53,7 +53,12 @@ logger = logging.getLogger(__name__)
 def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None:
     """Everything about ``settings`` and ``out_dir`` that can be known without torch."""
     check_settings(settings)  # each value's limits (the CLI ran it first, naming its flags)
+    # what must be installed here, not checked when stored settings are read back elsewhere
     check_sampler(settings.search.sampler, settings.search.sampler_options)  # may import it
+    from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
+
+    for name in settings.search.objectives:
+        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
     tables = declared_tables()  # None: a third-party plug-in, checked by check_plugins
     if tables is not None:
         check_plugin_settings(settings.search, tables)
