@@ -5,8 +5,10 @@ two values together; :func:`~stitch_nas.settings.settings_from_dict` runs it on 
 values, the CLI again after its flags override some (the message then names the flag the user
 typed), and :func:`stitch_nas.run` on settings built in Python. Values whose check needs more
 than the value (the plug-ins a search names, a zoo item's files, the data kind's files, the
-fine-tune recipe, folders a run writes in) are checked by the one function
-:data:`CHECKED_BY` names. Nothing here imports torch.
+fine-tune recipe, folders a run writes in, the sampler a run builds) are checked by the one
+function :data:`CHECKED_BY` names; that each objective is installed is checked by the run's
+pre-flight, so settings a study stored read back where a plug-in is missing. Nothing here
+imports torch.
 """
 
 from __future__ import annotations
