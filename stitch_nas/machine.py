@@ -63,8 +63,8 @@ def reuse_freed_memory(largest: int = REUSED_BYTES) -> bool:
     images one is 4 to 75 MB. glibc maps a block that large afresh from the system and unmaps it
     when freed, so every layer's output is new memory, and the page faults on it cost as much
     as the layer's arithmetic for cheap layers: a MobileNet with GELU and depthwise convolutions
-    ran about 2x faster with freed blocks reused, a CIFAR ResNet-56 about 1.1x, on a 2-core
-    CPU (``benchmarks/allocator.py`` repeats that measurement). Only where memory comes
+    ran 2.75x faster with freed blocks reused, a CIFAR ResNet-56 1.09x, on a 2-core CPU
+    (``benchmarks/allocator.py``, ``benchmarks/results/allocator.json``). Only where memory comes
     from changes, so every value computed is the same.
     What it costs: up to ``largest`` bytes of freed memory stay with the process (its resident
     set) instead of going back to the system; blocks larger than ``largest`` (a cached
