@@ -27,11 +27,15 @@ __all__ = [
     "EXPORT_FORMATS",
     "PROBE_SIZE_RANGE",
     "RAY_MODES",
+    "check_at_least",
     "check_autocast_name",
     "check_budgets",
     "check_cka_threshold",
     "check_device",
     "check_fidelity",
+    "check_gpus_per_worker",
+    "check_one_of",
+    "check_positive",
 ]
 
 #: where trials run: in this process, or on Ray workers
@@ -110,3 +114,36 @@ def check_autocast_name(name: str | None, where: str = "autocast") -> None:
             f"{where} {name!r} is not supported; use {' or '.join(AUTOCAST_DTYPES)}, "
             "or leave it unset for float32"
         )
+
+
+def check_at_least(value: Any, where: str, minimum: int, note: str = "") -> int:
+    """``value`` as a whole number >= ``minimum`` (``note``: what the number means)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}={value!r}: give an integer >= {minimum}{note}")
+    return value
+
+
+def check_positive(value: Any, where: str, note: str = "") -> float:
+    """``value`` as a number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{where}={value!r}: give a positive number{note}")
+    return float(value)
+
+
+def check_one_of(value: Any, where: str, choices: tuple[str, ...]) -> str:
+    """``value`` as one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"{where}={value!r} is unknown; use one of {', '.join(choices)}")
+    return value
+
+
+def check_gpus_per_worker(value: Any, where: str, auto: Any = None) -> Any:
+    """``value`` as the GPUs each Ray worker reserves: ``auto`` (the settings file's -1,
+    Python's None: the visible GPUs shared out) or a number >= 0, fractions allowed."""
+    if value == auto and type(value) is type(auto):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(
+            f"{where}={value!r}: give {auto!r} (share the visible GPUs) or a number >= 0"
+        )
+    return float(value)

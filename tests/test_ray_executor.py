@@ -228,7 +228,7 @@ def test_the_ray_mode_follows_where_the_study_lives(ctx, tmp_path):
     assert RayExecutor().mode_for(joint, on_file) == "driver"  # its SN-Net is trained once
     with pytest.raises(errors.ConfigError, match="needs a study that every worker can open"):
         RayExecutor(mode="workers").mode_for(objective, in_memory)
-    with pytest.raises(errors.ConfigError, match="unknown Ray mode 'both'"):
+    with pytest.raises(errors.ConfigError, match="mode='both' is unknown"):
         RayExecutor(mode="both")
     with pytest.raises(errors.ConfigError, match="derived from StudyWorker"):
         RayExecutor(mode="workers", worker_class=FaultyWorker)
@@ -286,7 +286,7 @@ def test_a_nan_result_is_recorded_as_failed_with_its_reason(ctx):
 
 
 def test_bad_executor_options_are_one_line_errors():
-    with pytest.raises(errors.ConfigError, match="workers must be an integer >= 1, got 0"):
+    with pytest.raises(errors.ConfigError, match="workers=0: give an integer >= 1"):
         RayExecutor(workers=0)
     with pytest.raises(errors.ConfigError, match="cpus_per_worker"):
         RayExecutor(cpus_per_worker=0)

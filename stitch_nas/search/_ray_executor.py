@@ -47,7 +47,13 @@ import optuna
 import torch
 
 from stitch_nas import attrs
-from stitch_nas.choices import RAY_MODES
+from stitch_nas.choices import (
+    RAY_MODES,
+    check_at_least,
+    check_gpus_per_worker,
+    check_one_of,
+    check_positive,
+)
 from stitch_nas.errors import ConfigError, StitchNASError
 from stitch_nas.machine import available_memory_bytes
 from stitch_nas.stitching import NETWORKS
@@ -118,14 +124,11 @@ class RayExecutor:
     running: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ConfigError(f"workers must be an integer >= 1, got {self.workers!r}")
-        if not self.cpus_per_worker > 0:
-            raise ConfigError(f"cpus_per_worker must be > 0, got {self.cpus_per_worker!r}")
-        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
-            raise ConfigError(f"gpus_per_worker must be >= 0, got {self.gpus_per_worker!r}")
-        if self.mode not in RAY_MODES:
-            raise ConfigError(f"unknown Ray mode {self.mode!r}; use one of {', '.join(RAY_MODES)}")
+        # the checks the settings file's values meet (stitch_nas.settings.FIELD_CHECKS)
+        check_at_least(self.workers, "workers", 1)
+        check_positive(self.cpus_per_worker, "cpus_per_worker")
+        check_gpus_per_worker(self.gpus_per_worker, "gpus_per_worker")
+        check_one_of(self.mode, "mode", RAY_MODES)
         if self.mode == "workers" and not issubclass(self.worker_class, StudyWorker):
             raise ConfigError("mode='workers' needs a worker_class derived from StudyWorker")
         import_ray()  # a missing Ray extra fails here, before the zoo and the data load

@@ -21,11 +21,15 @@ from stitch_nas.choices import (
     EXECUTORS,
     PROBE_SIZE_RANGE,
     RAY_MODES,
+    check_at_least,
     check_autocast_name,
     check_budgets,
     check_cka_threshold,
     check_device,
     check_fidelity,
+    check_gpus_per_worker,
+    check_one_of,
+    check_positive,
 )
 from stitch_nas.errors import ConfigError, shorten
 
@@ -36,21 +40,15 @@ Check = Callable[[Any, str], Any]
 
 
 def _at_least(minimum: int, note: str = "") -> Check:
-    def check(value: Any, where: str) -> Any:
-        if value < minimum:
-            raise ConfigError(f"{where}={value!r}: give an integer >= {minimum}{note}")
-        return value
+    return lambda value, where: check_at_least(value, where, minimum, note)
 
-    return check
+
+def _positive(note: str = "") -> Check:
+    return lambda value, where: check_positive(value, where, note)
 
 
 def _positive_or_none(note: str) -> Check:
-    def check(value: Any, where: str) -> Any:
-        if value is not None and not value > 0:
-            raise ConfigError(f"{where}={value!r}: give a positive number{note}")
-        return value
-
-    return check
+    return lambda value, where: None if value is None else check_positive(value, where, note)
 
 
 def _within(low: float, high: float, note: str) -> Check:
@@ -63,18 +61,7 @@ def _within(low: float, high: float, note: str) -> Check:
 
 
 def _one_of(choices: tuple[str, ...]) -> Check:
-    def check(value: Any, where: str) -> Any:
-        if value not in choices:
-            raise ConfigError(f"{where}={value!r} is unknown; use one of {', '.join(choices)}")
-        return value
-
-    return check
-
-
-def _gpus(value: float, where: str) -> float:
-    if value < 0 and value != -1:
-        raise ConfigError(f"{where}={value!r}: use -1 (share the visible GPUs) or a number >= 0")
-    return value
+    return lambda value, where: check_one_of(value, where, choices)
 
 
 def _autocast(value: str | None, where: str) -> str | None:
@@ -123,8 +110,8 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.cache_memory_gb": _positive_or_none(" of GB (leave it out: 5 % of memory)"),
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
-    "search.cpus_per_worker": _positive_or_none(""),
-    "search.gpus_per_worker": _gpus,
+    "search.cpus_per_worker": _positive(),
+    "search.gpus_per_worker": lambda value, where: check_gpus_per_worker(value, where, auto=-1.0),
     "search.ray_mode": _one_of(RAY_MODES),
     "search.study_name": _study_name,
     "search.heartbeat_s": _at_least(1),
