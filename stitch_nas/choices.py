@@ -34,6 +34,8 @@ __all__ = [
     "check_device",
     "check_fidelity",
     "check_gpus_per_worker",
+    "check_memory_gb",
+    "check_objective_names",
     "check_one_of",
     "check_positive",
 ]
@@ -147,3 +149,30 @@ def check_gpus_per_worker(value: Any, where: str, auto: Any = None) -> Any:
             f"{where}={value!r}: give {auto!r} (share the visible GPUs) or a number >= 0"
         )
     return float(value)
+
+
+def check_memory_gb(value: Any, where: str = "memory_gb") -> float:
+    """``value`` as an activation cache's memory budget in GiB: a finite number >= 0 (0 keeps
+    nothing in memory: every activation is spilled, or recomputed when it is needed)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigError(f"{where}={value!r}: give a number of GiB >= 0 (0: keep none in memory)")
+    return float(value)
+
+
+def check_objective_names(value: Any, where: str = "objectives") -> list[str]:
+    """``value`` as a list of objective names, each once (whether each is installed is the
+    objectives registry's to say)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"{where}={value!r}: give a list of names such as accuracy and macs")
+    for name in value:
+        if not isinstance(name, str):
+            raise ConfigError(f"{where} holds {name!r}; give objective names")
+    twice = [n for n in value if value.count(n) > 1]
+    if twice:
+        raise ConfigError(f"{where} names {twice[0]!r} twice; give each objective once")
+    return list(value)

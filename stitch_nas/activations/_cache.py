@@ -15,7 +15,6 @@ bytes on any device); tensors read from disk are on CPU.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -41,7 +40,8 @@ from stitch_nas.activations._spill import (
     spill_paths,
     write_spill,
 )
-from stitch_nas.errors import CacheError, ConfigError
+from stitch_nas.choices import check_memory_gb
+from stitch_nas.errors import CacheError
 
 __all__ = [
     "DEFAULT_MEMORY_FRACTION",
@@ -92,9 +92,7 @@ class ActivationCache:
     ) -> None:
         if memory_gb is None:
             memory_gb = default_memory_gb()
-        if not isinstance(memory_gb, (int, float)) or not math.isfinite(memory_gb) or memory_gb < 0:
-            raise ConfigError(f"memory_gb={memory_gb!r} is invalid; pass a number >= 0 (GiB)")
-        self.budget_bytes = int(memory_gb * 2**30)
+        self.budget_bytes = int(check_memory_gb(memory_gb) * 2**30)
         self.dtype = storage_dtype(dtype)
         self.progress = progress
         self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None

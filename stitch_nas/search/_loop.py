@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
+from stitch_nas.choices import check_at_least
 from stitch_nas.config import StitchConfig
-from stitch_nas.errors import BudgetError, ConfigError, StitchNASError
+from stitch_nas.errors import BudgetError, StitchNASError
 from stitch_nas.fragments import count_params
 from stitch_nas.stitching import fragment_macs, measure
 
@@ -104,8 +105,7 @@ def run_search(
         executor: Where trials run; None runs them one by one in this process, a
             :class:`~stitch_nas.search.RayExecutor` runs them on Ray workers.
     """
-    if n_trials < 1:
-        raise ConfigError(f"the number of trials must be >= 1, got {n_trials}")
+    check_at_least(n_trials, "n_trials", 1)  # search.trials' check
     if attrs.REFERENCES not in study.user_attrs:
         refs = measure_references(objective.ctx, latency=objective.latency)
         study.set_user_attr(attrs.REFERENCES, refs)

@@ -21,7 +21,12 @@ import optuna
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
-from stitch_nas.choices import check_budgets, check_cka_threshold, check_fidelity
+from stitch_nas.choices import (
+    check_budgets,
+    check_cka_threshold,
+    check_fidelity,
+    check_objective_names,
+)
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES, SPACES
@@ -98,9 +103,8 @@ class StitchObjective:
         self.ctx = ctx
         self.space = SPACES.get(space)
         self.space_name = space
-        self.objectives = [OBJECTIVES.get(n) for n in objectives]
-        if not self.objectives:
-            raise ConfigError("give at least one objective, e.g. ['accuracy', 'macs']")
+        # search.objectives' check, then each name against the installed objectives
+        self.objectives = [OBJECTIVES.get(n) for n in check_objective_names(objectives)]
         self.names = [o.name for o in self.objectives]
         self.directions = [o.direction for o in self.objectives]
         self.cka_threshold = check_cka_threshold(cka_threshold)

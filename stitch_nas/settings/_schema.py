@@ -86,7 +86,7 @@ class SearchSettings:
     device: str = "cpu"  #: "auto": CUDA when this machine has it, else the CPU
     #: "bfloat16": passes that train nothing run under autocast (faster on a GPU); None: float32
     autocast: str | None = None
-    cache_memory_gb: float | None = None  #: None: 5 % of this machine's memory
+    cache_memory_gb: float | None = None  #: GiB; None: 5 % of this machine's memory; 0: none
     cache_dir: str | None = None  #: folder activations spill to, shared by processes (None: none)
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
     #: also upload each exported network's folder, as one tar archive, to an Optuna artifact

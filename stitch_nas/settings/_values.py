@@ -28,10 +28,12 @@ from stitch_nas.choices import (
     check_device,
     check_fidelity,
     check_gpus_per_worker,
+    check_memory_gb,
+    check_objective_names,
     check_one_of,
     check_positive,
 )
-from stitch_nas.errors import ConfigError, shorten
+from stitch_nas.errors import ConfigError
 
 __all__ = ["CHECKED_BY", "FIELD_CHECKS", "TYPE_ONLY", "check_settings"]
 
@@ -45,10 +47,6 @@ def _at_least(minimum: int, note: str = "") -> Check:
 
 def _positive(note: str = "") -> Check:
     return lambda value, where: check_positive(value, where, note)
-
-
-def _positive_or_none(note: str) -> Check:
-    return lambda value, where: None if value is None else check_positive(value, where, note)
 
 
 def _within(low: float, high: float, note: str) -> Check:
@@ -69,19 +67,6 @@ def _autocast(value: str | None, where: str) -> str | None:
     return value
 
 
-def _objectives(value: list, where: str) -> list:
-    """A list of objective names, each once (that each is installed: the run's pre-flight)."""
-    if not value:
-        raise ConfigError(f"{where} is empty; give names such as accuracy and macs")
-    for name in value:
-        if not isinstance(name, str):
-            raise ConfigError(f"{where} holds {shorten(name)}; give objective names")
-    if len(set(value)) != len(value):
-        twice = next(n for n in value if value.count(n) > 1)
-        raise ConfigError(f"{where} names {twice!r} twice; give each objective once")
-    return value
-
-
 def _study_name(value: str | None, where: str) -> str | None:
     if value is not None and (not value.strip() or value != value.strip()):
         raise ConfigError(
@@ -95,7 +80,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "data.size": _at_least(1, " (pixels per side)"),
     "data.probe_size": _within(*PROBE_SIZE_RANGE, " (images in the probe split)"),
     "data.workers": _at_least(0, " (0: decode in the search's own process)"),
-    "search.objectives": _objectives,
+    "search.objectives": check_objective_names,
     "search.trials": _at_least(1),
     "search.probe_threshold": _within(
         0, 10, " as a multiple of chance (1.5 by default; 0 turns probe pruning off)"
@@ -107,7 +92,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.budgets": check_budgets,
     "search.device": check_device,
     "search.autocast": _autocast,
-    "search.cache_memory_gb": _positive_or_none(" of GB (leave it out: 5 % of memory)"),
+    "search.cache_memory_gb": lambda v, where: v if v is None else check_memory_gb(v, where),
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
     "search.cpus_per_worker": _positive(),
