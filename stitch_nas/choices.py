@@ -36,6 +36,7 @@ __all__ = [
     "check_gpus_per_worker",
     "check_memory_gb",
     "check_objective_names",
+    "check_probe_threshold",
     "check_one_of",
     "check_positive",
 ]
@@ -176,3 +177,23 @@ def check_objective_names(value: Any, where: str = "objectives") -> list[str]:
     if twice:
         raise ConfigError(f"{where} names {twice[0]!r} twice; give each objective once")
     return list(value)
+
+
+def check_probe_threshold(
+    value: Any, where: str = "probe_threshold", classes: int | None = None
+) -> float:
+    """``value`` as the multiple of chance a stitch's least-squares probe accuracy must reach
+    (0: off): >= 0, and at most ``classes`` (chance times the classes is accuracy 1) once the
+    data, and so their number of classes, are known."""
+    top = "" if classes is None else f", at most {classes} (the data have {classes} classes)"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value
+        or (classes is not None and value > classes)
+    ):
+        raise ConfigError(
+            f"{where}={value!r}: give a multiple of chance >= 0{top} (1.5 by default; 0 turns "
+            "probe pruning off)"
+        )
+    return float(value)

@@ -188,7 +188,7 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
         type=float,
         default=None,
         help="prune stitches whose least-squares probe accuracy is below this multiple of "
-        "chance, in [0, 10] (default 1.5; 0: off)",
+        "chance, from 0 to the number of classes (default 1.5; 0: off)",
     )
     parser.add_argument(
         "--fidelity",

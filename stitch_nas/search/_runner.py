@@ -26,6 +26,7 @@ from stitch_nas.choices import (
     check_cka_threshold,
     check_fidelity,
     check_objective_names,
+    check_probe_threshold,
 )
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
@@ -110,12 +111,10 @@ class StitchObjective:
         self.cka_threshold = check_cka_threshold(cka_threshold)
         if probe_threshold is None:  # read at call time, so a test may change the default
             probe_threshold = DEFAULT_PROBE_THRESHOLD
-        if not 0.0 <= probe_threshold <= ctx.num_classes:
-            raise ConfigError(
-                f"probe_threshold={probe_threshold} is a multiple of chance; give a value in "
-                f"[0, {ctx.num_classes}] (0 turns probe pruning off)"
-            )
-        self.probe_threshold = float(probe_threshold)
+        # search.probe_threshold's check, now with the data's number of classes
+        self.probe_threshold = check_probe_threshold(
+            probe_threshold, "probe_threshold", ctx.num_classes
+        )
         self.budgets = check_budgets(budgets or {})
         self.space_options = dict(space_options or {})
         # an unknown option is a one-line error now, not a TypeError on the first trial

@@ -32,6 +32,7 @@ from stitch_nas.choices import (
     check_objective_names,
     check_one_of,
     check_positive,
+    check_probe_threshold,
 )
 from stitch_nas.errors import ConfigError
 
@@ -82,9 +83,8 @@ FIELD_CHECKS: dict[str, Check] = {
     "data.workers": _at_least(0, " (0: decode in the search's own process)"),
     "search.objectives": check_objective_names,
     "search.trials": _at_least(1),
-    "search.probe_threshold": _within(
-        0, 10, " as a multiple of chance (1.5 by default; 0 turns probe pruning off)"
-    ),
+    # at most the number of classes: checked by the objective once the data are loaded
+    "search.probe_threshold": check_probe_threshold,
     "search.seed_trials": _at_least(0, " (0: off)"),
     "search.cka_threshold": check_cka_threshold,
     "search.refine_trials": _at_least(0, " (0: off)"),
