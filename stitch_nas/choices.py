@@ -34,8 +34,10 @@ __all__ = [
     "check_device",
     "check_fidelity",
     "check_gpus_per_worker",
+    "check_image_size",
     "check_memory_gb",
     "check_objective_names",
+    "check_probe_size",
     "check_probe_threshold",
     "check_one_of",
     "check_positive",
@@ -197,3 +199,20 @@ def check_probe_threshold(
             "probe pruning off)"
         )
     return float(value)
+
+
+def check_image_size(value: Any, where: str = "size") -> int:
+    """``value`` as the side of the square images a data set yields: an integer >= 8 pixels."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 8:
+        raise ConfigError(f"{where}={value!r}: give an integer >= 8 (image side in pixels)")
+    return value
+
+
+def check_probe_size(value: Any, where: str = "probe_size") -> int:
+    """``value`` as the number of images in the probe split, within :data:`PROBE_SIZE_RANGE`."""
+    low, high = PROBE_SIZE_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(
+            f"{where}={value!r}: give an integer in [{low}, {high}] (images in the probe split)"
+        )
+    return value

@@ -384,7 +384,7 @@ def test_the_checks_and_the_library_read_one_list_of_choices():
     copies that could drift apart."""
     from stitch_nas import choices
     from stitch_nas.activations import AUTOCAST_DTYPES
-    from stitch_nas.data import PROBE_SIZE_RANGE
+    from stitch_nas.data import PROBE_SIZE_RANGE, _splits
     from stitch_nas.export import FORMATS
     from stitch_nas.pipeline import _preflight
     from stitch_nas.search import _ray_executor, _runner
@@ -397,7 +397,9 @@ def test_the_checks_and_the_library_read_one_list_of_choices():
     assert FIELD_CHECKS["search.fidelity"] is _runner.check_fidelity is choices.check_fidelity
     assert FIELD_CHECKS["search.cka_threshold"] is _runner.check_cka_threshold
     assert _values.check_autocast_name is choices.check_autocast_name
-    assert _values.PROBE_SIZE_RANGE is PROBE_SIZE_RANGE is choices.PROBE_SIZE_RANGE
+    assert PROBE_SIZE_RANGE is choices.PROBE_SIZE_RANGE
+    assert FIELD_CHECKS["data.probe_size"] is _splits.check_probe_size is choices.check_probe_size
+    assert FIELD_CHECKS["data.size"] is _splits.check_image_size is choices.check_image_size
     assert tuple(AUTOCAST_DTYPES) == choices.AUTOCAST_DTYPES
 
 

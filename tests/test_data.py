@@ -20,7 +20,7 @@ from stitch_nas.data import (
     load_torchvision_dataset,
 )
 from stitch_nas.data._sources import resize_images
-from stitch_nas.errors import DataError, UnknownNameError
+from stitch_nas.errors import ConfigError, DataError, UnknownNameError
 
 
 def _split_keys(split: Split) -> set[bytes]:
@@ -82,7 +82,7 @@ def test_digits_fast() -> None:
 
 @pytest.mark.parametrize("probe_size", [0, 31, 257, 1000, 64.0])
 def test_probe_size_validated(probe_size: int) -> None:
-    with pytest.raises(DataError, match=r"probe_size.*\[32, 256\]"):
+    with pytest.raises(ConfigError, match=r"probe_size.*\[32, 256\]"):
         load_digits_splits(probe_size=probe_size)
 
 

@@ -14,7 +14,7 @@ from torchvision import transforms
 
 from stitch_nas.data import load_image_folder, load_split_folders
 from stitch_nas.data._files import FileImages
-from stitch_nas.errors import DataError
+from stitch_nas.errors import ConfigError, DataError
 
 
 def _folder(root: Path, per_class: int = 40, side: int = 12) -> list[Path]:
@@ -83,5 +83,5 @@ def test_damaged_pixels_are_named_when_read(tmp_path: Path, workers: int) -> Non
 
 def test_bad_workers_are_refused(tmp_path: Path) -> None:
     _folder(tmp_path / "set")
-    with pytest.raises(DataError, match=r"workers=-1 is invalid"):
+    with pytest.raises(ConfigError, match=r"workers=-1: give an integer >= 0"):
         load_image_folder(tmp_path / "set", size=16, probe_size=32, workers=-1)

@@ -20,13 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from stitch_nas.choices import check_image_size, check_probe_size
 from stitch_nas.data._files import FileImages
 from stitch_nas.data._sources import ArrayImages
 from stitch_nas.data._splits import (
     DataSplits,
     Split,
-    _check_probe_size,
-    _check_size,
     _class_interleaved_order,
     _cut,
     _split_sizes,
@@ -75,8 +74,8 @@ def load_image_folder(
     """
     from torchvision.datasets import ImageFolder
 
-    _check_probe_size(probe_size)
-    _check_size(size)
+    check_probe_size(probe_size)
+    check_image_size(size)
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(
@@ -212,8 +211,8 @@ def load_torchvision_dataset(
         UnknownNameError: If ``name`` is not a usable torchvision data set.
         DataError: If the files are not under ``root`` or a part is too small.
     """
-    _check_probe_size(probe_size)
-    _check_size(size)
+    check_probe_size(probe_size)
+    check_image_size(size)
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit={limit!r} is invalid; use a positive int or None")
     cls = _dataset_class(name)
@@ -263,8 +262,8 @@ def load_split_folders(
     """
     from torchvision.datasets import ImageFolder
 
-    _check_probe_size(probe_size)
-    _check_size(size)
+    check_probe_size(probe_size)
+    check_image_size(size)
     root = Path(root).expanduser()
     parts: dict[str, list[tuple[str, int]]] = {}
     classes: list[str] | None = None

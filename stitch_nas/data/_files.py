@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from stitch_nas.choices import check_at_least
 from stitch_nas.errors import DataError
 
 __all__ = ["FileImages"]
@@ -81,8 +82,7 @@ class FileImages:
     def __init__(
         self, root: Path, paths: Sequence[str], labels: Sequence[int], size: int, workers: int
     ) -> None:
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
-            raise DataError(f"workers={workers!r} is invalid; use an int >= 0 (0: no processes)")
+        check_at_least(workers, "workers", 0, " (0: decode in this process)")
         self.root, self.paths, self.size, self.workers = root, list(paths), size, workers
         self._labels = list(labels)
         self._fingerprint: str | None = None

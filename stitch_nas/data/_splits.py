@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stitch_nas.choices import PROBE_SIZE_RANGE
+from stitch_nas.choices import PROBE_SIZE_RANGE, check_image_size, check_probe_size
 from stitch_nas.errors import ConfigError, DataError
 
 from ._sources import ArrayImages, ImageSource, check_finite_rows, resize_images
@@ -161,17 +161,6 @@ class DataSplits:
         return value
 
 
-def _check_probe_size(probe_size: int) -> None:
-    low, high = PROBE_SIZE_RANGE
-    if not isinstance(probe_size, int) or not low <= probe_size <= high:
-        raise DataError(f"probe_size={probe_size!r} is out of range; use an int in [{low}, {high}]")
-
-
-def _check_size(size: int) -> None:
-    if not isinstance(size, int) or size < 8:
-        raise ConfigError(f"size={size!r} is invalid; use an int >= 8 (image side in pixels)")
-
-
 def _class_interleaved_order(y: torch.Tensor, seed: int) -> torch.Tensor:
     """Return a seeded permutation in which the classes are spread evenly.
 
@@ -234,8 +223,8 @@ def load_digits_splits(*, size: int = 32, probe_size: int = 128, seed: int = 0) 
     """
     from sklearn.datasets import load_digits  # local: keeps `import stitch_nas` light
 
-    _check_probe_size(probe_size)
-    _check_size(size)
+    check_probe_size(probe_size)
+    check_image_size(size)
     bunch = load_digits()
     x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     x = resize_images(x, size).expand(-1, 3, -1, -1).contiguous()

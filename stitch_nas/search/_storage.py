@@ -29,6 +29,7 @@ import optuna
 from optuna.trial import TrialState
 
 from stitch_nas import attrs
+from stitch_nas.choices import check_at_least
 from stitch_nas.errors import ConfigError
 from stitch_nas.extras import require
 from stitch_nas.files import disk_full
@@ -85,8 +86,7 @@ def open_storage(
     Raises:
         ConfigError: ``url`` names an unknown scheme, a missing driver, or cannot be opened.
     """
-    if isinstance(heartbeat_s, bool) or not isinstance(heartbeat_s, int) or heartbeat_s < 1:
-        raise ConfigError(f"search.heartbeat_s must be an integer >= 1, got {heartbeat_s!r}")
+    check_at_least(heartbeat_s, "heartbeat_s", 1)  # search.heartbeat_s' check
     if "://" not in url:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 

@@ -19,7 +19,6 @@ from typing import Any
 
 from stitch_nas.choices import (
     EXECUTORS,
-    PROBE_SIZE_RANGE,
     RAY_MODES,
     check_at_least,
     check_autocast_name,
@@ -28,10 +27,12 @@ from stitch_nas.choices import (
     check_device,
     check_fidelity,
     check_gpus_per_worker,
+    check_image_size,
     check_memory_gb,
     check_objective_names,
     check_one_of,
     check_positive,
+    check_probe_size,
     check_probe_threshold,
 )
 from stitch_nas.errors import ConfigError
@@ -78,9 +79,9 @@ def _study_name(value: str | None, where: str) -> str | None:
 
 #: "section.key" -> the one check of that value (after its type, which the schema checks)
 FIELD_CHECKS: dict[str, Check] = {
-    "data.size": _at_least(1, " (pixels per side)"),
-    "data.probe_size": _within(*PROBE_SIZE_RANGE, " (images in the probe split)"),
-    "data.workers": _at_least(0, " (0: decode in the search's own process)"),
+    "data.size": check_image_size,
+    "data.probe_size": check_probe_size,
+    "data.workers": _at_least(0, " (0: decode in this process)"),
     "search.objectives": check_objective_names,
     "search.trials": _at_least(1),
     # at most the number of classes: checked by the objective once the data are loaded
