@@ -19,6 +19,7 @@ from typing import Any
 from stitch_nas.errors import ConfigError
 
 __all__ = [
+    "AUTOCAST_DEVICES",
     "AUTOCAST_DTYPES",
     "BUDGET_KEYS",
     "DEVICE_CHOICES",
@@ -28,6 +29,7 @@ __all__ = [
     "PROBE_SIZE_RANGE",
     "RAY_MODES",
     "check_at_least",
+    "check_autocast_device",
     "check_autocast_name",
     "check_budgets",
     "check_cka_threshold",
@@ -58,6 +60,8 @@ DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 PROBE_SIZE_RANGE = (32, 256)
 #: the dtypes frozen passes may run in (float16 could overflow activations no loss scale guards)
 AUTOCAST_DTYPES = ("bfloat16",)
+#: the device types autocast runs on
+AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def check_budgets(budgets: Any, where: str = "budgets") -> dict[str, float]:
@@ -118,6 +122,16 @@ def check_autocast_name(name: str | None, where: str = "autocast") -> None:
         raise ConfigError(
             f"{where} {name!r} is not supported; use {' or '.join(AUTOCAST_DTYPES)}, "
             "or leave it unset for float32"
+        )
+
+
+def check_autocast_device(name: str | None, device: str, where: str = "autocast") -> None:
+    """Autocast ``name`` (None: off) can run on a device of type ``device`` ("cpu", "cuda",
+    "mps"; "auto": not known yet)."""
+    if name is not None and device not in ("auto", *AUTOCAST_DEVICES):
+        raise ConfigError(
+            f"{where} {name!r} is not supported on device {device!r}; use it on "
+            f"{' or '.join(AUTOCAST_DEVICES)}, or leave it unset"
         )
 
 

@@ -377,7 +377,7 @@ def test_a_taken_study_name_is_refused_before_the_zoo_is_built(capsys, tmp_path)
     assert code == 2 and "search.autocast 'float16' is not supported; use bfloat16" in err
     bad.write_text("search: {autocast: bfloat16, device: mps}\n")
     code, _, err = _run(capsys, "search", str(bad), "--out", str(tmp_path / "q"))
-    assert code == 2 and "search.autocast 'bfloat16' is not supported on mps" in err
+    assert code == 2 and "search.autocast 'bfloat16' is not supported on device 'mps'" in err
 
 
 def test_autocast_reaches_the_search_context(monkeypatch, capsys, tmp_path, mini_zoo_dir):

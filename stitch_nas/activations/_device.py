@@ -20,25 +20,19 @@ from collections.abc import Iterator
 import torch
 
 from stitch_nas import choices
-from stitch_nas.errors import ConfigError
 
 __all__ = ["AUTOCAST_DTYPES", "check_autocast", "frozen_pass", "is_convolutional", "to_device"]
 
 #: the dtypes frozen passes may run in, by name (``stitch_nas.choices.AUTOCAST_DTYPES``)
 AUTOCAST_DTYPES = {name: getattr(torch, name) for name in choices.AUTOCAST_DTYPES}
-_AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def check_autocast(name: str | None, device: torch.device) -> str | None:
     """``name`` (None: off) if frozen passes on ``device`` can run in it; else ConfigError."""
     if name is None:
         return None
-    choices.check_autocast_name(name)
-    if device.type not in _AUTOCAST_DEVICES:
-        raise ConfigError(
-            f"autocast {name!r} is not supported on device {str(device)!r}; "
-            f"use it on {' or '.join(_AUTOCAST_DEVICES)}, or leave it unset"
-        )
+    choices.check_autocast_name(name)  # search.autocast's checks
+    choices.check_autocast_device(name, device.type)
     return name
 
 

@@ -21,6 +21,7 @@ from stitch_nas.choices import (
     EXECUTORS,
     RAY_MODES,
     check_at_least,
+    check_autocast_device,
     check_autocast_name,
     check_budgets,
     check_cka_threshold,
@@ -174,11 +175,7 @@ def _check_search_together(search: Any, flags: Mapping[str, str]) -> None:
             f"{name('seed_pool')}={search.seed_pool}: give at least seed_trials "
             f"({search.seed_trials}) configs to choose from, or leave it out (4 x seed_trials)"
         )
-    if search.autocast is not None and search.device == "mps":
-        raise ConfigError(
-            f"{name('autocast')} {search.autocast!r} is not supported on mps; use cpu or cuda, "
-            "or leave autocast unset"
-        )
+    check_autocast_device(search.autocast, search.device.split(":")[0], name("autocast"))
     if search.artifacts is not None and not search.export:
         raise ConfigError(
             "search.artifacts (--artifacts) uploads the exported networks, and the export "
