@@ -47,10 +47,12 @@ def _child(mode: str) -> dict:
 def test_freed_blocks_are_reused_and_values_stay_the_same():
     default, reused = _child("default"), _child("reused")
     assert reused["applied"] is True
-    # glibc's default maps each 16 MB output afresh and faults on its pages (~4,096 each):
-    # about 65,000 faults in four passes here; reused, about a quarter of that or fewer
+    # glibc's default maps 16 MB outputs afresh and faults on their pages (~4,096 each): 2 to 4
+    # of them a pass (its mmap threshold moves as blocks are freed: 32,675 to about 65,000
+    # faults in four passes, seen); reused, at most one a pass, so at least one block's faults
+    # fewer in each of the four passes (with slack for the threshold's moves)
     assert default["faults"] > 4 * 4096, default
-    assert reused["faults"] < default["faults"] / 2, (reused, default)
+    assert default["faults"] - reused["faults"] > 3 * 4096, (reused, default)
     assert reused["digest"] == default["digest"]
 
 
