@@ -159,7 +159,7 @@ def check_one_of(value: Any, where: str, choices: tuple[str, ...]) -> str:
 def check_gpus_per_worker(value: Any, where: str, auto: Any = None) -> Any:
     """``value`` as the GPUs each Ray worker reserves: ``auto`` (the settings file's -1,
     Python's None: the visible GPUs shared out) or a number >= 0, fractions allowed."""
-    if value == auto and type(value) is type(auto):
+    if value is auto or (auto is not None and not isinstance(value, bool) and value == auto):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ConfigError(
