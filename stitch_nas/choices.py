@@ -60,6 +60,13 @@ DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
 PROBE_SIZE_RANGE = (32, 256)
 #: the dtypes frozen passes may run in (float16 could overflow activations no loss scale guards)
 AUTOCAST_DTYPES = ("bfloat16",)
+
+
+def _number(value: Any) -> bool:
+    """An int or a float, and not a bool (which Python counts as an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 #: the device types autocast runs on
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -81,11 +88,7 @@ def check_budgets(budgets: Any, where: str = "budgets") -> dict[str, float]:
                 number = float(value)
             except ValueError:
                 pass
-        if (
-            isinstance(number, bool)
-            or not isinstance(number, (int, float))
-            or not (math.isfinite(number) and number > 0)
-        ):
+        if not _number(number) or not (math.isfinite(number) and number > 0):
             raise ConfigError(
                 f"{where}: {key}={value!r} must be a positive number of {key} "
                 "(plain digits or 2.0e6, no unit suffix)"
@@ -97,14 +100,14 @@ def check_budgets(budgets: Any, where: str = "budgets") -> dict[str, float]:
 def check_fidelity(value: Any, where: str = "fidelity") -> float:
     """``value`` as the share of the validation split a new config is scored on first, in
     [0, 1) (0: off), or a one-line ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+    if not _number(value) or not 0 <= value < 1:
         raise ConfigError(f"{where}={value!r}: give a share of the split in [0, 1); 0 turns it off")
     return float(value)
 
 
 def check_cka_threshold(value: Any, where: str = "cka_threshold") -> float:
     """``value`` as the CKA score below which stitched configs are pruned, in [0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+    if not _number(value) or not 0 <= value <= 1:
         raise ConfigError(f"{where}={value!r}: give a value in [0, 1] (0 turns CKA pruning off)")
     return float(value)
 
@@ -144,7 +147,7 @@ def check_at_least(value: Any, where: str, minimum: int, note: str = "") -> int:
 
 def check_positive(value: Any, where: str, note: str = "") -> float:
     """``value`` as a number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not _number(value) or not value > 0:
         raise ConfigError(f"{where}={value!r}: give a positive number{note}")
     return float(value)
 
@@ -161,7 +164,7 @@ def check_gpus_per_worker(value: Any, where: str, auto: Any = None) -> Any:
     Python's None: the visible GPUs shared out) or a number >= 0, fractions allowed."""
     if value is auto or (auto is not None and not isinstance(value, bool) and value == auto):
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not _number(value) or value < 0:
         raise ConfigError(
             f"{where}={value!r}: give {auto!r} (share the visible GPUs) or a number >= 0"
         )
@@ -171,12 +174,7 @@ def check_gpus_per_worker(value: Any, where: str, auto: Any = None) -> Any:
 def check_memory_gb(value: Any, where: str = "memory_gb") -> float:
     """``value`` as an activation cache's memory budget in GiB: a finite number >= 0 (0 keeps
     nothing in memory: every activation is spilled, or recomputed when it is needed)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if not _number(value) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{where}={value!r}: give a number of GiB >= 0 (0: keep none in memory)")
     return float(value)
 
@@ -202,12 +200,7 @@ def check_probe_threshold(
     (0: off): >= 0, and at most ``classes`` (chance times the classes is accuracy 1) once the
     data, and so their number of classes, are known."""
     top = "" if classes is None else f", at most {classes} (the data have {classes} classes)"
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0 <= value
-        or (classes is not None and value > classes)
-    ):
+    if not _number(value) or not 0 <= value or (classes is not None and value > classes):
         raise ConfigError(
             f"{where}={value!r}: give a multiple of chance >= 0{top} (1.5 by default; 0 turns "
             "probe pruning off)"
@@ -217,9 +210,7 @@ def check_probe_threshold(
 
 def check_image_size(value: Any, where: str = "size") -> int:
     """``value`` as the side of the square images a data set yields: an integer >= 8 pixels."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 8:
-        raise ConfigError(f"{where}={value!r}: give an integer >= 8 (image side in pixels)")
-    return value
+    return check_at_least(value, where, 8, " (image side in pixels)")
 
 
 def check_probe_size(value: Any, where: str = "probe_size") -> int:
