@@ -9,7 +9,6 @@ config the study evaluated before is not evaluated again (:meth:`StitchObjective
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
-from stitch_nas.stitching import STITCHED, TRAINED_DIR, Measurement, network_kind, save_trained
+from stitch_nas.stitching import STITCHED, Measurement, network_kind
 
 from ._evaluate import EvaluationOptions, Repeat, TrialOutcome, TrialPlan, evaluate_plan
 from ._fidelity import (
@@ -44,6 +43,7 @@ from ._fidelity import (
     gates_training,
     slice_size,
 )
+from ._record import record_measurement, record_outcome
 from ._seen import Earlier, SeenConfigs
 from ._studies import completed_count, set_metric_names
 from ._user_attrs import BufferedTrial
@@ -324,61 +324,18 @@ class StitchObjective:
     def finish(
         self, trial: optuna.Trial, config: StitchConfig, outcome: TrialOutcome
     ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None]:
-        """The last step: record ``outcome`` on ``trial``; return the state to tell and, if
-        COMPLETE, the values.
-
-        This is the one place where every executor does the trial bookkeeping: CKA, prune and
-        fail reasons, measurements as user attributes, budget constraints.
-        """
-        state, values = self._record_outcome(trial, outcome)
+        """The last step: record ``outcome`` on ``trial`` (:func:`._record.record_outcome`,
+        which every executor's trials go through); return the state to tell and, if COMPLETE,
+        the values."""
+        state, values = record_outcome(trial, outcome, self.objectives, self.budgets, self.folder)
         # known before the study is read again
         self._seen.note(trial.number, config.stable_hash(), state, trial.user_attrs)
         return state, values
 
-    def _record_outcome(
-        self, trial: optuna.Trial, outcome: TrialOutcome
-    ) -> tuple[optuna.trial.TrialState, tuple[float, ...] | None]:
-        if outcome.cka is not None:
-            trial.set_user_attr(attrs.CKA, outcome.cka)
-        if outcome.probe is not None:
-            trial.set_user_attr(attrs.PROBE_ACCURACY, outcome.probe)
-        for key, value in (outcome.partial or {}).items():  # the slice of a fidelity prune
-            trial.set_user_attr(key, value)
-        if outcome.status == "pruned":
-            trial.set_user_attr(attrs.PRUNE_REASON, outcome.reason)
-            return optuna.trial.TrialState.PRUNED, None
-        if outcome.status != "complete" or outcome.measurement is None:
-            trial.set_user_attr(attrs.FAIL_REASON, outcome.reason or "no measurement")
-            return optuna.trial.TrialState.FAIL, None
-        result = outcome.measurement
-        values = self.record(trial, result)
-        if not all(math.isfinite(v) for v in values):  # record() wrote the fail_reason
-            return optuna.trial.TrialState.FAIL, None
-        if outcome.weights is not None and self.folder is not None:
-            self._keep_weights(trial, outcome.weights, Path(self.folder))
-        return optuna.trial.TrialState.COMPLETE, values
-
-    def _keep_weights(self, trial: optuna.Trial, data: bytes, folder: Path) -> None:
-        """Write a trial's trained adapters into the search's folder and name the file on the
-        trial; a failed write is logged, and the network is then trained again when needed."""
-        digest = hashlib.sha256(data).hexdigest()[:10]
-        relative = f"{TRAINED_DIR}/trial_{trial.number}_{digest}.safetensors"
-        try:
-            save_trained(data, folder / relative)
-        except OSError as exc:
-            logger.warning("trial %d: its trained adapters were not kept (%s)", trial.number, exc)
-            return
-        trial.set_user_attr(attrs.WEIGHTS, relative)
-
     def record(self, trial: optuna.Trial, result: Measurement) -> tuple[float, ...]:
-        for key, value in result.to_dict().items():
-            trial.set_user_attr(key, value)
-        for key, limit in self.budgets.items():
-            trial.set_constraint(key, float(getattr(result, key)) - limit)
-        values = tuple(float(o.value(result)) for o in self.objectives)
-        if any(math.isnan(v) or math.isinf(v) for v in values):
-            trial.set_user_attr(attrs.FAIL_REASON, f"non-finite objective values {values}")
-        return values
+        """Write ``result`` on ``trial`` with this search's objectives and budgets; return the
+        objective values."""
+        return record_measurement(trial, result, self.objectives, self.budgets)
 
 
 def make_objective(
