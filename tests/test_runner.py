@@ -72,6 +72,21 @@ def test_bad_budgets_are_refused(ctx, budgets, match):
         StitchObjective(ctx, budgets=budgets)
 
 
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"max_repeats": 0}, r"max_repeats=0: give an integer >= 1"),
+        ({"max_repeats": True}, r"max_repeats=True: give an integer >= 1"),
+        ({"min_slice": -1}, r"min_slice=-1: give an integer >= 0"),
+        ({"min_slice": 1.5}, r"min_slice=1.5: give an integer >= 0"),
+    ],
+)
+def test_bad_library_only_options_are_refused_in_one_line(ctx, options, match):
+    with pytest.raises(errors.ConfigError, match=match) as caught:
+        StitchObjective(ctx, **options)
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize("key", ["macs", "params"])
 def test_unreachable_budget_is_one_clear_error(ctx, tmp_path, key):
     objective = StitchObjective(ctx, budgets={key: 10})

@@ -21,6 +21,7 @@ import optuna
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.choices import (
+    check_at_least,
     check_budgets,
     check_cka_threshold,
     check_fidelity,
@@ -123,14 +124,12 @@ class StitchObjective:
         # multi-fidelity evaluation (see ._fidelity): share of the split scored first, 0: off
         self.fidelity = check_fidelity(fidelity)
         # ... on a slice of at least min_slice images; smaller splits are scored whole
-        self.min_slice = min_slice
+        self.min_slice = check_at_least(min_slice, "min_slice", 0, " (images; 0: any slice)")
         self.gated = self.fidelity > 0 and (
             slice_size(len(ctx.labels("val")), self.fidelity) >= min_slice
         )
         self.latency = any(o.needs_latency for o in self.objectives)
-        if isinstance(max_repeats, bool) or not isinstance(max_repeats, int) or max_repeats < 1:
-            raise ConfigError(f"max_repeats must be an integer >= 1, got {max_repeats!r}")
-        self.max_repeats = max_repeats
+        self.max_repeats = check_at_least(max_repeats, "max_repeats", 1)
         self.repeats = 0  # proposals in a row that repeated an evaluated config
         #: user attributes every trial records with its config (a Ray worker's node and id)
         self.trial_attrs: dict[str, Any] = {}
