@@ -12,10 +12,14 @@ from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.finetune import (
     FinetuneRecipe,
+    FinetuneReport,
+    FinetuneStage,
     Teacher,
+    Tuned,
     best_models,
     distillation_loss,
     finetune,
+    holdout_flatters,
     holdout_rows,
     make_teacher,
     pad_crop_flip,
@@ -124,6 +128,37 @@ def test_holdout_rows_are_disjoint_sorted_and_seeded() -> None:
     assert torch.equal(held, held.sort().values)
     assert torch.equal(holdout_rows(100, 0.1, 3)[1], held)
     assert not torch.equal(holdout_rows(100, 0.1, 4)[1], held)
+
+
+def _report(initial_holdout: float, holdout_images: int = 974) -> FinetuneReport:
+    return FinetuneReport(
+        recipe={},
+        teacher="t",
+        train_images=8770,
+        holdout_images=holdout_images,
+        steps=207,
+        epochs=3,
+        seconds=1.0,
+        initial_holdout=initial_holdout,
+        best_holdout=initial_holdout,
+        best_epoch=0,
+        stopped="epochs",
+    )
+
+
+def test_a_held_out_slice_above_the_validation_interval_is_said_to_flatter_the_start() -> None:
+    # the figures of a real-zoo network: 947 of 974 held-out train images, 0.924 on 5,000
+    # validation images (the zoo was trained on the train split)
+    assert holdout_flatters(_report(947 / 974), 0.924, 5000)
+    assert not holdout_flatters(_report(947 / 974), 0.965, 5000)  # the intervals overlap
+    assert not holdout_flatters(_report(29 / 30, holdout_images=30), 0.924, 5000)  # too few
+    flattered = FinetuneStage([Tuned(7, 0.924, 0.924, _report(947 / 974), 8)], val_images=5000)
+    assert (
+        "the held-out slice of the train split scored 1 of 1 starting networks above their "
+        "validation interval (e.g. #7 0.9723 against 0.9240)"
+    ) in flattered.describe()
+    fair = FinetuneStage([Tuned(7, 0.965, 0.965, _report(947 / 974), 8)], val_images=5000)
+    assert "held-out slice" not in fair.describe()
 
 
 def test_trained_parts_by_what_trains(ctx) -> None:

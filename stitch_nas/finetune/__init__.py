@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         FinetuneReport,
         distillation_loss,
         finetune,
+        holdout_flatters,
         holdout_rows,
         trained_parts,
     )
@@ -47,6 +48,7 @@ _LAZY = {
     "FinetuneReport": "._train",
     "distillation_loss": "._train",
     "finetune": "._train",
+    "holdout_flatters": "._train",
     "holdout_rows": "._train",
     "trained_parts": "._train",
 }
@@ -69,6 +71,7 @@ __all__ = [
     "distillation_loss",
     "finetune",
     "finetune_front",
+    "holdout_flatters",
     "holdout_rows",
     "make_teacher",
     "pad_crop_flip",

@@ -60,7 +60,7 @@ from stitch_nas.stitching import (
 from ._choose import FLOOR_BELOW_BEST, candidates, choose
 from ._recipe import FinetuneRecipe
 from ._teacher import Teacher, make_teacher
-from ._train import FinetuneReport, finetune, trained_parts
+from ._train import FinetuneReport, finetune, holdout_flatters, trained_parts
 
 __all__ = ["FinetuneStage", "Tuned", "check_stage", "finetune_front"]
 
@@ -89,6 +89,7 @@ class FinetuneStage:
     already: int = 0  #: networks fine-tuned with this recipe before (``--resume``)
     teacher: str = ""
     seconds: float = 0.0
+    val_images: int = 0  #: the validation split's size, for the intervals of ``before``
 
     def describe(self) -> str:
         """One line for the terminal."""
@@ -109,7 +110,18 @@ class FinetuneStage:
             line += f" (validation {gains(self.networks)})"
         if self.control:
             line += f"; control, the zoo's front fine-tuned alike: {gains(self.control)}"
-        return line + f" in {self.seconds:.1f} s"
+        line += f" in {self.seconds:.1f} s"
+        trained = self.networks + self.control
+        flattered = [t for t in trained if holdout_flatters(t.report, t.before, self.val_images)]
+        if flattered:  # say why "kept its weights" may not mean "training could not help"
+            line += (
+                f"; the held-out slice of the train split scored {len(flattered)} of "
+                f"{len(trained)} starting networks above their validation interval (e.g. "
+                f"{_name(flattered[0].source)} {flattered[0].report.initial_holdout:.4f} "
+                f"against {flattered[0].before:.4f}), as images the zoo was trained on: it "
+                "favours the starting weights, and the test pass is the judge"
+            )
+        return line
 
 
 def _name(source: int | str) -> str:
@@ -207,7 +219,8 @@ def finetune_front(
     refs = zoo_references(study)
     val = {str(r["name"]): float(r["accuracy"]) for r in refs if "accuracy" in r}
     teacher = make_teacher(ctx.zoo, recipe.teacher, recipe.k, recipe.temperature, val)
-    digest, stage = _digest(recipe), FinetuneStage(teacher=teacher.describe())
+    digest = _digest(recipe)
+    stage = FinetuneStage(teacher=teacher.describe(), val_images=len(ctx.labels("val")))
     trials = study.get_trials(deepcopy=False)
     done = {
         t.user_attrs[attrs.FINETUNES]

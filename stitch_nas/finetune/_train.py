@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stitch_nas.activations import StitchContext, to_device
+from stitch_nas.report import wilson_interval
 from stitch_nas.stitching import StitchedNet
 
 from ._augment import Augment, pad_crop_flip
@@ -62,6 +63,26 @@ class FinetuneReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def holdout_flatters(report: FinetuneReport, validation: float, val_images: int) -> bool:
+    """Whether the held-out slice scored the network it was given above its ``validation``
+    accuracy beyond both 95 % intervals: the slice is then no fair sample of unseen images (the
+    zoo was trained on the train split, as public CIFAR-10 models were), and keeping the best
+    epoch there favours the starting weights."""
+    if report.holdout_images < 1 or val_images < 1:
+        return False
+    low, _ = wilson_interval(
+        _share(report.initial_holdout, report.holdout_images), report.holdout_images
+    )
+    _, high = wilson_interval(_share(validation, val_images), val_images)
+    return low > high
+
+
+def _share(accuracy: float, n: int) -> float:
+    """``accuracy`` as the nearest whole count of ``n`` images, over ``n`` (a figure rounded on
+    its way, e.g. a float32 mean, must not stop a printout)."""
+    return min(max(round(accuracy * n), 0), n) / n
 
 
 def holdout_rows(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
