@@ -47,10 +47,15 @@ import numpy as np
 import yaml
 
 from stitch_nas import attrs
-from stitch_nas.report import holdout_accuracies, hypervolume, wilson_interval
+from stitch_nas.report import (
+    first_of_each_network,
+    holdout_accuracies,
+    hypervolume,
+    wilson_interval,
+    zoo_references,
+)
 from stitch_nas.report._holdout import split_sizes
 from stitch_nas.report._kinds import recorded_kinds, trial_kind
-from stitch_nas.report._pareto import first_of_each_network, zoo_references
 from stitch_nas.search import load_folder_study
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -173,7 +173,7 @@ def _peak_rss_gb() -> float:
 
 def _configs(ctx, names: list[str], count: int, seed: int) -> list:  # type: ignore[no-untyped-def]
     """Random two-model least-squares configs at similar relative depths."""
-    from stitch_nas.adapters._lstsq import joinable
+    from stitch_nas.adapters import joinable
     from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 
     rng = random.Random(seed)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from stitch_nas.activations import ActivationCache, StitchContext
-from stitch_nas.adapters._lstsq import joinable
+from stitch_nas.adapters import joinable
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.data import DataSplits, Split, load_digits_splits
 from stitch_nas.stitching import measure
