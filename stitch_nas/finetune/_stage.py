@@ -118,8 +118,8 @@ class FinetuneStage:
                 f"; the held-out slice of the train split scored {len(flattered)} of "
                 f"{len(trained)} starting networks above their validation interval (e.g. "
                 f"{_name(flattered[0].source)} {flattered[0].report.initial_holdout:.4f} "
-                f"against {flattered[0].before:.4f}), as images the zoo was trained on: it "
-                "favours the starting weights, and the test pass is the judge"
+                f"against {flattered[0].before:.4f}), as when the zoo was trained on those "
+                "images: it then favours the starting weights, and the test pass is the judge"
             )
         return line
 
