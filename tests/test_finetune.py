@@ -59,6 +59,7 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         ("momentum", 1.0),
         ("augment", "yes"),
         ("steps", 0),
+        ("keep", "first"),
     ],
 )
 def test_a_bad_recipe_value_is_one_line_naming_it(field: str, value: object) -> None:
@@ -159,6 +160,13 @@ def test_a_held_out_slice_above_the_validation_interval_is_said_to_flatter_the_s
     ) in flattered.describe()
     fair = FinetuneStage([Tuned(7, 0.965, 0.965, _report(947 / 974), 8)], val_images=5000)
     assert "held-out slice" not in fair.describe()
+    last = dataclasses.replace(
+        _report(947 / 974), recipe={"keep": "last"}
+    )  # the slice chose nothing
+    assert (
+        "held-out slice"
+        not in FinetuneStage([Tuned(7, 0.924, 0.93, last, 8)], val_images=5000).describe()
+    )
 
 
 def test_trained_parts_by_what_trains(ctx) -> None:
@@ -193,6 +201,27 @@ def test_finetune_keeps_the_starting_weights_when_training_only_hurts(ctx) -> No
     assert report.stopped == "diverged"
     assert report.best_epoch == 0 and report.best_holdout == report.initial_holdout
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in out.state_dict().items())
+
+
+@pytest.mark.parametrize("keep", ["best", "last"])
+def test_keep_last_returns_the_last_epoch_where_the_slice_favours_the_start(
+    ctx, monkeypatch, keep: str
+) -> None:
+    """A held-out slice that scores the start highest (as a zoo trained on the train split
+    does): ``best`` returns the start and stops on patience, ``last`` trains every epoch and
+    returns the last one's weights."""
+    scores = iter([0.9, 0.5, 0.4, 0.3])  # the start, then each epoch
+    monkeypatch.setattr("stitch_nas.finetune._train._accuracy", lambda *args: next(scores))
+    net = build(ctx, STITCH)
+    recipe = FinetuneRecipe(**{**QUICK, "epochs": 3, "steps": None, "patience": 0, "keep": keep})
+    out, report = finetune(ctx, net, Teacher(ctx.zoo, ["resnet"], 1.0), recipe)
+    same = all(torch.equal(v, net.state_dict()[k]) for k, v in out.state_dict().items())
+    if keep == "best":
+        assert (report.best_epoch, report.epochs, report.stopped) == (0, 1, "patience")
+        assert same and report.best_holdout == 0.9
+    else:
+        assert (report.best_epoch, report.epochs, report.stopped) == (3, 3, "epochs")
+        assert not same and report.best_holdout == 0.3
 
 
 def test_finetune_streams_batches_and_augments_only_training_batches(ctx, monkeypatch) -> None:

@@ -13,13 +13,16 @@ from typing import Any
 
 from stitch_nas.errors import ConfigError
 
-__all__ = ["FinetuneRecipe", "OPTIMIZERS", "TRAINS"]
+__all__ = ["FinetuneRecipe", "KEEPS", "OPTIMIZERS", "TRAINS"]
 
 #: what trains: the stitching layers only (ReStNet), everything after the first joint, or
 #: every weight of the network (SN-Net's fine-tune; the zoo's shared models are never touched:
 #: the network trains on its own copy of them)
 TRAINS = ("adapter", "suffix", "all")
 OPTIMIZERS = ("sgd", "adamw")
+#: which weights a fine-tune returns: the best on the held-out slice (the start included), or
+#: those after the last epoch
+KEEPS = ("best", "last")
 
 
 def _positive(value: Any) -> bool:
@@ -57,6 +60,11 @@ class FinetuneRecipe:
         holdout: Fraction of the *train* split held out to choose the epoch kept (early
             stopping); validation and test are never used.
         patience: Epochs without a better held-out accuracy before stopping.
+        keep: ``best``: the weights the held-out slice scores highest, the starting ones
+            included, so a network never comes back worse there. ``last``: those after the
+            last epoch, every epoch run (no early stopping), for a zoo trained on the train
+            split, whose held-out slice favours the starting weights; the network still joins
+            the front only where its validation accuracy earns it.
         seed: Seeds the held-out slice, the order of the batches and the augmentation.
     """
 
@@ -76,6 +84,7 @@ class FinetuneRecipe:
     augment: bool = True
     holdout: float = 0.1
     patience: int = 3
+    keep: str = "best"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -111,6 +120,7 @@ class FinetuneRecipe:
                 "a fraction in (0, 1)",
             ),
             "patience": (_whole(self.patience, 0), "an integer >= 0"),
+            "keep": (self.keep in KEEPS, f"one of {', '.join(KEEPS)}"),
             "seed": (_whole(self.seed, 0), "an integer >= 0"),
         }
         for name, (ok, rule) in checks.items():

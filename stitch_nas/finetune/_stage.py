@@ -112,14 +112,20 @@ class FinetuneStage:
             line += f"; control, the zoo's front fine-tuned alike: {gains(self.control)}"
         line += f" in {self.seconds:.1f} s"
         trained = self.networks + self.control
-        flattered = [t for t in trained if holdout_flatters(t.report, t.before, self.val_images)]
+        flattered = [
+            t
+            for t in trained
+            if t.report.recipe.get("keep", "best") == "best"  # the slice chose what was kept
+            and holdout_flatters(t.report, t.before, self.val_images)
+        ]
         if flattered:  # say why "kept its weights" may not mean "training could not help"
             line += (
                 f"; the held-out slice of the train split scored {len(flattered)} of "
                 f"{len(trained)} starting networks above their validation interval (e.g. "
                 f"{_name(flattered[0].source)} {flattered[0].report.initial_holdout:.4f} "
                 f"against {flattered[0].before:.4f}), as when the zoo was trained on those "
-                "images: it then favours the starting weights, and the test pass is the judge"
+                "images: it then favours the starting weights (finetune.recipe.keep: last "
+                "keeps the last epoch's), and the test pass is the judge"
             )
         return line
 

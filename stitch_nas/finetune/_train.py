@@ -243,7 +243,7 @@ def finetune(
                 f"  epoch {epoch}: held-out accuracy {accuracy:.4f} (start {initial:.4f}), "
                 f"{steps} steps, {time.perf_counter() - start:.0f} s"
             )
-        if accuracy > best:
+        if accuracy > best or (recipe.keep == "last" and stopped != "diverged"):
             best, best_epoch, since_best = accuracy, epoch, 0
             best_state = copy.deepcopy(student.state_dict())
         else:
