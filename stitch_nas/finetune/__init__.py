@@ -20,7 +20,8 @@ from ._recipe import OPTIMIZERS, TRAINS, FinetuneRecipe
 if TYPE_CHECKING:
     from ._augment import Augment, pad_crop_flip
     from ._choose import FLOOR_BELOW_BEST, Candidate, candidates, choose
-    from ._stage import FinetuneStage, Tuned, check_stage, finetune_front
+    from ._stage import check_stage, finetune_front
+    from ._summary import FinetuneStage, Tuned
     from ._teacher import Teacher, best_models, make_teacher
     from ._train import (
         FinetuneReport,
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "Augment": "._augment",
     "pad_crop_flip": "._augment",
-    "FinetuneStage": "._stage",
-    "Tuned": "._stage",
+    "FinetuneStage": "._summary",
+    "Tuned": "._summary",
     "check_stage": "._stage",
     "finetune_front": "._stage",
     "Candidate": "._choose",
