@@ -2,6 +2,7 @@
 
     python benchmarks/finetune.py [--settings examples/realzoo.yaml] [--device cuda]
                                   [--networks 12] [--epochs 15] [--lr 0.01] [--out FILE]
+                                  [--train-on train|val]
 
 On ``../shared/realzoo`` (or ``REALZOO=...``), with the preset's splits (probe and train from
 the 10k train subset, validation and test the two halves of the CIFAR-10 test set):
