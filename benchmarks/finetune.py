@@ -30,7 +30,8 @@ benchmarks/results/finetune_<device type>.json.
 ``--train-on val`` trains on the validation half instead of the train split, early-stopping on
 a slice of it: images no zoo model was trained on (every public CIFAR-10 model here was trained
 on the CIFAR-10 training images the train split and its held-out slice come from, so there the
-teacher's targets are near one-hot and the slice flatters every starting network). The
+zoo's models and the teacher are nearly always right and the slice flatters every starting
+network). The
 candidates, the teacher's members and the strong models are chosen on validation before any
 training, and the figures after training are test figures only: a diagnostic of whether unseen
 training images lift the networks, not a way to run the stage. Writes
