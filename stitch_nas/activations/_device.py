@@ -21,10 +21,25 @@ import torch
 
 from stitch_nas import choices
 
-__all__ = ["AUTOCAST_DTYPES", "check_autocast", "frozen_pass", "is_convolutional", "to_device"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "check_autocast",
+    "frozen_pass",
+    "is_convolutional",
+    "resolve_device",
+    "to_device",
+]
 
 #: the dtypes frozen passes may run in, by name (``stitch_nas.choices.AUTOCAST_DTYPES``)
 AUTOCAST_DTYPES = {name: getattr(torch, name) for name in choices.AUTOCAST_DTYPES}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device, ``"auto"`` as CUDA when this machine has it, else the CPU
+    (not MPS, which lacks the float64 that CKA scores use)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def check_autocast(name: str | None, device: torch.device) -> str | None:
