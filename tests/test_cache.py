@@ -302,7 +302,8 @@ def test_reservations_count_against_the_budget_and_evict_other_splits_first():
 
 
 def test_default_budget_and_storage_dtype():
-    from stitch_nas.activations._keys import DEFAULT_MEMORY_FRACTION, memory_limit_bytes
+    from stitch_nas.activations import DEFAULT_MEMORY_FRACTION
+    from stitch_nas.machine import memory_limit_bytes
 
     cache = ActivationCache()
     expected = int(DEFAULT_MEMORY_FRACTION * memory_limit_bytes())
@@ -314,9 +315,9 @@ def test_default_budget_and_storage_dtype():
 
 
 def test_default_budgets_follow_the_memory_limit_and_the_gpus_free_memory(monkeypatch):
-    from stitch_nas.activations import _keys
+    from stitch_nas.activations import _budgets
 
-    monkeypatch.setattr(_keys, "memory_limit_bytes", lambda: 8 * 2**30)  # a cgroup's 8 GiB
+    monkeypatch.setattr(_budgets, "memory_limit_bytes", lambda: 8 * 2**30)  # a cgroup's 8 GiB
     asked = []
     monkeypatch.setattr(
         torch.cuda, "mem_get_info", lambda device=None: asked.append(device) or (4 * 2**30, 0)

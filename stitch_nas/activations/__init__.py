@@ -3,17 +3,14 @@
 """
 
 from ._batch import GPU_MAX_BATCH, LIVE_ACTIVATIONS, MAX_BATCH, WORK_BATCH_BYTES, auto_batch_size
-from ._cache import (
+from ._budgets import (
     DEFAULT_DEVICE_MEMORY_FRACTION,
     DEFAULT_MEMORY_FRACTION,
-    STORAGE_DTYPES,
-    ActivationCache,
-    ActivationKey,
     cache_budgets,
     default_device_memory_gb,
     default_memory_gb,
-    weights_fingerprint,
 )
+from ._cache import STORAGE_DTYPES, ActivationCache, ActivationKey, weights_fingerprint
 from ._context import (
     StitchContext,
     zoo_models,

@@ -2,17 +2,15 @@
 
 A search evaluates hundreds of stitched networks built from the same frozen fragments, so the
 activation of each zoo model at each cut point on each split is computed once and reused. Entries
-live in memory up to two byte budgets, one for host memory and one for a GPU's memory (each
-entry counts against the budget of the memory it is in), which also count buffers still being
-filled (:meth:`reserve`), so each budget holds at every moment. Least recently used entries are
-evicted first, probe-split entries last (every stitch fit reads the probe). Evicted entries go to
-``<spill_dir>/<digest>.npy`` (plain ``.npy``, never a pickle) plus a JSON sidecar with the key,
-shape, dtype, size and sha256, so a damaged file is recomputed instead of returned (see
-:mod:`._spill`). A full disk stops spilling with one warning; entries are then recomputed.
-Device placement is the caller's job: tensors stay in memory as given (on a GPU they count
-against the device budget, which is 0 unless the cache is made for that device); a buffer
-reserved for a GPU's batches goes to the GPU while its budget has room, else to host memory;
-tensors read from disk are on the CPU.
+live in memory up to two byte budgets, host memory's and a GPU's (each entry counts against the
+one of the memory it is in, as do buffers still being filled: :meth:`reserve`), so each holds at
+every moment. Least recently used entries are evicted first, probe-split entries last (every
+stitch fit reads the probe). Evicted entries go to ``<spill_dir>/<digest>.npy`` (plain
+``.npy``, never a pickle) plus a JSON sidecar with the key, shape, dtype, size and sha256, so a
+damaged file is recomputed instead of returned (see :mod:`._spill`). A full disk stops spilling
+with one warning; entries are then recomputed. Tensors stay where they are given (a buffer for a
+GPU's batches goes to the GPU while its budget has room, else to host memory); tensors read from
+disk are on the CPU.
 """
 
 from __future__ import annotations
@@ -27,15 +25,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from stitch_nas.activations._budgets import cache_budgets
 from stitch_nas.activations._keys import (  # re-exported: the cache's public face
-    DEFAULT_DEVICE_MEMORY_FRACTION,
-    DEFAULT_MEMORY_FRACTION,
     FORMAT,
     STORAGE_DTYPES,
     ActivationKey,
-    cache_budgets,
-    default_device_memory_gb,
-    default_memory_gb,
     storage_dtype,
     weights_fingerprint,
 )
@@ -49,14 +43,9 @@ from stitch_nas.activations._spill import (
 from stitch_nas.errors import CacheError
 
 __all__ = [
-    "DEFAULT_DEVICE_MEMORY_FRACTION",
-    "DEFAULT_MEMORY_FRACTION",
     "STORAGE_DTYPES",
     "ActivationKey",
     "ActivationCache",
-    "cache_budgets",
-    "default_device_memory_gb",
-    "default_memory_gb",
     "storage_dtype",
     "weights_fingerprint",
 ]
@@ -81,9 +70,9 @@ class ActivationCache:
 
     Args:
         memory_gb: Host memory budget in GiB (``memory_gb * 2**30`` bytes); 0 keeps nothing in
-            host memory. None: :func:`default_memory_gb` (5 % of the memory this process may
-            use: physical memory, or its cgroup's limit where lower). A tensor larger than its
-            budget is returned (and spilled) but not kept.
+            host memory. None: 5 % of the memory this process may use (its cgroup's limit where
+            lower than physical memory). A tensor larger than its budget is returned (and
+            spilled) but not kept. Both budgets' defaults: :func:`cache_budgets`.
         spill_dir: Folder for evicted entries, created if missing; None drops evicted entries,
             which are then recomputed when asked for again.
         progress: Show a progress bar when spilling many entries at once
@@ -91,13 +80,10 @@ class ActivationCache:
         dtype: Storage dtype of activations that a :class:`StitchContext` caches
             (``"float16"``, the default, halves memory and disk; computation stays float32).
             Tensors handed to :meth:`get_or_compute` are stored as given.
-        device_memory_gb: Budget in GiB of ``device``'s memory (a GPU), where activations
-            computed there are kept first; None: :func:`default_device_memory_gb` (25 % of a
-            GPU's free memory now). 0 on the CPU. Both budgets come from
-            :func:`cache_budgets`.
-        device: The device whose memory the device budget is of; ``"cpu"`` (the default): none,
-            every entry lives in host memory. A :class:`StitchContext` makes its default cache
-            for its own device.
+        device_memory_gb: Budget in GiB of ``device``'s memory, where activations computed
+            there are kept first; None: 25 % of a GPU's free memory now. 0 on the CPU.
+        device: The device (a GPU) the device budget is of; ``"cpu"`` (the default): none, all
+            in host memory. A :class:`StitchContext` makes its default cache for its device.
 
     Raises:
         ConfigError: If a budget is negative or not finite, or ``dtype`` is unsupported.
@@ -115,10 +101,8 @@ class ActivationCache:
         device: str | torch.device = "cpu",
     ) -> None:
         host, on_device = cache_budgets(memory_gb, device_memory_gb, device)
-        #: bytes of host memory entries may hold
-        self.budget_bytes = int(host * 2**30)
-        #: bytes of the device's memory (a GPU's) entries may hold there
-        self.device_budget_bytes = int(on_device * 2**30)
+        #: bytes entries may hold in host memory, and in the device's (a GPU's)
+        self.budget_bytes, self.device_budget_bytes = int(host * 2**30), int(on_device * 2**30)
         self.dtype = storage_dtype(dtype)
         self.progress = progress
         self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
@@ -132,9 +116,7 @@ class ActivationCache:
                 ) from exc
         self._entries: OrderedDict[str, tuple[ActivationKey, torch.Tensor]] = OrderedDict()
         # per budget (False: host, True: device): entries' bytes, buffers being filled, peak
-        self._bytes = {False: 0, True: 0}
-        self._reserved = {False: 0, True: 0}
-        self._peaks = {False: 0, True: 0}
+        self._bytes, self._reserved, self._peaks = ({False: 0, True: 0} for _ in range(3))
         self._spill_failed = False  # set once the disk refused a write: stop spilling
         self._hashed: dict[str, tuple[int, int]] = {}  # digest -> (size, mtime_ns) verified
         self._lock = threading.RLock()
@@ -169,15 +151,10 @@ class ActivationCache:
             return digest in self._entries or self._on_disk(digest)
 
     def __repr__(self) -> str:
-        device = ""
-        if self.device_budget_bytes:
-            device = (
-                f" + {self._bytes[True] / 2**20:.1f} MiB of "
-                f"{self.device_budget_bytes / 2**20:.1f} MiB on the device"
-            )
         return (
             f"ActivationCache({len(self._entries)} entries, {self._bytes[False] / 2**20:.1f} MiB "
-            f"of {self.budget_bytes / 2**20:.1f} MiB{device}, dtype={self.dtype_name}, "
+            f"of {self.budget_bytes / 2**20:.1f} MiB (device: {self._bytes[True] / 2**20:.1f} of "
+            f"{self.device_budget_bytes / 2**20:.1f}), dtype={self.dtype_name}, "
             f"spill_dir={self.spill_dir})"
         )
 
@@ -280,12 +257,9 @@ class ActivationCache:
 
     def reserve(self, nbytes: int, device: str | torch.device = "cpu") -> torch.device | None:
         """Make room for a buffer of ``nbytes`` for batches on ``device`` and count it against
-        a budget: the device's when ``device`` is not the CPU and that budget can take it,
-        else host memory's.
-
-        Evicts (and spills) least recently used entries of that budget, probe entries last.
-        Returns where to allocate the buffer (``device`` or the CPU), or None, evicting
-        nothing, when ``nbytes`` exceeds both budgets. Pair with :meth:`release`.
+        a budget: the device's (not the CPU) if it can take it, else host memory's, evicting
+        (and spilling) its least recently used entries, probe entries last. Returns where to
+        allocate the buffer, or None when neither can. Pair with :meth:`release`.
         """
         device = torch.device(device)
         places = [device, torch.device("cpu")] if _on_device(device) else [device]

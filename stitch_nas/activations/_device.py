@@ -10,6 +10,8 @@ range, so nothing overflows, but it rounds to 8 bits of mantissa: a few near-tie
 flip. How many, on the real zoo, is measured by ``benchmarks/autocast.py`` and quoted in the
 README. Off by default: a CPU without bfloat16 instructions runs it slower than float32, and
 results should not change because a machine has a GPU.
+
+The device itself defaults to ``"auto"`` (:func:`resolve_device`): CUDA where there is one.
 """
 
 from __future__ import annotations
