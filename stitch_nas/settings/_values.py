@@ -70,6 +70,11 @@ def _autocast(value: str | None, where: str) -> str | None:
     return value
 
 
+def _memory_gb(value: float | None, where: str) -> float | None:
+    """A cache budget in GiB, or None (its default, decided at run time)."""
+    return value if value is None else check_memory_gb(value, where)
+
+
 def _study_name(value: str | None, where: str) -> str | None:
     if value is not None and (not value.strip() or value != value.strip()):
         raise ConfigError(
@@ -94,10 +99,8 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.budgets": check_budgets,
     "search.device": check_device,
     "search.autocast": _autocast,
-    "search.cache_memory_gb": lambda v, where: v if v is None else check_memory_gb(v, where),
-    "search.cache_device_memory_gb": (
-        lambda v, where: v if v is None else check_memory_gb(v, where)
-    ),
+    "search.cache_memory_gb": _memory_gb,
+    "search.cache_device_memory_gb": _memory_gb,
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
     "search.cpus_per_worker": _positive(),
