@@ -1,6 +1,6 @@
-"""What this machine has (its physical memory, which sets default budgets and data limits),
-what this process has used of it (its peak resident set, reported per phase of a run), and how
-it hands memory to tensors (:func:`reuse_freed_memory`)."""
+"""What this machine has (its physical memory, or the lower limit of a container's cgroup, which
+set default budgets and data limits), what this process has used of it (its peak resident set,
+reported per phase of a run), and how it hands memory to tensors (:func:`reuse_freed_memory`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ import ctypes
 import os
 import platform
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = [
+    "CGROUP_MEMORY_FILES",
     "REUSED_BYTES",
     "available_memory_bytes",
     "machine_memory_bytes",
+    "memory_limit_bytes",
     "peak_rss_bytes",
     "reuse_freed_memory",
 ]
@@ -21,6 +25,12 @@ __all__ = [
 #: free memory is kept at the top of the heap before it goes back to the system
 REUSED_BYTES = 256 * 2**20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+#: where a container's memory limit is read: cgroup v2's ``memory.max`` ("max": none), then
+#: cgroup v1's ``memory.limit_in_bytes`` (a number near 2**63 when there is none)
+CGROUP_MEMORY_FILES = (
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)
 
 
 def machine_memory_bytes() -> int:
@@ -29,6 +39,29 @@ def machine_memory_bytes() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, OSError, ValueError):
         return 0
+
+
+def memory_limit_bytes(cgroup_files: Sequence[str | Path] = CGROUP_MEMORY_FILES) -> int:
+    """The memory this process may use in bytes: the machine's physical memory, or the memory
+    limit of its cgroup where that is lower (0 where neither is known).
+
+    A container or a batch job sees the whole machine's memory in ``/proc`` yet is killed at
+    its cgroup's limit, so budgets taken as a share of physical memory would overrun it.
+
+    Args:
+        cgroup_files: the files a limit is read from; missing or unreadable ones, and those that
+            say "max" (no limit), are skipped.
+    """
+    limits = [machine_memory_bytes()]
+    for path in cgroup_files:
+        try:
+            text = Path(path).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit():
+            limits.append(int(text))
+    known = [limit for limit in limits if limit > 0]
+    return min(known, default=0)
 
 
 def available_memory_bytes() -> int:

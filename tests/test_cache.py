@@ -14,7 +14,12 @@ import torch
 from torch import nn
 
 from stitch_nas import errors
-from stitch_nas.activations import ActivationCache, ActivationKey, weights_fingerprint
+from stitch_nas.activations import (
+    ActivationCache,
+    ActivationKey,
+    cache_budgets,
+    weights_fingerprint,
+)
 
 MB = 2**20
 KEY = ActivationKey(
@@ -297,11 +302,57 @@ def test_reservations_count_against_the_budget_and_evict_other_splits_first():
 
 
 def test_default_budget_and_storage_dtype():
-    from stitch_nas.activations._keys import DEFAULT_MEMORY_FRACTION, machine_memory_bytes
+    from stitch_nas.activations import DEFAULT_MEMORY_FRACTION
+    from stitch_nas.machine import memory_limit_bytes
 
     cache = ActivationCache()
-    expected = int(DEFAULT_MEMORY_FRACTION * machine_memory_bytes())
+    expected = int(DEFAULT_MEMORY_FRACTION * memory_limit_bytes())
     assert abs(cache.budget_bytes - expected) <= 1 and cache.dtype == torch.float16
+    assert cache.device_budget_bytes == 0  # a CPU cache keeps nothing on a device
     assert dataclasses.replace(KEY, dtype="float16").digest() != KEY.digest()
     with pytest.raises(errors.ConfigError, match="bfloat16.*float16"):
         ActivationCache(dtype="bfloat16")
+
+
+def test_default_budgets_follow_the_memory_limit_and_the_gpus_free_memory(monkeypatch):
+    from stitch_nas.activations import _budgets
+
+    monkeypatch.setattr(_budgets, "memory_limit_bytes", lambda: 8 * 2**30)  # a cgroup's 8 GiB
+    asked = []
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda device=None: asked.append(device) or (4 * 2**30, 0)
+    )
+    assert cache_budgets(None, None, "cpu") == (0.05 * 8, 0.0)
+    assert asked == []  # the CPU never asks a GPU
+    assert cache_budgets(None, None, "cuda") == (0.05 * 8, 0.25 * 4)
+    assert cache_budgets(1.5, 2, "cuda:0") == (1.5, 2.0)  # values given are kept
+    assert cache_budgets(1.5, 2, "cpu") == (1.5, 0.0)  # nothing lives on the CPU's "device"
+    assert len(asked) == 1
+    cache = ActivationCache(device="cuda")
+    assert (cache.budget_bytes, cache.device_budget_bytes) == (int(0.4 * 2**30), 2**30)
+    with pytest.raises(errors.ConfigError, match="device_memory_gb=-1"):
+        cache_budgets(None, -1, "cpu")  # checked even where unused
+
+
+def test_device_entries_count_against_the_device_budget_and_overflow_to_the_host():
+    # "meta" tensors stand in for a GPU's: they have sizes, no data
+    cache = ActivationCache(
+        memory_gb=2.5 * MB / 2**30, device_memory_gb=3 * MB / 2**30, device="meta"
+    )
+    meta = torch.device("meta")
+    assert cache.reserve(2 * MB, meta) == meta  # the device first...
+    assert cache.reserve(2 * MB, meta) == torch.device("cpu")  # ...then the host
+    assert cache.reserve(2 * MB, meta) is None  # both full
+    assert (cache.memory_bytes, cache.device_memory_bytes) == (2 * MB, 2 * MB)
+    cache.release(2 * MB, meta)
+    cache.release(2 * MB, "cpu")
+    cache.put(_key(1), torch.empty(MB // 2, device=meta))  # 2 MiB of float32 each
+    cache.put(_key(2), torch.zeros(MB // 2))
+    cache.put(_key(3), torch.empty(MB // 2, device=meta))  # the device evicts its own entry
+    assert _key(1) not in cache and _key(2) in cache and _key(3) in cache
+    stats = cache.stats()
+    assert (stats["bytes_in_memory"], stats["device_bytes_in_memory"]) == (2 * MB, 2 * MB)
+    assert stats["device_peak_bytes"] == 2 * MB <= stats["device_budget_bytes"]
+    cache.put(_key(4), torch.empty(MB, device=meta))  # 4 MiB: above the device budget
+    assert _key(4) not in cache and _key(3) in cache  # returned, not kept; nothing evicted
+    assert ActivationCache(memory_gb=1.0).reserve(MB, meta) == torch.device("cpu")  # no device part

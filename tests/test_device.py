@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stitch_nas.activations import ActivationCache, StitchContext, auto_batch_size
-from stitch_nas.activations._device import to_device
+from stitch_nas.activations._device import resolve_device, to_device
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.stitching import build, measure
@@ -107,7 +107,9 @@ def test_copies_to_a_gpu_go_through_pinned_memory_without_blocking():
 def test_the_gpu_batch_fills_free_memory_beside_the_cache(monkeypatch):
     from stitch_nas.activations import GPU_MAX_BATCH, LIVE_ACTIVATIONS
 
-    ctx = tiny_context(cache=ActivationCache(memory_gb=1.0))
+    # a host budget far above the GPU's: it takes nothing from the GPU
+    cache = ActivationCache(memory_gb=64.0, device_memory_gb=1.0, device="cuda")
+    ctx = tiny_context(device="cpu", cache=cache)
     ctx.device = torch.device("cuda")  # only the batch rule is exercised: nothing runs
     largest = max(
         max(math.prod(ctx.input_shape(n)), *(math.prod(c.shape) for c in ctx.cuts(n)))
@@ -117,10 +119,25 @@ def test_the_gpu_batch_fills_free_memory_beside_the_cache(monkeypatch):
     free = 2**30 + 100 * per_batch + per_batch // 2  # the cache's 1 GiB, then room for 100
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * 2**30))
     assert auto_batch_size(ctx) == 100
+    # what the cache already holds on the GPU is not free any more, and not set aside twice
+    assert cache.reserve(2**29, "cuda") == torch.device("cuda")
+    free -= 2**29
+    assert auto_batch_size(ctx) == 100
+    cache.release(2**29, "cuda")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * 2**30,) * 2)
     assert auto_batch_size(ctx) == GPU_MAX_BATCH
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**20, 80 * 2**30))
     assert auto_batch_size(ctx) == 1  # less free than the cache's budget: one image at a time
+
+
+def test_auto_is_cuda_where_there_is_one_else_the_cpu(monkeypatch):
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")  # others as named
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ctx = tiny_context()  # the library's default is auto too
+    assert ctx.device == torch.device("cpu") and ctx.cache.device_budget_bytes == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
 
 
 def test_ray_workers_rebuild_the_drivers_autocast():

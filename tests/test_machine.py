@@ -1,4 +1,5 @@
-"""Freed memory reused (``machine.reuse_freed_memory``): fewer page faults, the same values."""
+"""What the machine has (its memory limit, a cgroup's included) and freed memory reused
+(``machine.reuse_freed_memory``): fewer page faults, the same values."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+from stitch_nas import machine
 from stitch_nas.cli import _main
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -61,3 +63,19 @@ def test_the_command_line_reuses_freed_memory_before_any_command(monkeypatch, tm
     monkeypatch.setattr(_main, "reuse_freed_memory", lambda: calls.append(True) or True)
     assert _main.main(["report", str(tmp_path / "no_search_here")]) == 2  # a command that fails
     assert calls == [True]
+
+
+def test_the_memory_limit_is_the_lowest_of_physical_memory_and_cgroup_limits(tmp_path):
+    physical = machine.machine_memory_bytes()
+    assert physical > 0
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    v2.write_text(f"{physical // 4}\n")  # a container's limit
+    v1.write_text("9223372036854771712\n")  # cgroup v1's "no limit"
+    assert machine.memory_limit_bytes([v2, v1]) == physical // 4
+    assert machine.memory_limit_bytes([v1]) == physical
+    v2.write_text("max\n")  # cgroup v2's "no limit"
+    assert machine.memory_limit_bytes([v2, tmp_path / "missing"]) == physical
+    v1.write_text(f"{physical // 2}")
+    assert machine.memory_limit_bytes([v2, v1]) == physical // 2
+    assert machine.memory_limit_bytes([]) == physical
+    assert machine.memory_limit_bytes() <= physical  # this machine's own files, if any

@@ -39,6 +39,7 @@ BAD = {
     "search.device": "tpu",
     "search.autocast": "float16",
     "search.cache_memory_gb": -1.0,
+    "search.cache_device_memory_gb": -1.0,
     "search.executor": "slurm",
     "search.workers": 0,
     "search.cpus_per_worker": 0.0,
@@ -159,3 +160,54 @@ def test_stored_settings_read_back_without_their_sampler_module(tmp_path):
     settings = settings_from_dict(raw)  # read back: fine
     with pytest.raises(ConfigError, match="no_such_package"):
         check_run(settings, tmp_path / "out", resume=False, join=False)
+
+
+#: a model of the user's own (untrained, built in a blink)
+MINE = {"name": "mine", "source": "timm", "model": "test_resnet", "num_classes": 10}
+
+
+@pytest.mark.parametrize(
+    "zoo, included",
+    [
+        ({}, True),  # no models listed: the mini zoo is the zoo
+        ({"models": [MINE]}, False),  # models listed: only they, unless the file says so
+        ({"models": [MINE], "mini_zoo": True}, True),
+        ({"mini_zoo": False}, False),
+    ],
+)
+def test_the_mini_zoo_is_included_only_when_no_models_are_listed_unless_the_file_says(
+    zoo, included
+):
+    settings = settings_from_dict({"zoo": zoo})
+    assert settings.zoo.mini_zoo is included  # decided once: what a study stores and compares
+    built = Settings()
+    built.zoo.models = [MINE] * bool(zoo.get("models"))
+    built.zoo.mini_zoo = zoo.get("mini_zoo")
+    assert built.zoo.includes_mini_zoo() is included  # settings made in Python: the same rule
+
+
+def test_listed_models_without_mini_zoo_build_no_mini_zoo(monkeypatch):
+    import stitch_nas.zoo
+    from stitch_nas.data import load_digits_splits
+    from stitch_nas.pipeline import load_zoo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the mini zoo was built")
+
+    monkeypatch.setattr(stitch_nas.zoo, "load_mini_zoo", refuse)
+    settings = settings_from_dict({"zoo": {"models": [MINE]}})
+    zoo = load_zoo(settings.zoo, load_digits_splits(probe_size=32))
+    assert zoo.names() == ["mine"]
+    empty = settings_from_dict({"zoo": {"mini_zoo": False}}).zoo
+    with pytest.raises(ConfigError, match="the zoo is empty"):
+        load_zoo(empty, load_digits_splits(probe_size=32))
+
+
+def test_a_gpu_node_defaults():
+    search = Settings().search
+    assert search.device == "auto"  # CUDA where there is one
+    assert (search.cache_memory_gb, search.cache_device_memory_gb) == (None, None)
+    with pytest.raises(ConfigError, match="zoo.mini_zoo must be bool"):
+        settings_from_dict({"zoo": {"mini_zoo": 1}})
+    with pytest.raises(ConfigError, match="search.cache_device_memory_gb must be a number"):
+        settings_from_dict({"search": {"cache_device_memory_gb": "lots"}})

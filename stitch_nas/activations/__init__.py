@@ -3,24 +3,25 @@
 """
 
 from ._batch import GPU_MAX_BATCH, LIVE_ACTIVATIONS, MAX_BATCH, WORK_BATCH_BYTES, auto_batch_size
-from ._cache import (
+from ._budgets import (
+    DEFAULT_DEVICE_MEMORY_FRACTION,
     DEFAULT_MEMORY_FRACTION,
-    STORAGE_DTYPES,
-    ActivationCache,
-    ActivationKey,
+    cache_budgets,
+    default_device_memory_gb,
     default_memory_gb,
-    weights_fingerprint,
 )
+from ._cache import STORAGE_DTYPES, ActivationCache, ActivationKey, weights_fingerprint
 from ._context import (
     StitchContext,
     zoo_models,
 )
-from ._device import AUTOCAST_DTYPES, is_convolutional, to_device
+from ._device import AUTOCAST_DTYPES, is_convolutional, resolve_device, to_device
 from ._memo import Memo
 from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
 
 __all__ = [
     "AUTOCAST_DTYPES",
+    "DEFAULT_DEVICE_MEMORY_FRACTION",
     "DEFAULT_MEMORY_FRACTION",
     "GPU_MAX_BATCH",
     "LIVE_ACTIVATIONS",
@@ -36,8 +37,11 @@ __all__ = [
     "Rows",
     "StitchContext",
     "auto_batch_size",
+    "cache_budgets",
+    "default_device_memory_gb",
     "default_memory_gb",
     "is_convolutional",
+    "resolve_device",
     "take",
     "to_device",
     "weights_fingerprint",

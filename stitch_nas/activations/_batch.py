@@ -5,11 +5,12 @@ a time beside it. At 32x32 a batch of 256 is a few MB; at 224x224 one batch of a
 layer-1 activation is 822 MB in float32, and with the tensors around it a pass took about 4 GB.
 So the default batch shrinks with the zoo's largest activation.
 
-On a GPU the batch is the largest that fits the GPU: its free memory (less the cache's budget,
-whose buffers live on the same device) shared by ``LIVE_ACTIVATIONS`` copies of one batch of the
-largest activation, up to ``GPU_MAX_BATCH`` and to what one batch of the cache may hold. It is
-chosen once, from the free memory when the first pass starts, and never retried after an
-out-of-memory error: a GPU shared with other work should be given ``batch_size``.
+On a GPU the batch is the largest that fits the GPU: its free memory, less what the cache's
+device budget may still take there, shared by ``LIVE_ACTIVATIONS`` copies of one batch of the
+largest activation, up to ``GPU_MAX_BATCH`` and to what one batch of either cache budget (host
+and device) may hold. The host budget takes nothing from the GPU: its buffers live in host
+memory. It is chosen once, from the free memory when the first pass starts, and never retried
+after an out-of-memory error: a GPU shared with other work should be given ``batch_size``.
 """
 
 from __future__ import annotations
@@ -62,19 +63,21 @@ def auto_batch_size(ctx: ContextView) -> int:
 def _gpu_batch_size(ctx: ContextView, largest: int, largest_cut: int) -> int:
     """The largest batch whose ``LIVE_ACTIVATIONS`` float32 copies of the zoo's largest
     activation fit the GPU's free memory beside the cache (see the module's docstring)."""
+    cache = ctx.cache
     free, _ = torch.cuda.mem_get_info(ctx.device)
-    budget = ctx.cache.budget_bytes
-    room = max(0, free - budget)
+    # what the cache holds on the GPU is not free already; what it may still take is set aside
+    room = max(0, free - max(0, cache.device_budget_bytes - cache.device_memory_bytes))
     batch = min(GPU_MAX_BATCH, room // (LIVE_ACTIVATIONS * 4 * largest))
-    if budget > 0:  # the cache stores one batch of a cut at a time (check_budget)
-        element = torch.empty(0, dtype=ctx.cache.dtype).element_size()
-        batch = min(batch, budget // (element * largest_cut))
+    element = torch.empty(0, dtype=cache.dtype).element_size()
+    for budget in (cache.budget_bytes, cache.device_budget_bytes):
+        if budget > 0:  # each budget takes one batch of a cut or more (check_budget)
+            batch = min(batch, budget // (element * largest_cut))
     batch = max(1, batch)
     logger.info(
-        "batch size %d on %s: %.1f GiB free beside the cache's %.1f GiB",
+        "batch size %d on %s: %.1f GiB free beside the cache's %.1f GiB there",
         batch,
         ctx.device,
         room / 2**30,
-        budget / 2**30,
+        cache.device_budget_bytes / 2**30,
     )
     return batch

@@ -2,14 +2,15 @@
 
 A search evaluates hundreds of stitched networks built from the same frozen fragments, so the
 activation of each zoo model at each cut point on each split is computed once and reused. Entries
-live in memory up to a byte budget that also counts buffers still being filled (:meth:`reserve`),
-so the budget holds at every moment. Least recently used entries are evicted first, probe-split
-entries last (every stitch fit reads the probe). Evicted entries go to
-``<spill_dir>/<digest>.npy`` (plain ``.npy``, never a pickle) plus a JSON sidecar with the key,
-shape, dtype, size and sha256, so a damaged file is recomputed instead of returned (see
-:mod:`._spill`). A full disk stops spilling with one warning; entries are then recomputed.
-Device placement is the caller's job: tensors stay in memory as given (the budget counts their
-bytes on any device); tensors read from disk are on CPU.
+live in memory up to two byte budgets, host memory's and a GPU's (each entry counts against the
+one of the memory it is in, as do buffers still being filled: :meth:`reserve`), so each holds at
+every moment. Least recently used entries are evicted first, probe-split entries last (every
+stitch fit reads the probe). Evicted entries go to ``<spill_dir>/<digest>.npy`` (plain
+``.npy``, never a pickle) plus a JSON sidecar with the key, shape, dtype, size and sha256, so a
+damaged file is recomputed instead of returned (see :mod:`._spill`). A full disk stops spilling
+with one warning; entries are then recomputed. Tensors stay where they are given (a buffer for a
+GPU's batches goes to the GPU while its budget has room, else to host memory); tensors read from
+disk are on the CPU.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from stitch_nas.activations._budgets import cache_budgets
 from stitch_nas.activations._keys import (  # re-exported: the cache's public face
-    DEFAULT_MEMORY_FRACTION,
     FORMAT,
     STORAGE_DTYPES,
     ActivationKey,
-    default_memory_gb,
     storage_dtype,
     weights_fingerprint,
 )
@@ -40,15 +40,12 @@ from stitch_nas.activations._spill import (
     spill_paths,
     write_spill,
 )
-from stitch_nas.choices import check_memory_gb
 from stitch_nas.errors import CacheError
 
 __all__ = [
-    "DEFAULT_MEMORY_FRACTION",
     "STORAGE_DTYPES",
     "ActivationKey",
     "ActivationCache",
-    "default_memory_gb",
     "storage_dtype",
     "weights_fingerprint",
 ]
@@ -60,6 +57,11 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def _on_device(device: torch.device) -> bool:
+    """Whether memory on ``device`` counts against the device budget (else the host's)."""
+    return device.type != "cpu"
+
+
 class ActivationCache:
     """An LRU cache of activation tensors with a byte budget and an optional spill folder.
 
@@ -67,9 +69,10 @@ class ActivationCache:
     Calls are serialised by a lock, so one cache may be shared by threads.
 
     Args:
-        memory_gb: In-memory budget in GiB (``memory_gb * 2**30`` bytes); 0 keeps nothing in
-            memory. None: :func:`default_memory_gb` (5 % of the machine's memory). A tensor
-            larger than the budget is returned (and spilled) but not kept.
+        memory_gb: Host memory budget in GiB (``memory_gb * 2**30`` bytes); 0 keeps nothing in
+            host memory. None: 5 % of the memory this process may use (its cgroup's limit where
+            lower than physical memory). A tensor larger than its budget is returned (and
+            spilled) but not kept. Both budgets' defaults: :func:`cache_budgets`.
         spill_dir: Folder for evicted entries, created if missing; None drops evicted entries,
             which are then recomputed when asked for again.
         progress: Show a progress bar when spilling many entries at once
@@ -77,9 +80,13 @@ class ActivationCache:
         dtype: Storage dtype of activations that a :class:`StitchContext` caches
             (``"float16"``, the default, halves memory and disk; computation stays float32).
             Tensors handed to :meth:`get_or_compute` are stored as given.
+        device_memory_gb: Budget in GiB of ``device``'s memory, where activations computed
+            there are kept first; None: 25 % of a GPU's free memory now. 0 on the CPU.
+        device: The device (a GPU) the device budget is of; ``"cpu"`` (the default): none, all
+            in host memory. A :class:`StitchContext` makes its default cache for its device.
 
     Raises:
-        ConfigError: If ``memory_gb`` is negative or not finite, or ``dtype`` is unsupported.
+        ConfigError: If a budget is negative or not finite, or ``dtype`` is unsupported.
         CacheError: If ``spill_dir`` cannot be created.
     """
 
@@ -89,10 +96,13 @@ class ActivationCache:
         spill_dir: str | Path | None = None,
         progress: bool = False,
         dtype: str | torch.dtype = "float16",
+        *,
+        device_memory_gb: float | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
-        if memory_gb is None:
-            memory_gb = default_memory_gb()
-        self.budget_bytes = int(check_memory_gb(memory_gb) * 2**30)
+        host, on_device = cache_budgets(memory_gb, device_memory_gb, device)
+        #: bytes entries may hold in host memory, and in the device's (a GPU's)
+        self.budget_bytes, self.device_budget_bytes = int(host * 2**30), int(on_device * 2**30)
         self.dtype = storage_dtype(dtype)
         self.progress = progress
         self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
@@ -105,13 +115,12 @@ class ActivationCache:
                     "pass a writable folder or spill_dir=None"
                 ) from exc
         self._entries: OrderedDict[str, tuple[ActivationKey, torch.Tensor]] = OrderedDict()
-        self._bytes = 0
-        self._reserved = 0  # buffers being filled, counted against the budget
+        # per budget (False: host, True: device): entries' bytes, buffers being filled, peak
+        self._bytes, self._reserved, self._peaks = ({False: 0, True: 0} for _ in range(3))
         self._spill_failed = False  # set once the disk refused a write: stop spilling
         self._hashed: dict[str, tuple[int, int]] = {}  # digest -> (size, mtime_ns) verified
         self._lock = threading.RLock()
         self._counts = dict(hits=0, misses=0, disk_hits=0, evictions=0, spilled_files=0)
-        self._peak = 0
 
     @property
     def dtype_name(self) -> str:
@@ -120,8 +129,13 @@ class ActivationCache:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes now held in memory: cached tensors plus buffers reserved for filling."""
-        return self._bytes + self._reserved
+        """Bytes now held in host memory: cached tensors plus buffers reserved for filling."""
+        return self._used(False)
+
+    @property
+    def device_memory_bytes(self) -> int:
+        """Bytes now held in the device's memory, as :attr:`memory_bytes` counts them."""
+        return self._used(True)
 
     @property
     def spilling(self) -> bool:
@@ -138,8 +152,9 @@ class ActivationCache:
 
     def __repr__(self) -> str:
         return (
-            f"ActivationCache({len(self._entries)} entries, {self._bytes / 2**20:.1f} MiB of "
-            f"{self.budget_bytes / 2**20:.1f} MiB, dtype={self.dtype_name}, "
+            f"ActivationCache({len(self._entries)} entries, {self._bytes[False] / 2**20:.1f} MiB "
+            f"of {self.budget_bytes / 2**20:.1f} MiB (device: {self._bytes[True] / 2**20:.1f} of "
+            f"{self.device_budget_bytes / 2**20:.1f}), dtype={self.dtype_name}, "
             f"spill_dir={self.spill_dir})"
         )
 
@@ -148,16 +163,20 @@ class ActivationCache:
 
         ``hits`` were served from memory, ``disk_hits`` from the spill folder and ``misses`` by
         computing, so they sum to the lookups. ``evictions`` counts entries pushed out of memory
-        by the budget, ``spilled_files`` the files this cache wrote, ``peak_bytes`` the most
-        bytes held at once (reservations included) and ``disk_bytes`` the spill folder's size.
+        by a budget, ``spilled_files`` the files this cache wrote, ``peak_bytes`` the most
+        bytes held at once in host memory (reservations included), ``device_peak_bytes`` the
+        same on the device, and ``disk_bytes`` the spill folder's size.
         """
         with self._lock:
             return {
                 **self._counts,
                 "bytes_in_memory": self.memory_bytes,
-                "peak_bytes": self._peak,
+                "peak_bytes": self._peaks[False],
                 "entries_in_memory": len(self._entries),
                 "budget_bytes": self.budget_bytes,
+                "device_bytes_in_memory": self.device_memory_bytes,
+                "device_peak_bytes": self._peaks[True],
+                "device_budget_bytes": self.device_budget_bytes,
                 "disk_bytes": self._disk_bytes(),
             }
 
@@ -236,26 +255,32 @@ class ActivationCache:
         with self._lock:
             self._counts["misses"] += 1
 
-    def reserve(self, nbytes: int) -> bool:
-        """Make room for a buffer of ``nbytes`` and count it against the budget.
-
-        Evicts (and spills) least recently used entries, probe entries last. Returns False,
-        evicting nothing, when ``nbytes`` exceeds the budget. Pair with :meth:`release`.
+    def reserve(self, nbytes: int, device: str | torch.device = "cpu") -> torch.device | None:
+        """Make room for a buffer of ``nbytes`` for batches on ``device`` and count it against
+        a budget: the device's (not the CPU) if it can take it, else host memory's, evicting
+        (and spilling) its least recently used entries, probe entries last. Returns where to
+        allocate the buffer, or None when neither can. Pair with :meth:`release`.
         """
+        device = torch.device(device)
+        places = [device, torch.device("cpu")] if _on_device(device) else [device]
         with self._lock:
-            if nbytes > self.budget_bytes:
-                return False
-            self._evict_until(nbytes)
-            if self.memory_bytes + nbytes > self.budget_bytes:  # other buffers are filling
-                return False
-            self._reserved += nbytes
-            self._peak = max(self._peak, self.memory_bytes)
-            return True
+            for place in places:
+                which = _on_device(place)
+                if nbytes > self._budget(which):
+                    continue
+                self._evict_until(nbytes, which)
+                if self._used(which) + nbytes > self._budget(which):  # other buffers filling
+                    continue
+                self._reserved[which] += nbytes
+                self._peaks[which] = max(self._peaks[which], self._used(which))
+                return place
+            return None
 
-    def release(self, nbytes: int) -> None:
-        """Return a reservation (before :meth:`put` of the filled buffer, or on abandoning it)."""
+    def release(self, nbytes: int, device: str | torch.device = "cpu") -> None:
+        """Return a reservation :meth:`reserve` placed on ``device`` (before :meth:`put` of the
+        filled buffer, or on abandoning it)."""
         with self._lock:
-            self._reserved -= nbytes
+            self._reserved[_on_device(torch.device(device))] -= nbytes
 
     def put(self, key: ActivationKey, tensor: torch.Tensor) -> None:
         """Keep ``tensor`` for ``key`` (evicting as needed; spilled only if it cannot stay)."""
@@ -305,33 +330,40 @@ class ActivationCache:
                 ):
                     self._spill(key, digest, tensor)
             self._entries.clear()
-            self._bytes = 0
+            self._bytes = {False: 0, True: 0}
 
     # -- internals ---------------------------------------------------------------------------
+    def _budget(self, on_device: bool) -> int:
+        return self.device_budget_bytes if on_device else self.budget_bytes
+
+    def _used(self, on_device: bool) -> int:
+        return self._bytes[on_device] + self._reserved[on_device]
+
     def _insert(self, key: ActivationKey, digest: str, tensor: torch.Tensor) -> None:
-        size = _nbytes(tensor)
-        if size > self.budget_bytes:
+        size, which = _nbytes(tensor), _on_device(tensor.device)
+        if size > self._budget(which):
             # never fail on a small budget: hand the tensor back, keep it on disk only
-            logger.debug("activation %s (%d bytes) exceeds the memory budget", digest, size)
+            logger.debug("activation %s (%d bytes) exceeds its memory budget", digest, size)
             self._spill(key, digest, tensor)
             return
         old = self._entries.pop(digest, None)
         if old is not None:
-            self._bytes -= _nbytes(old[1])
-        self._evict_until(size)
+            self._bytes[_on_device(old[1].device)] -= _nbytes(old[1])
+        self._evict_until(size, which)
         self._entries[digest] = (key, tensor)
-        self._bytes += size
-        self._peak = max(self._peak, self.memory_bytes)
+        self._bytes[which] += size
+        self._peaks[which] = max(self._peaks[which], self._used(which))
 
-    def _evict_until(self, extra: int) -> None:
-        """Evict until ``extra`` more bytes fit; other splits before the probe, LRU within."""
-        while self._entries and self.memory_bytes + extra > self.budget_bytes:
-            victim = next(
-                (d for d, (k, _) in self._entries.items() if k.split != "probe"),
-                next(iter(self._entries)),
-            )
+    def _evict_until(self, extra: int, on_device: bool) -> None:
+        """Evict entries of one budget until ``extra`` more bytes fit in it; other splits
+        before the probe, LRU within."""
+        while self._used(on_device) + extra > self._budget(on_device):
+            held = [d for d, (_, t) in self._entries.items() if _on_device(t.device) == on_device]
+            if not held:
+                return
+            victim = next((d for d in held if self._entries[d][0].split != "probe"), held[0])
             old_key, old_tensor = self._entries.pop(victim)
-            self._bytes -= _nbytes(old_tensor)
+            self._bytes[on_device] -= _nbytes(old_tensor)
             self._counts["evictions"] += 1
             self._spill(old_key, victim, old_tensor)
 

@@ -25,7 +25,7 @@ from stitch_nas.zoo import Zoo, ZooEntry
 from . import _stream
 from ._batch import auto_batch_size
 from ._cache import ActivationCache, ActivationKey, weights_fingerprint
-from ._device import check_autocast, frozen_pass, is_convolutional, to_device
+from ._device import check_autocast, frozen_pass, is_convolutional, resolve_device, to_device
 from ._similarity import CutSimilarity
 
 __all__ = ["StitchContext", "zoo_models"]
@@ -39,19 +39,22 @@ class StitchContext(CutSimilarity):
     Args:
         zoo: the models to take fragments from.
         data: train / probe / val / test splits; images in [0, 1].
-        device: where fragments run ("cpu", "cuda", ...).
+        device: where fragments run ("cpu", "cuda", ...); "auto" (the default): CUDA when this
+            machine has it, else the CPU.
         batch_size: batch size of every forward pass over a split; None (the default): 256,
             or fewer where one batch of the zoo's largest activation would pass
             ``WORK_BATCH_BYTES`` (:func:`auto_batch_size`: 41 images for ResNet-50 at 224x224),
             so the work beside the cache stays bounded at any input size.
         ridge: relative ridge term of least-squares stitches.
         cka_rows: "flatten" (per-position features, Kornblith) or "pooled" rows for CKA.
-        cache: where activations live; default: ``ActivationCache()``, 5 % of the machine's
+        cache: where activations live; default: ``ActivationCache(device=device)``, 5 % of the
+            host's memory (its cgroup's limit where lower) and, on a GPU, 25 % of its free
             memory, float16 storage, no spill folder. Pass ``ActivationCache(memory_gb=...,
-            spill_dir=..., dtype=...)`` to set the budget, spill to disk or share activations
-            between worker processes. A budget (other than 0, which caches nothing in memory)
-            smaller than one batch of a model's largest cut raises ConfigError naming the
-            smallest workable budget.
+            device_memory_gb=..., device=..., spill_dir=..., dtype=...)`` to set the budgets,
+            spill to disk or share activations between worker processes (a cache made without
+            ``device`` keeps a GPU's activations in host memory). A budget (other than 0, which
+            caches nothing there) smaller than one batch of a model's largest cut raises
+            ConfigError naming the smallest workable budget.
         cost_tables: memoise MACs per fragment and per stitch shape (False: count the whole
             built network every trial, the slow reference path).
         fill: on a probe-split miss, store every cut of that model in one chained pass, batch
@@ -73,7 +76,7 @@ class StitchContext(CutSimilarity):
         zoo: Zoo,
         data: DataSplits,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "auto",
         batch_size: int | None = None,
         ridge: float = 1e-4,
         cka_rows: str = "flatten",
@@ -89,14 +92,14 @@ class StitchContext(CutSimilarity):
         self.fill = fill
         self.pieces = pieces
         self.zoo, self.data = zoo, data
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         self.autocast = check_autocast(autocast, self.device)
         if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
             raise ConfigError(f"batch_size must be an integer >= 1 or None, got {batch_size!r}")
         self._batch_size, self.ridge, self.cka_rows = batch_size, ridge, cka_rows
         self._chains: dict[str, PieceChain] = {}
         self._inputs: dict[tuple[str, str, bool], torch.Tensor] = {}
-        self.cache = cache if cache is not None else ActivationCache()
+        self.cache = cache if cache is not None else ActivationCache(device=self.device)
         self.cost_tables = cost_tables
         self._fingerprints: dict[str, str] = {}
         #: each :class:`~stitch_nas.activations.Memo`'s values on this context (owned by the
@@ -302,7 +305,8 @@ class StitchContext(CutSimilarity):
         return torch.cat(list(self.activation_batches(model, cut, split)))
 
     def check_budget(self, model: str) -> None:
-        """Refuse a memory budget too small for one batch of ``model``'s largest activation.
+        """Refuse a memory budget (host or device) too small for one batch of ``model``'s
+        largest activation.
 
         Raises:
             ConfigError: Naming the smallest workable budget (0 keeps nothing in memory and
@@ -310,17 +314,21 @@ class StitchContext(CutSimilarity):
         """
         if model in self._budget_checked:
             return
-        budget = self.cache.budget_bytes
         element = torch.empty(0, dtype=self.cache.dtype).element_size()
         per_image = max((math.prod(c.shape) for c in self.cuts(model)), default=0) * element
         needed = per_image * self.batch_size
-        if 0 < budget < needed:
-            raise ConfigError(
-                f"cache memory budget {budget / 2**30:.4g} GiB is below one batch of {model!r} "
-                f"({self.batch_size} images at its largest cut need {needed / 2**30:.4g} GiB in "
-                f"{self.cache.dtype_name}); set the budget to >= {needed / 2**30:.4g} GiB, "
-                "lower batch_size, or use 0 to cache nothing in memory"
-            )
+        for what, where, budget in (
+            ("memory", "in memory", self.cache.budget_bytes),
+            ("device memory", "on the device", self.cache.device_budget_bytes),
+        ):
+            if 0 < budget < needed:
+                raise ConfigError(
+                    f"cache {what} budget {budget / 2**30:.4g} GiB is below one batch of "
+                    f"{model!r} ({self.batch_size} images at its largest cut need "
+                    f"{needed / 2**30:.4g} GiB in {self.cache.dtype_name}); set the budget to "
+                    f">= {needed / 2**30:.4g} GiB, lower batch_size, or use 0 to cache nothing "
+                    f"{where}"
+                )
         self._budget_checked.add(model)
 
 

@@ -10,6 +10,8 @@ range, so nothing overflows, but it rounds to 8 bits of mantissa: a few near-tie
 flip. How many, on the real zoo, is measured by ``benchmarks/autocast.py`` and quoted in the
 README. Off by default: a CPU without bfloat16 instructions runs it slower than float32, and
 results should not change because a machine has a GPU.
+
+The device itself defaults to ``"auto"`` (:func:`resolve_device`): CUDA where there is one.
 """
 
 from __future__ import annotations
@@ -21,10 +23,25 @@ import torch
 
 from stitch_nas import choices
 
-__all__ = ["AUTOCAST_DTYPES", "check_autocast", "frozen_pass", "is_convolutional", "to_device"]
+__all__ = [
+    "AUTOCAST_DTYPES",
+    "check_autocast",
+    "frozen_pass",
+    "is_convolutional",
+    "resolve_device",
+    "to_device",
+]
 
 #: the dtypes frozen passes may run in, by name (``stitch_nas.choices.AUTOCAST_DTYPES``)
 AUTOCAST_DTYPES = {name: getattr(torch, name) for name in choices.AUTOCAST_DTYPES}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device, ``"auto"`` as CUDA when this machine has it, else the CPU
+    (not MPS, which lacks the float64 that CKA scores use)."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
 
 
 def check_autocast(name: str | None, device: torch.device) -> str | None:

@@ -1,5 +1,5 @@
-"""What an activation depends on (:class:`ActivationKey`), weight fingerprints, and the
-cache's defaults: its memory budget and the dtypes activations may be stored in.
+"""What an activation depends on (:class:`ActivationKey`), weight fingerprints, and the dtypes
+activations may be stored in.
 """
 
 from __future__ import annotations
@@ -12,15 +12,11 @@ import torch
 from torch import nn
 
 from stitch_nas.errors import ConfigError
-from stitch_nas.machine import machine_memory_bytes
 
 __all__ = [
-    "DEFAULT_MEMORY_FRACTION",
     "FORMAT",
     "STORAGE_DTYPES",
     "ActivationKey",
-    "default_memory_gb",
-    "machine_memory_bytes",
     "storage_dtype",
     "weights_fingerprint",
 ]
@@ -93,22 +89,8 @@ def weights_fingerprint(module: nn.Module) -> str:
     return digest.hexdigest()
 
 
-#: fraction of the machine's physical memory the cache may hold by default. The cache fills
-#: with the validation activations of the cuts trials use, so below its budget the peak memory
-#: grows with the data; 5 % (1.18 GiB on a 24 GB machine) is about what the probe at every cut
-#: and ten trials' cuts take at the smallest CIFAR size of ``benchmarks/scale.py``, so the peak
-#: stays within +9 % from 1,250 to 5,000 images there, and within a sixth of the machine at
-#: ImageNet size. Users with memory to spare raise ``memory_gb`` and recompute less
-DEFAULT_MEMORY_FRACTION = 0.05
-
 #: storage dtypes of cached activations (numpy has no bfloat16, so spill files could not hold it)
 STORAGE_DTYPES = {"float16": torch.float16, "float32": torch.float32}
-
-
-def default_memory_gb() -> float:
-    """The default budget in GiB: :data:`DEFAULT_MEMORY_FRACTION` of physical memory, else 2."""
-    total = machine_memory_bytes()
-    return DEFAULT_MEMORY_FRACTION * total / 2**30 if total else 2.0
 
 
 def storage_dtype(name: str | torch.dtype) -> torch.dtype:

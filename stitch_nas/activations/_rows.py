@@ -55,7 +55,8 @@ class ActivationRows:
         self.ctx, self.model, self.cut, self.split = ctx, model, cut, split
         self.key = ctx.activation_key(model, cut, split)
         self.n = len(ctx.split(split))
-        keeps = ctx.cache.budget_bytes > 0 or ctx.cache.spill_dir is not None
+        cache = ctx.cache
+        keeps = cache.budget_bytes + cache.device_budget_bytes > 0 or cache.spill_dir is not None
         if keeps and _stream.stored(ctx, self.key) is None:
             for _ in ctx.activation_batches(model, cut, split):
                 pass

@@ -3,10 +3,11 @@
 Where an activation is served from, in order: the cache's memory, its spill folder (a memory
 map read batch by batch), the Ray object store (a shared cache), else it is computed batch by
 batch from the nearest earlier cut of the same model that is cached (the model's input if none)
-and stored while it streams: into a buffer reserved against the memory budget when it fits,
-else into a spill file written through a memory map, else nowhere (it is recomputed the next
-time). So at no moment does more than one batch exist outside the cache's budget, and no code
-path holds every cut of a model over a whole split.
+and stored while it streams: into a buffer reserved against a memory budget when it fits (on
+the GPU that computes it while the device budget has room, else in host memory), else into a
+spill file written through a memory map, else nowhere (it is recomputed the next time). So
+at no moment does more than one batch exist outside the cache's budgets, and no code path holds
+every cut of a model over a whole split.
 
 An activation is defined cut by cut: the output of every cut on the way from the input is
 rounded to the cache's storage dtype and handed on as a read from the cache hands it, whether
@@ -228,11 +229,12 @@ class _Sink:
         self.nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
         self.buffer: torch.Tensor | None = None
         self.writer = None
-        if self.cache.reserve(self.nbytes):
+        place = self.cache.reserve(self.nbytes, first.device)
+        if place is not None:
             layout = torch.contiguous_format
             if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last):
                 layout = torch.channels_last
-            self.buffer = torch.empty(shape, dtype=dtype, device=first.device, memory_format=layout)
+            self.buffer = torch.empty(shape, dtype=dtype, device=place, memory_format=layout)
         else:
             self.writer = self.cache.spill_writer(key, shape, dtype)
 
@@ -244,7 +246,7 @@ class _Sink:
 
     def close(self, complete: bool) -> None:
         if self.buffer is not None:
-            self.cache.release(self.nbytes)
+            self.cache.release(self.nbytes, self.buffer.device)
             if complete:
                 self.cache.put(self.key, self.buffer)
             self.buffer = None

@@ -169,7 +169,7 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument(
         "--device",
         default=None,
-        help="cpu (default), auto (CUDA when present), cuda, cuda:N or mps",
+        help="auto (default: CUDA when present, else cpu), cpu, cuda, cuda:N or mps",
     )
     parser.add_argument(
         "--autocast",

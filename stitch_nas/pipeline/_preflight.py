@@ -113,7 +113,7 @@ def check_caches(settings: Any) -> None:
     from stitch_nas.files import default_cache_dir
 
     zoo = settings.zoo
-    if zoo.mini_zoo:
+    if zoo.includes_mini_zoo():
         if zoo.cache_dir is not None:
             root, what = Path(zoo.cache_dir).expanduser(), "zoo.cache_dir (--cache-dir)"
             fix = "choose a folder you can write to"

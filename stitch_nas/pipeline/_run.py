@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas import attrs
-from stitch_nas.activations import ActivationCache, StitchContext
+from stitch_nas.activations import ActivationCache, StitchContext, resolve_device
 from stitch_nas.data import DataSplits
 from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.export import FORMATS, ExportSummary, export_items, export_study
@@ -61,18 +61,19 @@ def load_data(settings: DataSettings) -> DataSplits:
 
 
 def load_zoo(settings: ZooSettings, data: DataSplits, *, progress: bool = False) -> Zoo:
-    """The embedded mini zoo (if enabled) plus every model listed in ``zoo.models``."""
-    from stitch_nas.zoo import load_mini_zoo
-
+    """The embedded mini zoo (when included: :meth:`ZooSettings.includes_mini_zoo`) plus
+    every model listed in ``zoo.models``."""
     labels = tuple(data.label_names)  # what models of the user's own answer in by default
     extra = [entry_from_settings(item, labels) for item in settings.models]  # bad items first
     zoo = Zoo()
-    if settings.mini_zoo:
+    if settings.includes_mini_zoo():
+        from stitch_nas.zoo import load_mini_zoo
+
         zoo = load_mini_zoo(data, cache_dir=settings.cache_dir, progress=progress)
     for entry in extra:
         zoo.add(entry)
     if len(zoo) < 1:
-        raise ConfigError("the zoo is empty; enable zoo.mini_zoo or list zoo.models")
+        raise ConfigError("the zoo is empty; set zoo.mini_zoo: true or list zoo.models")
     return zoo
 
 
@@ -160,7 +161,12 @@ def _prepare(
     start = time.perf_counter()
     zoo = load_zoo(settings.zoo, data, progress=progress)
     echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
-    cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
+    cache = ActivationCache(
+        memory_gb=search.cache_memory_gb,
+        spill_dir=search.cache_dir,
+        device_memory_gb=search.cache_device_memory_gb,
+        device=device,
+    )
     ctx = StitchContext(zoo, data, device=device, cache=cache, autocast=search.autocast)
     if ctx.autocast is not None:  # every accuracy below is measured this way
         echo(f"autocast {ctx.autocast}: passes that train nothing run in {ctx.autocast}")
@@ -289,13 +295,9 @@ def _finetune(
 
 
 def _resolve_device(device: str) -> str:
-    """``auto`` as CUDA when this machine has it, else the CPU (MPS lacks the float64 that CKA
-    scores use); any other device as given."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    """``auto`` as CUDA when this machine has it, else the CPU; any other device as given
+    (:func:`stitch_nas.activations.resolve_device`)."""
+    return str(resolve_device(device))
 
 
 def _check_device(device: str) -> str:

@@ -29,9 +29,16 @@ class ZooSettings:
     """The models to stitch: the embedded mini zoo and your own entries, each checked by its
     source (:mod:`stitch_nas.settings`)."""
 
-    mini_zoo: bool = True  #: include the embedded digits mini zoo (five small timm models)
+    #: include the embedded digits mini zoo (five small timm models); null: only when models
+    #: lists none
+    mini_zoo: bool | None = None
     models: list = field(default_factory=list)  #: your own models, one item each (see below)
     cache_dir: str | None = None  #: mini zoo cache (None: $STITCH_NAS_CACHE or ~/.cache/stitch_nas)
+
+    def includes_mini_zoo(self) -> bool:
+        """Whether the mini zoo is part of the zoo: ``mini_zoo`` when given, else (None) when
+        ``models`` lists none (so a file that lists its own models trains no test models)."""
+        return self.mini_zoo if self.mini_zoo is not None else not self.models
 
 
 @dataclass
@@ -83,10 +90,15 @@ class SearchSettings:
     fidelity: float = 0.15  #: share of val a config is scored on first (0: off)
     budgets: dict = field(default_factory=dict)  #: constraints, e.g. {macs: 2e6, params: 1e5}
     fuse: bool = False  #: fold least-squares stitches into the next conv/linear layer
-    device: str = "cpu"  #: "auto": CUDA when this machine has it, else the CPU
+    device: str = "auto"  #: "auto": CUDA when this machine has it, else the CPU; cpu, cuda:N...
     #: "bfloat16": passes that train nothing run under autocast (faster on a GPU); None: float32
     autocast: str | None = None
-    cache_memory_gb: float | None = None  #: GiB; None: 5 % of this machine's memory; 0: none
+    #: GiB of host memory activations are kept in; null: 5 % of the memory this process may
+    #: use (a container's cgroup limit where lower than the machine's); 0: none
+    cache_memory_gb: float | None = None
+    #: GiB of GPU memory activations computed there are kept in first (then host memory);
+    #: null: 25 % of the GPU's free memory; unused on the CPU
+    cache_device_memory_gb: float | None = None
     cache_dir: str | None = None  #: folder activations spill to, shared by processes (None: none)
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
     #: also upload each exported network's folder, as one tar archive, to an Optuna artifact
@@ -130,21 +142,30 @@ class Settings:
 
 
 #: keys whose default None means "decided at run time", with the type of their other values
-_NUMBERS_OR_NONE: dict[str, type] = {"cache_memory_gb": float, "seed_pool": int, "floor": float}
+_OR_NONE: dict[str, type] = {
+    "mini_zoo": bool,
+    "cache_memory_gb": float,
+    "cache_device_memory_gb": float,
+    "seed_pool": int,
+    "floor": float,
+}
+#: what a value of each of those types is called in a message
+_TYPE_NAMES = {bool: "bool (true or false)", int: "a whole number", float: "a number"}
 
 
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default (ints pass for floats)."""
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if key in _NUMBERS_OR_NONE:
-        kind = _NUMBERS_OR_NONE[key]
-        kinds = (int, float) if kind is float else (int,)
-        if value is None or (isinstance(value, kinds) and not isinstance(value, bool)):
+    if key in _OR_NONE:
+        kind = _OR_NONE[key]
+        kinds = (int, float) if kind is float else (kind,)
+        right = isinstance(value, kinds) and isinstance(value, bool) == (kind is bool)
+        if value is None or right:
             return None if value is None else kind(value)
-        what = "a number" if kind is float else "a whole number"
         raise ConfigError(
-            f"{section}.{key} must be {what}, got {type(value).__name__} {shorten(value)}"
+            f"{section}.{key} must be {_TYPE_NAMES[kind]}, got {type(value).__name__} "
+            f"{shorten(value)}"
         )
     if default is None:
         if value is None or isinstance(value, str):

@@ -70,6 +70,11 @@ def _autocast(value: str | None, where: str) -> str | None:
     return value
 
 
+def _memory_gb(value: float | None, where: str) -> float | None:
+    """A cache budget in GiB, or None (its default, decided at run time)."""
+    return value if value is None else check_memory_gb(value, where)
+
+
 def _study_name(value: str | None, where: str) -> str | None:
     if value is not None and (not value.strip() or value != value.strip()):
         raise ConfigError(
@@ -94,7 +99,8 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.budgets": check_budgets,
     "search.device": check_device,
     "search.autocast": _autocast,
-    "search.cache_memory_gb": lambda v, where: v if v is None else check_memory_gb(v, where),
+    "search.cache_memory_gb": _memory_gb,
+    "search.cache_device_memory_gb": _memory_gb,
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
     "search.cpus_per_worker": _positive(),
@@ -150,8 +156,9 @@ TYPE_ONLY = frozenset(
 def check_settings(settings: Any, flags: Mapping[str, str] | None = None) -> None:
     """Check every value of ``settings`` (a :class:`~stitch_nas.settings.Settings`) with its
     one check, and the values that go together; keep what the checks return (budgets as
-    floats). ``flags`` maps ``"section.key"`` to the command-line flag that set it, which the
-    message then names instead."""
+    floats) and decide ``zoo.mini_zoo`` (``ZooSettings.includes_mini_zoo``).
+    ``flags`` maps ``"section.key"`` to the command-line flag that set it, which the message
+    then names instead."""
     flags = flags or {}
     for section in fields(settings):
         values = getattr(settings, section.name)
@@ -162,6 +169,9 @@ def check_settings(settings: Any, flags: Mapping[str, str] | None = None) -> Non
                 where = flags.get(key, key)
                 setattr(values, item.name, check(getattr(values, item.name), where))
     _check_search_together(settings.search, flags)
+    # decided here, so that the settings a study stores (and a resumed run is compared with)
+    # say whether the mini zoo ran
+    settings.zoo.mini_zoo = settings.zoo.includes_mini_zoo()
 
 
 def _check_search_together(search: Any, flags: Mapping[str, str]) -> None:
