@@ -1,0 +1,276 @@
+"""A short search on an ImageNet-size zoo, locally and on Ray workers, as the validation grows.
+
+    python benchmarks/imagenet_scale.py [--sizes 1000,2500,5000] [--probe 2000] [--trials 6]
+                                        [--executors local,ray] [--workers 2] [--threads 2]
+                                        [--models resnet18,resnet50,...] [--folder DIR]
+
+The zoo: five timm ImageNet architectures of different families (by default resnet18,
+resnet50, deit_tiny_patch16_224, efficientnet_b0 and convnext_atto), 1,000 classes, random
+weights from a fixed seed, each fed through its own ``pretrained_cfg`` eval transform (resize by
+``crop_pct``, centre crop, its mean and std) by :func:`stitch_nas.zoo.from_timm`. Cost, memory
+and scaling are real; accuracy is chance and means nothing here.
+
+The data: a generated ImageNet-style folder (``train/<synset>/*.JPEG``, ``val/<synset>/*.JPEG``,
+1,000 synsets) of JPEGs of varied sizes (shorter side 160-480 px) and aspect ratios (3:4 to
+16:9), written once under ``--folder`` and reused; for ``N`` validation images ``val/`` holds
+``2N`` (its two halves are the validation and test splits) and the probe ``--probe`` images of
+``train/``, all read through :func:`stitch_nas.data.load_split_folders` batch by batch.
+
+Each (executor, size) runs in its own process: the zoo's reference figures on the validation
+split, then ``--trials`` trials of the pairwise least-squares space (random sampler, seed 0,
+the default fidelity gate and cache budget), locally or on ``--workers`` Ray workers of one CPU
+each (a local Ray started by the run). Every process the run starts is watched
+(:mod:`process_tree`): its peak resident set, and the growth of ``/dev/shm`` (the object
+store). Per run: seconds to the first finished trial, trials per hour over the trials'
+phase, and, for local runs, each trial over one plain forward pass of its own network over the
+same probe and validation images (median over the trials that met their first model's
+validation split first: ``trial_over_forward_cold``). With both executors and two or more Ray
+workers, ``ray_over_local`` is Ray's trials per hour over the local run's at each size.
+
+A GPU section (trials per second at 224 px on one GPU, bfloat16 autocast's speed-up and
+agreement) runs with ``--gpu`` where CUDA is available; otherwise ``"gpu"`` records why it did
+not run. Writes benchmarks/results/imagenet_scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from process_tree import run_measured
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "imagenet_scale.json"
+MODELS = ("resnet18", "resnet50", "deit_tiny_patch16_224", "efficientnet_b0", "convnext_atto")
+CLASSES = 1000
+
+
+def _synsets() -> list[str]:
+    return [f"n{i:08d}" for i in range(CLASSES)]
+
+
+def write_folder(root: Path, train: int, val: int) -> None:
+    """``train`` and ``val`` JPEGs of varied sizes under ``root/{train,val}/<synset>/``, unless
+    a finished folder of at least that size is there (a marker file says so)."""
+    from PIL import Image
+
+    done = root / f".complete-{train}-{val}"
+    if done.exists():
+        return
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train), ("val", val)):
+        for synset in _synsets():
+            (root / split / synset).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            short = int(rng.integers(160, 481))
+            aspect = float(rng.uniform(0.75, 16 / 9))
+            w, h = (
+                (int(short * aspect), short) if rng.random() < 0.5 else (short, int(short * aspect))
+            )
+            low = Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8))
+            low.resize((w, h), Image.BILINEAR).save(
+                root / split / _synsets()[i % CLASSES] / f"{split}_{i:06d}.JPEG", quality=85
+            )
+    done.touch()
+
+
+def size_folder(root: Path, val: int) -> Path:
+    """A folder whose ``val/`` holds the first ``2 * val`` images of ``root/val`` (symbolic
+    links) and whose ``train/`` is ``root/train``."""
+    view = root / f"view_val{val}"
+    if (view / ".complete").exists():
+        return view
+    (view / "val").mkdir(parents=True, exist_ok=True)
+    if not (view / "train").exists():
+        (view / "train").symlink_to(root / "train")
+    for synset in _synsets():
+        (view / "val" / synset).mkdir(exist_ok=True)
+    for i in range(2 * val):
+        name = f"val_{i:06d}.JPEG"
+        link = view / "val" / _synsets()[i % CLASSES] / name
+        if not link.exists():
+            link.symlink_to(root / "val" / _synsets()[i % CLASSES] / name)
+    (view / ".complete").touch()
+    return view
+
+
+# -- one run, in its own process --------------------------------------------------------------
+def _zoo(names: list[str]):  # type: ignore[no-untyped-def]
+    import torch
+
+    from stitch_nas.zoo import Zoo, from_timm
+
+    zoo = Zoo()
+    for name in names:
+        torch.manual_seed(0)
+        zoo.add(from_timm(name, num_classes=CLASSES, label_names=_synsets()))
+    return zoo
+
+
+def _seconds(trial: Any) -> float:
+    return (trial.datetime_complete - trial.datetime_start).total_seconds()
+
+
+def run_one(args: argparse.Namespace, executor: str, size: int) -> dict[str, Any]:
+    """One short search in this process; its figures (memory is measured from outside)."""
+    import optuna
+    import torch
+
+    from stitch_nas import attrs
+    from stitch_nas.activations import StitchContext
+    from stitch_nas.config import StitchConfig
+    from stitch_nas.data import load_split_folders
+    from stitch_nas.machine import reuse_freed_memory
+    from stitch_nas.search import RayExecutor, StitchObjective, create_study, run_search
+    from stitch_nas.stitching import build
+
+    began = datetime.datetime.now()  # Optuna stamps trials with naive local times too
+    reuse_freed_memory()  # as the command line sets up its process
+    torch.set_num_threads(args.threads)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    data = load_split_folders(size_folder(Path(args.folder), size), size=224, probe_size=args.probe)
+    ctx = StitchContext(_zoo(args.models.split(",")), data)
+    objective = StitchObjective(ctx, space="pairwise")
+    study = create_study(objective, Path(args.out) / f"{executor}_{size}", sampler="random")
+    runner = None
+    if executor == "ray":
+        import ray
+
+        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+        runner = RayExecutor(workers=args.workers, cpus_per_worker=1.0)
+    run_search(objective, study, args.trials, executor=runner)
+    done = [t for t in study.trials if t.datetime_complete is not None and t.state.is_finished()]
+    done = [t for t in done if t.state != optuna.trial.TrialState.FAIL]
+    first_start = min(t.datetime_start for t in done)
+    last_end = max(t.datetime_complete for t in done)
+    row: dict[str, Any] = {
+        "executor": executor,
+        "workers": args.workers if executor == "ray" else 1,
+        "val_images": len(data.val),
+        "probe_images": len(data.probe),
+        "trials": len(done),
+        "complete": sum(t.state == optuna.trial.TrialState.COMPLETE for t in done),
+        "seconds_to_first_trial": round(
+            (min(t.datetime_complete for t in done) - began).total_seconds(), 1
+        ),
+        "trials_seconds": round((last_end - first_start).total_seconds(), 1),
+        "trials_per_hour": round(3600 * len(done) / (last_end - first_start).total_seconds(), 1),
+    }
+    if executor == "ray":
+        import ray
+
+        ray.shutdown()
+        return row
+    ratios, seen = [], set()
+    for trial in sorted(done, key=lambda t: t.number):
+        config = StitchConfig.from_json(trial.user_attrs[attrs.CONFIG])
+        first = config.fragments[0].model
+        cold, _ = first not in seen, seen.add(first)
+        if not cold or trial.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        net = build(ctx, config).eval()
+        start = time.perf_counter()  # reading and transforming the images is part of the pass
+        with torch.no_grad():
+            for part in (data.probe, data.val):
+                for x in part.batches(ctx.batch_size):
+                    net(x)
+        ratios.append(_seconds(trial) / (time.perf_counter() - start))
+    row["trial_over_forward_cold"] = round(statistics.median(ratios), 3) if ratios else None
+    row["cold_trials_timed"] = len(ratios)
+    return row
+
+
+def _gpu_section() -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"ran": False, "why": "no CUDA device on this machine"}
+    return {"ran": False, "why": "the GPU section is not written yet"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,2500,5000")
+    parser.add_argument("--probe", type=int, default=2000)
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--executors", default="local,ray")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument(
+        "--folder", default=str(Path.home() / ".cache" / "stitch_nas" / "imagenet_scale")
+    )
+    parser.add_argument("--out", default=str(ROOT / "runs" / "imagenet_scale"))
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(run_one(args, args.one[0], int(args.one[1]))))
+        return
+    if Path(args.out).exists():
+        raise SystemExit(f"{args.out} exists: choose another --out or move it away")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    write_folder(Path(args.folder), args.probe + 1000, 2 * max(sizes))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    runs: list[dict[str, Any]] = []
+    for size in sizes:
+        for executor in args.executors.split(","):
+            command = [sys.executable, __file__, "--one", executor, str(size)]
+            for flag in ("probe", "trials", "workers", "threads", "models", "folder", "out"):
+                command += [f"--{flag}", str(getattr(args, flag))]
+            seconds, memory, output = run_measured(
+                command, env=env, stdout=subprocess.PIPE, text=True
+            )
+            row = json.loads(output.strip().splitlines()[-1])
+            runs.append({**row, "wall_seconds": round(seconds, 1), **memory})
+            print(json.dumps(runs[-1]), flush=True)
+    by = {(r["executor"], r["val_images"]): r for r in runs}
+    local = [r for r in runs if r["executor"] == "local"]
+    record: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "date": datetime.date.today().isoformat(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
+        "classes": CLASSES,
+        "models": args.models.split(","),
+        "probe_images": args.probe,
+        "trials_per_run": args.trials,
+        "threads": args.threads,
+        "runs": runs,
+        "ray_over_local": {
+            str(v): round(r["trials_per_hour"] / by[("local", v)]["trials_per_hour"], 2)
+            for (e, v), r in by.items()
+            if e == "ray" and ("local", v) in by
+        },
+        "peak_rss_growth": {
+            e: round(
+                max(max(r["peak_rss_gb_per_process"]) for r in rows)
+                / max(rows[0]["peak_rss_gb_per_process"]),
+                3,
+            )
+            for e in {r["executor"] for r in runs}
+            if (rows := [r for r in runs if r["executor"] == e])
+        },
+        "trial_over_forward_cold_max": max(
+            (r["trial_over_forward_cold"] for r in local if r.get("trial_over_forward_cold")),
+            default=None,
+        ),
+        "gpu": _gpu_section(),
+    }
+    Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k != "runs"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Peak memory of a command and of every process it starts, and the object store's peak.
+
+Ray starts its workers as grandchildren of the driver (through the raylet), so the driver's own
+``ru_maxrss`` says nothing about them and ``RUSAGE_CHILDREN`` folds them into one number.
+:class:`ProcessTree` polls ``/proc`` every ``interval`` seconds for the command's descendants and
+keeps, per process, the kernel's own high-water mark (``VmHWM``: the peak resident set, not a
+sample of it), so a short spike between two polls is still counted. Ray's object store on Linux
+is a memory-mapped file in ``/dev/shm`` whose pages, once written, stay allocated for the life of
+the cluster: the folder's use at its largest is the store's peak (on a machine where nothing else
+writes there; the starting use is subtracted).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ProcessTree", "run_measured"]
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process (``/proc/PID/stat``'s fourth field)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # the command name (second field) may hold spaces; it ends at the last ')'
+            after = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # the process ended meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(after[1])
+    return parents
+
+
+def _status(pid: int) -> tuple[str, int] | None:
+    """(command name, VmHWM in bytes) of ``pid``, or None once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    hwm = fields.get("VmHWM", "0 kB").split()[0]
+    return fields.get("Name", "?").strip(), int(hwm) * 1024
+
+
+def _shm_used() -> int:
+    try:
+        return shutil.disk_usage("/dev/shm").used
+    except OSError:
+        return 0
+
+
+@dataclass
+class ProcessTree:
+    """Polls the descendants of ``root`` (and ``root``) until :meth:`stop`."""
+
+    root: int
+    interval: float = 0.2
+    peaks: dict[int, tuple[str, int]] = field(default_factory=dict)
+    shm_start: int = field(default_factory=_shm_used)
+    shm_peak: int = 0
+
+    def __post_init__(self) -> None:
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.is_set():
+            self.poll()
+            self._done.wait(self.interval)
+
+    def poll(self) -> None:
+        children: dict[int, list[int]] = {}
+        for pid, parent in _parents().items():
+            children.setdefault(parent, []).append(pid)
+        todo, seen = [self.root], set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            status = _status(pid)
+            if status is not None:
+                name, hwm = status
+                old = self.peaks.get(pid, (name, 0))[1]
+                self.peaks[pid] = (name, max(old, hwm))
+            todo += children.get(pid, [])
+        self.shm_peak = max(self.shm_peak, _shm_used())
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        """Each process's peak RSS in GB (largest first, by name) and the object store's peak."""
+        rows = sorted(self.peaks.values(), key=lambda row: -row[1])
+        return {
+            "peak_rss_gb_per_process": [round(hwm / 1e9, 3) for _, hwm in rows],
+            "process_names": [name for name, _ in rows],
+            "object_store_peak_gb": round(max(0, self.shm_peak - self.shm_start) / 1e9, 3),
+        }
+
+
+def run_measured(command: list[str], **kwargs) -> tuple[float, dict, str]:  # type: ignore[no-untyped-def]
+    """Run ``command`` to its end (raising on failure); its wall seconds,
+    :meth:`ProcessTree.summary` and its standard output (when ``stdout=subprocess.PIPE``,
+    else ""). Processes whose peak stays under 50 MB (Ray's small helpers,
+    shells) are left out of the per-process list; they are counted in ``processes_seen``."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, **kwargs)
+    tree = ProcessTree(process.pid)
+    output, _ = process.communicate()
+    code = process.returncode
+    tree.stop()
+    seconds = time.perf_counter() - start
+    if code != 0:
+        raise subprocess.CalledProcessError(code, command)
+    summary = tree.summary()
+    big = [i for i, gb in enumerate(summary["peak_rss_gb_per_process"]) if gb >= 0.05]
+    summary["processes_seen"] = len(summary["process_names"])
+    summary["peak_rss_gb_per_process"] = [summary["peak_rss_gb_per_process"][i] for i in big]
+    summary["process_names"] = [summary["process_names"][i] for i in big]
+    return seconds, summary, output or ""
