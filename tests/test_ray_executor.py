@@ -129,6 +129,14 @@ def test_ray_workers_fill_their_own_caches_and_record_what_the_local_executor_do
     assert local_keys - {"duplicate_of"} <= remote_keys
 
 
+def test_a_budget_below_one_batch_is_refused_on_the_driver_before_workers_start():
+    from stitch_nas.search._ray_shared import share_context
+
+    ctx = tiny_context(cache=ActivationCache(memory_gb=1e-6))  # the workers would all fail
+    with pytest.raises(errors.ConfigError, match="is below one batch of"):
+        share_context(ctx, put=lambda value: value)
+
+
 def test_a_crashing_worker_and_a_raising_trial_do_not_stop_the_study(ray_session, ctx, tmp_path):
     objective = StitchObjective(ctx)
     study = create_study(objective, tmp_path / "run", sampler="random", seed=3)

@@ -7,8 +7,9 @@ its cache's budget, storage dtype and spill folder. Each worker rebuilds a
 :class:`~stitch_nas.activations.ActivationCache` and fills it on demand, as a local run does:
 no activation travels, so what a worker holds is what one local run holds, whatever the size
 of the splits, and it measures what a local run measures. Workers on one machine that are
-given a spill folder (``search.cache_dir``) share it, so an activation spilled there is
-computed once among them. Used by both the Ray executor and the Ray Tune trainable.
+given a spill folder (``search.cache_dir``) share it: an activation one of them spilled there
+is read by the others, not computed again. Used by both the Ray executor and the Ray Tune
+trainable.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def cache_options(cache: ActivationCache) -> dict[str, Any]:
     The same budget, so a worker's cache holds what the driver's (a local run's) may; the same
     storage dtype, which is part of every activation's key and sets its rounding, so a worker
     measures what a local run measures; the same spill folder, which workers on one machine
-    (and the driver) share: each activation spilled there is computed once among them.
+    (and the driver) share: an activation one of them spilled there is read, not recomputed.
     """
     return {
         "memory_gb": cache.budget_bytes / 2**30,
@@ -135,9 +136,16 @@ def share_context(ctx: StitchContext, put: Callable[[Any], Any] | None = None) -
 
     Returns:
         The handle to send to workers.
+
+    Raises:
+        ConfigError: The cache's budget is below one batch of a model's largest cut, which
+            every worker would otherwise raise on its first trial.
     """
     ray = import_ray()
     from ray import cloudpickle  # what Ray pickles with
+
+    for name in ctx.zoo.names():  # the driver computes nothing, so it checks here, once
+        ctx.check_budget(name)
 
     store = put if put is not None else ray.put
     # a model class from a module_path folder: workers cannot import it, so it travels along
