@@ -442,8 +442,8 @@ def main() -> None:
         "ratio": summary,
         "note": "trials/min counts trials run on workers (recognised repeats excluded) over "
         "search time; distinct_networks counts their distinct configs (a config two workers "
-        "sampled within the repeat check's second is measured twice); start-up (object store "
-        "fill, actor start, each worker opening the study) excluded and reported apart",
+        "sampled within the repeat check's second is measured twice); start-up (the zoo into "
+        "the object store, actor start, each worker opening the study) excluded and reported apart",
     }
     out = RESULTS.with_name(f"ray_scaling_steps{args.trained_steps}.json")
     if not args.trained_steps:

@@ -1,4 +1,4 @@
-"""The Ray executor: parallel trials, shared activations, failure isolation, kill-and-resume.
+"""The Ray executor: parallel trials, workers' own caches, failure isolation, kill-and-resume.
 
 One local Ray (2 CPUs, no dashboard) serves the module; models are timm's tiny test models.
 """
@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from stitch_nas import errors
+from stitch_nas.activations import ActivationCache
 from stitch_nas.config import StitchConfig
 from stitch_nas.report import write_report
 from stitch_nas.search import (
@@ -37,6 +38,7 @@ from stitch_nas.search import (
     evaluate_config,
     run_search,
 )
+from stitch_nas.search._ray_resources import context_bytes
 from stitch_nas.snnet import SNNETS
 from stitch_nas.stitching import Measurement
 from tests._faults import FaultyWorker, NoTrainingWorker
@@ -64,31 +66,53 @@ def _states(study: optuna.Study) -> list[str]:
     return [t.state.name for t in study.trials]
 
 
-def test_ray_trials_match_the_local_executor(ray_session, ctx, tmp_path):
-    objective = StitchObjective(ctx)
-    local = create_study(objective, tmp_path / "local", sampler="random", seed=1)
-    run_search(objective, local, 4)
-    executor = RayExecutor(workers=2)
-    remote_objective = StitchObjective(ctx)
-    remote = create_study(remote_objective, tmp_path / "ray", sampler="random", seed=2)
-    run_search(remote_objective, remote, 6, executor=executor)
+def test_ray_workers_fill_their_own_caches_and_record_what_the_local_executor_does(
+    ray_session, tmp_path, monkeypatch
+):
+    # a small budget and a spill folder the two workers share, as search.cache_dir gives them
+    ctx = tiny_context(cache=ActivationCache(memory_gb=0.006, spill_dir=tmp_path / "spill"))
+    measure_all = {"fidelity": 0, "cka_threshold": 0.0, "probe_threshold": 0.0}  # untrained zoo
+    put, stored = ray.put, []
 
-    assert completed_count(remote) == 6, _states(remote)
+    def put_and_keep(value, **options):  # what the driver puts in the object store
+        stored.append(put(value, **options))
+        return stored[-1]
+
+    monkeypatch.setattr(ray, "put", put_and_keep)
+    objective = StitchObjective(ctx, **measure_all)
+    remote = create_study(objective, tmp_path / "ray", sampler="random", seed=2)
+    executor = RayExecutor(workers=2)
+    run_search(objective, remote, 4, executor=executor)
+
+    assert completed_count(remote) == 4, _states(remote)
     assert executor.last_run["mode"] == "workers"  # a study in a file, Ray on this machine
-    assert executor.last_run["complete"] + executor.last_run["pruned"] >= 1
-    assert sum(executor.last_run["trials_per_node"].values()) == 6
-    # every worker read its activations from the object store and computed none itself
+    assert sum(executor.last_run["trials_per_node"].values()) == 4
+    # the object store got the zoo and the images once, no activation; the driver computed none
+    sizes = [loc["object_size"] for loc in ray.experimental.get_object_locations(stored).values()]
+    assert len(sizes) == 1 and sizes[0] < context_bytes(ctx) + 2**20, sizes
+    assert ctx.cache.stats()["misses"] == 0
+    # each worker filled its own cache on demand, within the driver's budget, spilling to the
+    # shared folder, where every spill file is whole
     for stats in executor.last_run["worker_cache"]:
-        assert stats["shared_fetches"] > 0 and stats["misses"] == 0, stats
-    # a config measured on a worker measures the same in this process
-    done = [t for t in remote.trials if t.state == Complete and "duplicate_of" not in t.user_attrs]
-    assert done
+        assert stats["misses"] > 0 and stats["budget_bytes"] == ctx.cache.budget_bytes, stats
+        assert stats["peak_bytes"] <= stats["budget_bytes"], stats
+    assert sum(stats["spilled_files"] for stats in executor.last_run["worker_cache"]) > 0
+    spilled = {p.stem for p in (tmp_path / "spill").glob("*.npy")}
+    assert spilled and spilled == {p.stem for p in (tmp_path / "spill").glob("*.json")}
+    # the same configs run locally, with another cache, record the same values
+    local_objective = StitchObjective(tiny_context(), **measure_all)
+    local = create_study(local_objective, tmp_path / "local", sampler="random", seed=1)
+    done = [t for t in remote.trials if "duplicate_of" not in t.user_attrs]
     for trial in done:
-        config = StitchConfig.from_dict(trial.user_attrs["config"])
-        here = evaluate_config(ctx, config)
-        assert here.measurement is not None
-        assert math.isclose(here.measurement.accuracy, trial.values[0], abs_tol=1e-6)
-        assert here.measurement.macs == trial.values[1] == trial.user_attrs["macs"]
+        local.enqueue_trial(trial.params)
+    run_search(local_objective, local, len(done))
+    assert [t.params for t in local.trials] == [t.params for t in done]
+    for here, there in zip(local.trials, done, strict=True):
+        assert here.state == there.state == Complete and here.values == there.values
+        for name in ("accuracy", "macs", "params", "sample_correct"):
+            assert here.user_attrs[name] == there.user_attrs[name], name
+        # CKA's sums run on one thread in a worker, on several here: the last bits may differ
+        assert math.isclose(here.user_attrs["cka"], there.user_attrs["cka"], rel_tol=1e-9)
     # same report files, same columns, same user attributes as the local executor
     local_report, remote_report = write_report(local, tmp_path / "local"), None
     remote_report = write_report(remote, tmp_path / "ray")
@@ -103,6 +127,14 @@ def test_ray_trials_match_the_local_executor(ray_session, ctx, tmp_path):
     local_keys = {k for t in local.trials if t.state == Complete for k in t.user_attrs}
     remote_keys = {k for t in done for k in t.user_attrs}
     assert local_keys - {"duplicate_of"} <= remote_keys
+
+
+def test_a_budget_below_one_batch_is_refused_on_the_driver_before_workers_start():
+    from stitch_nas.search._ray_shared import share_context
+
+    ctx = tiny_context(cache=ActivationCache(memory_gb=1e-6))  # the workers would all fail
+    with pytest.raises(errors.ConfigError, match="is below one batch of"):
+        share_context(ctx, put=lambda value: value)
 
 
 def test_a_crashing_worker_and_a_raising_trial_do_not_stop_the_study(ray_session, ctx, tmp_path):

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 
+from stitch_nas.activations import ActivationCache
 from stitch_nas.config import StitchConfig
 from stitch_nas.search import StitchObjective, TrialOutcome, TrialPlan, evaluate_plan
 from stitch_nas.search._tune import (
@@ -91,6 +93,34 @@ def test_space_works_with_plain_optuna_search(ctx):
     )
     config = searcher.suggest("a")
     assert StitchConfig.from_dict(json.loads(config[CONFIG_KEY])).is_stitched
+
+
+def test_the_trainable_ships_no_activation_and_measures_what_the_driver_does(tmp_path):
+    from ray import cloudpickle
+
+    from stitch_nas.search._ray_resources import context_bytes
+    from stitch_nas.search._ray_shared import share_context
+
+    # float32 storage: a worker's cache must keep the driver's dtype, or its keys and its
+    # rounding differ from the driver's
+    cache = ActivationCache(memory_gb=0.05, spill_dir=tmp_path, dtype="float32")
+    ctx = tiny_context(cache=cache)
+    objective = StitchObjective(ctx, fidelity=0, cka_threshold=0.0, probe_threshold=0.0)
+    # what make_trainable hands to tune.with_parameters, pickled as the object store holds it
+    shipped = cloudpickle.dumps(share_context(ctx, put=lambda value: value))
+    assert len(shipped) < context_bytes(ctx) + 2**20  # the zoo and the images, no activation
+    assert ctx.cache.stats()["misses"] == 0  # nothing computed on the driver to ship
+    worker = cloudpickle.loads(shipped).materialize()  # as a Tune worker process builds it
+    assert worker.cache is not ctx.cache and worker.cache.spill_dir == tmp_path
+    assert (worker.cache.budget_bytes, worker.cache.dtype) == (cache.budget_bytes, torch.float32)
+    assert worker.activation_key("resnet", None, "val") == ctx.activation_key("resnet", None, "val")
+    searcher = StitchOptunaSearch(objective, sampler=optuna.samplers.RandomSampler(seed=3))
+    plan = TrialPlan(StitchConfig.from_dict(json.loads(searcher.suggest("a")[CONFIG_KEY])))
+    there = evaluate_plan(worker, plan, objective.evaluation_options())
+    here = evaluate_plan(ctx, plan, objective.evaluation_options())
+    assert there.status == here.status == "complete"
+    assert there.measurement.accuracy == here.measurement.accuracy
+    assert worker.cache.stats()["misses"] > 0  # the worker filled its own cache
 
 
 def test_tune_example_runs_and_prints_the_front(tmp_path):

@@ -5,11 +5,15 @@ by batch into a memory map (:class:`SpillWriter`, an activation too large for th
 budget), and read back whole (:func:`read_verified`) or as a read-only memory map
 (:func:`map_verified`) that callers slice batch by batch. The sidecar records the key, shape,
 dtype, size and sha256; it is written last and marks the ``.npy`` as complete, so processes
-sharing a folder never read half a file. Nothing here ever unpickles.
+sharing a folder never read half a file. When several processes spill one key at once (Ray
+workers sharing a folder), the first complete ``.npy`` stays and only its description is written
+(:func:`_publish`), so they leave one valid pair even where their bytes differ. Nothing here
+ever unpickles.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -33,25 +37,60 @@ def spill_paths(folder: Path, digest: str) -> tuple[Path, Path]:
     return folder / f"{digest}.npy", folder / f"{digest}.json"
 
 
-def _write_sidecar(
-    meta_path: Path, fmt: int, key: ActivationKey, array: Any, size: int, sha: str
+# errors of a file system without hard links, where a spill file is moved into place instead
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def _temporary(folder: Path, digest: str) -> Path:
+    fd, name = tempfile.mkstemp(dir=folder, prefix=f".{digest}.npy.", suffix=".tmp")
+    os.close(fd)
+    return Path(name)
+
+
+def _publish(
+    tmp: Path, folder: Path, digest: str, fmt: int, key: ActivationKey, shape: Any, dtype: Any
 ) -> None:
-    meta = {"format": fmt, "key": asdict(key), "shape": list(array.shape)}
-    meta.update(dtype=np.dtype(array.dtype).str, size=size, sha256=sha)
+    """Put the complete, fsynced temporary ``.npy`` ``tmp`` in place, then write its sidecar.
+
+    The first writer wins: processes sharing a folder may spill one key at once, and their bytes
+    may differ (a GPU worker's and a CPU one's last bits). ``os.replace`` let a later writer swap
+    its ``.npy`` in under a sidecar another had written, a pair every reader deletes. A hard
+    link never replaces a file, so the ``.npy`` in place is the first complete one, and every
+    sidecar written for it describes those bytes.
+    """
+    npy_path, meta_path = spill_paths(folder, digest)
+    os.chmod(tmp, 0o644)  # temporary files are 0600; spill files are meant to be shared
+    size, sha = tmp.stat().st_size, sha256_file(tmp)
+    try:
+        os.link(tmp, npy_path)
+    except FileExistsError:
+        if meta_path.is_file():
+            return  # another writer's pair
+        # its writer died before the sidecar (or is writing it): a linked file is complete
+        size, sha = npy_path.stat().st_size, sha256_file(npy_path)
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        os.replace(tmp, npy_path)  # no hard links here: the last complete writer wins
+    meta = {"format": fmt, "key": asdict(key), "shape": list(shape)}
+    meta.update(dtype=np.dtype(dtype).str, size=size, sha256=sha)
+    # the sidecar goes last: it marks the .npy as complete for other processes
     with atomic_file(meta_path) as handle:
         handle.write(json.dumps(meta, indent=1, sort_keys=True).encode())
 
 
 def write_spill(folder: Path, digest: str, fmt: int, key: ActivationKey, array: np.ndarray) -> None:
-    """Write ``array`` and its sidecar atomically (raises OSError on a full disk)."""
-    npy_path, meta_path = spill_paths(folder, digest)
-    with atomic_file(npy_path) as handle:
-        np.save(handle, array, allow_pickle=False)
-        handle.flush()
-        # hash the temporary file: the final name may already hold another writer's bytes
-        size, sha = handle.tell(), sha256_file(Path(handle.name))
-    # the sidecar goes last: it marks the .npy as complete for other processes
-    _write_sidecar(meta_path, fmt, key, array, size, sha)
+    """Write ``array`` and its sidecar unless another writer's pair is there (raises OSError
+    on a full disk)."""
+    tmp = _temporary(folder, digest)
+    try:
+        with open(tmp, "wb") as handle:
+            np.save(handle, array, allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _publish(tmp, folder, digest, fmt, key, array.shape, array.dtype)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class SpillWriter:
@@ -79,9 +118,7 @@ class SpillWriter:
         dtype: np.dtype,
     ) -> None:
         self.folder, self.digest, self.fmt, self.key = folder, digest, fmt, key
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{digest}.npy.", suffix=".tmp")
-        os.close(fd)
-        self.tmp = Path(name)
+        self.tmp = _temporary(folder, digest)
         try:
             self.array: np.memmap | None = np.lib.format.open_memmap(
                 self.tmp, mode="w+", dtype=dtype, shape=shape
@@ -100,7 +137,7 @@ class SpillWriter:
         self.array[start : start + len(values)] = values
 
     def commit(self) -> None:
-        """Flush, hash and move the file into place; write the sidecar last."""
+        """Flush the file and put it in place (:func:`_publish`); the sidecar goes last."""
         if self.array is None:
             raise CacheError(f"spill file for {self.digest} is already closed")
         self.array.flush()
@@ -109,14 +146,9 @@ class SpillWriter:
         try:
             with open(self.tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
-            os.chmod(self.tmp, 0o644)
-            size, sha = self.tmp.stat().st_size, sha256_file(self.tmp)
-            npy_path, meta_path = spill_paths(self.folder, self.digest)
-            os.replace(self.tmp, npy_path)
-        except BaseException:
-            self.abort()
-            raise
-        _write_sidecar(meta_path, self.fmt, self.key, np.empty(shape, dtype), size, sha)
+            _publish(self.tmp, self.folder, self.digest, self.fmt, self.key, shape, dtype)
+        finally:
+            self.abort()  # the temporary name goes; a linked file stays under its own
 
     def abort(self) -> None:
         """Drop the partial file."""

@@ -1,13 +1,13 @@
 """Activations batch by batch: read from the cache, or computed and stored as they stream.
 
 Where an activation is served from, in order: the cache's memory, its spill folder (a memory
-map read batch by batch), the Ray object store (a shared cache), else it is computed batch by
-batch from the nearest earlier cut of the same model that is cached (the model's input if none)
-and stored while it streams: into a buffer reserved against a memory budget when it fits (on
-the GPU that computes it while the device budget has room, else in host memory), else into a
-spill file written through a memory map, else nowhere (it is recomputed the next time). So
-at no moment does more than one batch exist outside the cache's budgets, and no code path holds
-every cut of a model over a whole split.
+map read batch by batch), else it is computed batch by batch from the nearest earlier cut of
+the same model that is cached (the model's input if none) and stored while it streams: into a
+buffer reserved against a memory budget when it fits (on the GPU that computes it while the
+device budget has room, else in host memory), else into a spill file written through a memory
+map, else nowhere (it is recomputed the next time). So at no moment does more than one batch
+exist outside the cache's budgets, and no code path holds every cut of a model over a whole
+split.
 
 An activation is defined cut by cut: the output of every cut on the way from the input is
 rounded to the cache's storage dtype and handed on as a read from the cache hands it, whether
@@ -53,19 +53,7 @@ def stored(ctx: ContextView, key: ActivationKey) -> Stored | None:
     hit = ctx.cache.get(key)
     if hit is not None:
         return hit
-    mapped = ctx.cache.mapped(key)
-    if mapped is not None:
-        return mapped
-    if key in ctx.cache:  # a cache that shares arrays across processes (SharedActivationCache)
-        return ctx.cache.get_or_compute(key, _never(key))
-    return None
-
-
-def _never(key: ActivationKey):  # type: ignore[no-untyped-def]
-    def compute() -> torch.Tensor:
-        raise KeyError(f"{key.model}@{key.cut} on {key.split} vanished from the cache")
-
-    return compute
+    return ctx.cache.mapped(key)
 
 
 def stored_batches(ctx: ContextView, model: str, values: Stored) -> Iterator[torch.Tensor]:

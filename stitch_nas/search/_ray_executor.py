@@ -4,9 +4,10 @@ The driver asks the study for a trial and plans it (:meth:`StitchObjective.plan`
 :class:`~stitch_nas.config.StitchConfig`, cheap, since the search space only reads cut lists
 and MAC tables; checks it is new; takes the front its gate compares with), and sends the
 :class:`~stitch_nas.search.TrialPlan` to an idle worker. Workers are Ray actors that each hold
-the zoo and read cached activations from the object store (:mod:`stitch_nas.search`); a worker
-evaluates the plan (:func:`~stitch_nas.search.evaluate_plan`: CKA-prunes, fits and measures the
-config) and sends back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with
+the zoo (put in the object store once) and their own bounded activation cache, filled on demand
+as the local executor's is (:mod:`._ray_shared`); a worker evaluates the plan
+(:func:`~stitch_nas.search.evaluate_plan`: CKA-prunes, fits and measures the config) and sends
+back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with
 the same bookkeeping as the local executor (:meth:`StitchObjective.finish`) and tells the study.
 TPE's constant liar handles the trials still in flight. A config evaluated before or in flight
 (here or in another driver on the study) is told PRUNED at once as a repeat and does not count
@@ -232,7 +233,8 @@ class RayExecutor:
 
     def _fit(self, objective: StitchObjective, left: int, cpus: float, memory: float) -> int:
         """:func:`fit_workers` for this search, with a one-line warning when it caps them."""
-        each = WORKER_BASE_BYTES + context_bytes(objective.ctx)
+        # each worker holds a copy of the zoo and the data, and a cache as large as the driver's
+        each = WORKER_BASE_BYTES + context_bytes(objective.ctx) + objective.ctx.cache.budget_bytes
         n, why = fit_workers(self.workers, left, cpus, self.cpus_per_worker, memory, each)
         if why:
             logger.warning("starting %d Ray worker(s), not %d: %s", n, self.workers, "; ".join(why))

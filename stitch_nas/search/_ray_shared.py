@@ -1,29 +1,29 @@
-"""A StitchContext shared with Ray workers through the object store.
+"""A StitchContext rebuilt in Ray workers from the zoo and the data in the object store.
 
 The driver puts the zoo and the data in the object store once (the code of a model class
-imported from a ``module_path`` folder goes with it, by value), and every cached activation
-(each model at each cut on the probe and validation splits) as its own numpy array. Workers
-rebuild a :class:`~stitch_nas.activations.StitchContext` whose cache reads those arrays
-zero-copy from the node's shared memory, so N workers hold one copy of the activations per
-machine, not N, and no trial recomputes a frozen prefix. Used by both the Ray executor and the
-Ray Tune trainable.
+imported from a ``module_path`` folder goes with it, by value), with the context's options and
+its cache's budget, storage dtype and spill folder. Each worker rebuilds a
+:class:`~stitch_nas.activations.StitchContext` with its own bounded
+:class:`~stitch_nas.activations.ActivationCache` and fills it on demand, as a local run does:
+no activation travels, so what a worker holds is what one local run holds, whatever the size
+of the splits, and it measures what a local run measures. Workers on one machine that are
+given a spill folder (``search.cache_dir``) share it: an activation one of them spilled there
+is read by the others, not computed again. Used by both the Ray executor and the Ray Tune
+trainable.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import torch
 
-from stitch_nas.activations import ActivationCache, ActivationKey, StitchContext
+from stitch_nas.activations import ActivationCache, StitchContext
 from stitch_nas.config import AdapterSpec, StitchConfig
 from stitch_nas.extras import require
 from stitch_nas.stitching import NETWORKS, joint_networks
@@ -31,8 +31,8 @@ from stitch_nas.zoo import user_code_modules
 
 __all__ = [
     "NetworkShipper",
-    "SharedActivationCache",
     "SharedContext",
+    "cache_options",
     "import_ray",
     "install_shipped",
     "models_on_cpu",
@@ -41,90 +41,36 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SHARED_SPLITS = ("probe", "val")
-
 
 def import_ray() -> ModuleType:
     """Import Ray, or raise a one-line error that says how to install it."""
     return require("ray", "ray", "Ray workers (--executor ray, RayExecutor)")
 
 
-class SharedActivationCache(ActivationCache):
-    """An :class:`ActivationCache` that first looks in the Ray object store.
-
-    Arrays fetched from the object store are read-only views of shared memory; like every
-    cached tensor they must not be written to. Keys not shared by the driver (another split,
-    say) are computed and cached locally as usual.
-
-    Args:
-        refs: ``ActivationKey.digest()`` -> ObjectRef of the numpy array, or the array.
-        memory_gb: Budget of the local part, as for :class:`ActivationCache`.
-        spill_dir: Spill folder of the local part.
-    """
-
-    def __init__(
-        self,
-        refs: Mapping[str, Any],
-        memory_gb: float = 2.0,
-        spill_dir: str | Path | None = None,
-    ) -> None:
-        super().__init__(memory_gb=memory_gb, spill_dir=spill_dir)
-        self._refs = dict(refs)
-        self._shared: dict[str, torch.Tensor] = {}
-        self._counts.update(shared_fetches=0, shared_hits=0)
-
-    def __contains__(self, key: object) -> bool:
-        if isinstance(key, ActivationKey) and key.digest() in self._refs:
-            return True
-        return super().__contains__(key)
-
-    def get_or_compute(
-        self, key: ActivationKey, compute: Callable[[], torch.Tensor]
-    ) -> torch.Tensor:
-        digest = key.digest()
-        ref = self._refs.get(digest)
-        if ref is None:
-            return super().get_or_compute(key, compute)
-        with self._lock:
-            tensor = self._shared.get(digest)
-            if tensor is not None:
-                self._counts["shared_hits"] += 1
-                return tensor
-            # Tune's with_parameters hands over the arrays themselves, the executor ObjectRefs
-            array = ref if isinstance(ref, np.ndarray) else import_ray().get(ref)
-            with warnings.catch_warnings():  # the view is read-only, as cached tensors are
-                warnings.filterwarnings("ignore", message=".*not writable.*")
-                tensor = torch.from_numpy(array)
-            self._shared[digest] = tensor
-            self._counts["shared_fetches"] += 1
-            return tensor
-
-
 @dataclass
 class SharedContext:
-    """What a worker needs to rebuild the driver's context; cheap to pickle (refs only).
+    """What a worker needs to rebuild the driver's context; cheap to pickle (a ref and options).
 
     Attributes:
         bundle: ObjectRef of ``(zoo, data)`` (or the pair), models on the CPU.
-        activations: ``ActivationKey.digest()`` -> ObjectRef of a numpy array (or the array).
         options: keyword arguments of :class:`StitchContext` (batch size, ridge, ...).
-        cache_memory_gb: budget of each worker's local cache (keys not shared).
-        spill_dir: spill folder of each worker's local cache.
+        cache: keyword arguments of each worker's own :class:`ActivationCache`: the driver's
+            budget, storage dtype and spill folder (:func:`cache_options`).
     """
 
     bundle: Any
-    activations: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
-    cache_memory_gb: float = 2.0
-    spill_dir: str | None = None
+    cache: dict[str, Any] = field(default_factory=dict)
 
     def materialize(self, device: str | torch.device = "cpu") -> StitchContext:
-        """Build the worker's context on ``device`` (fetches the zoo once)."""
+        """Build the worker's context on ``device`` (fetches the zoo and the data once).
+
+        Its cache is the worker's own, bounded as the driver's is, and fills on demand as a
+        local run's does: the worker holds what one local run holds, whatever the split sizes.
+        """
         # an ObjectRef from the executor; the pair itself from Tune's with_parameters
         zoo, data = self.bundle if isinstance(self.bundle, tuple) else import_ray().get(self.bundle)
-        cache = SharedActivationCache(
-            self.activations, memory_gb=self.cache_memory_gb, spill_dir=self.spill_dir
-        )
+        cache = ActivationCache(**self.cache, device=device)
         return StitchContext(zoo, data, device=device, cache=cache, **self.options)
 
 
@@ -143,6 +89,25 @@ def context_options(ctx: StitchContext) -> dict[str, Any]:
     }
 
 
+def cache_options(cache: ActivationCache) -> dict[str, Any]:
+    """The keyword arguments of an :class:`ActivationCache` bounded as ``cache`` is.
+
+    The same budget, so a worker's cache holds what the driver's (a local run's) may; the same
+    storage dtype, which is part of every activation's key and sets its rounding, so a worker
+    measures what a local run measures; the same spill folder, which workers on one machine
+    (and the driver) share: an activation one of them spilled there is read, not recomputed.
+    A driver on the CPU has no device budget: a worker on a GPU then takes its own default
+    share of that GPU's free memory (:func:`~stitch_nas.activations.cache_budgets`).
+    """
+    on_device = cache.device_budget_bytes / 2**30 if cache.device_budget_bytes else None
+    return {
+        "memory_gb": cache.budget_bytes / 2**30,
+        "device_memory_gb": on_device,
+        "spill_dir": None if cache.spill_dir is None else str(cache.spill_dir),
+        "dtype": cache.dtype_name,
+    }
+
+
 @contextmanager
 def models_on_cpu(ctx: StitchContext) -> Iterator[None]:
     """The zoo's models on the CPU for the duration (workers may lack the driver's GPU)."""
@@ -157,31 +122,34 @@ def models_on_cpu(ctx: StitchContext) -> Iterator[None]:
             model.to(on_device[name])
 
 
-def share_context(
-    ctx: StitchContext,
-    splits: tuple[str, ...] = SHARED_SPLITS,
-    put: Callable[[Any], Any] | None = None,
-) -> SharedContext:
-    """Put ``ctx``'s zoo, data and every activation on ``splits`` in the object store.
+def share_context(ctx: StitchContext, put: Callable[[Any], Any] | None = None) -> SharedContext:
+    """Put ``ctx``'s zoo and data in the object store once; the handle workers rebuild it from.
 
-    Activations missing from ``ctx``'s cache are computed here first, once, which is what
-    the first trials of a local search would do anyway. This is the one way a context is
-    shipped to Ray: the executor's actors and the Tune trainable both rebuild it with
-    :meth:`SharedContext.materialize`.
+    No activation is computed or shipped: each worker fills its own bounded cache as a local run
+    does (:meth:`SharedContext.materialize`), so the object store holds the weights and the
+    images (or the description of where they are read from), whatever the splits' sizes. This
+    is the one way a context is shipped to Ray: the executor's actors and the Tune trainable
+    both rebuild it so.
 
     Args:
         ctx: The driver's context.
-        splits: Splits whose activations trials read (probe for stitches and CKA, val for
-            accuracy).
-        put: How each large value is stored: ``ray.put`` (default, needs ``ray.init()``), or
-            ``lambda v: v`` to keep the values themselves for ``tune.with_parameters``, which
-            stores the whole handle once (then pickle it inside :func:`models_on_cpu`).
+        put: How the ``(zoo, data)`` pair is stored: ``ray.put`` (default, needs
+            ``ray.init()``), or ``lambda v: v`` to keep the pair itself for
+            ``tune.with_parameters``, which stores the whole handle once (then pickle it inside
+            :func:`models_on_cpu`).
 
     Returns:
         The handle to send to workers.
+
+    Raises:
+        ConfigError: The cache's budget is below one batch of a model's largest cut, which
+            every worker would otherwise raise on its first trial.
     """
     ray = import_ray()
     from ray import cloudpickle  # what Ray pickles with
+
+    for name in ctx.zoo.names():  # the driver computes nothing, so it checks here, once
+        ctx.check_budget(name)
 
     store = put if put is not None else ray.put
     # a model class from a module_path folder: workers cannot import it, so it travels along
@@ -189,23 +157,7 @@ def share_context(
         cloudpickle.register_pickle_by_value(module)
     with models_on_cpu(ctx):
         bundle = store((ctx.zoo, ctx.data))
-    refs: dict[str, Any] = {}
-    total = 0
-    for name in ctx.zoo.names():
-        cuts: list[str | None] = [c.name for c in ctx.cuts(name)]
-        for split in splits:
-            for cut in [*cuts, None]:
-                array = ctx.activation(name, cut, split).detach().cpu().numpy()
-                refs[ctx.activation_key(name, cut, split).digest()] = store(array)
-                total += array.nbytes
-    logger.info("shared %d activations (%.1f MiB)", len(refs), total / 2**20)
-    return SharedContext(
-        bundle=bundle,
-        activations=refs,
-        options=context_options(ctx),
-        cache_memory_gb=ctx.cache.budget_bytes / 2**30,
-        spill_dir=str(ctx.cache.spill_dir) if ctx.cache.spill_dir is not None else None,
-    )
+    return SharedContext(bundle, context_options(ctx), cache_options(ctx.cache))
 
 
 class NetworkShipper:

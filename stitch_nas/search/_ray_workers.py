@@ -1,9 +1,9 @@
 """The Ray side of a search: the worker actors and the pool that keeps them alive.
 
-A :class:`TrialWorker` holds one StitchContext rebuilt from the driver's shared one (activations
-come from the object store) and evaluates configs sent as JSON; the pool starts N of them,
-submits configs, turns a raised task or a dead worker into a "fail" outcome and replaces a dead
-worker in its slot. :mod:`._ray_executor` drives them from the study.
+A :class:`TrialWorker` holds one StitchContext rebuilt from the driver's zoo and data, with its
+own activation cache bounded as the driver's is, and evaluates configs sent as JSON; the pool
+starts N of them, submits configs, turns a raised task or a dead worker into a "fail" outcome
+and replaces a dead worker in its slot. :mod:`._ray_executor` drives them from the study.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ START_TIMEOUT_S = 300.0  # workers that cannot be placed (too few CPUs/GPUs) fai
 
 class TrialWorker:
     """A Ray actor body: one StitchContext rebuilt from the shared one, evaluating configs.
+
+    The context's activation cache is the worker's own, filled on demand as a local run's is.
 
     Args:
         shared: The driver's shared context.
@@ -75,7 +77,7 @@ class TrialWorker:
         return {**outcome.to_dict(), "node": self.node}
 
     def cache_stats(self) -> dict[str, int]:
-        """Counters of this worker's activation cache (shared fetches and hits included)."""
+        """Counters of this worker's activation cache (:meth:`ActivationCache.stats`)."""
         return self.ctx.cache.stats()
 
 

@@ -16,9 +16,10 @@ Three pieces, each usable on its own::
   trainable as JSON under ``config["stitch_config"]``. A config the study evaluated before
   (or has in flight) is marked a repeat (``config["stitch_repeat"]``, the reason), and the
   trainable reports it pruned at once without evaluating it, as the other executors do.
-- :func:`make_trainable` returns the function trainable, with the zoo, the data and the cached
-  activations (the same :class:`~stitch_nas.search.SharedContext` the Ray executor ships)
-  passed once through ``tune.with_parameters`` (the object store), not per trial. It
+- :func:`make_trainable` returns the function trainable, with the zoo and the data (the same
+  :class:`~stitch_nas.search._ray_shared.SharedContext` the Ray executor ships) passed once
+  through ``tune.with_parameters`` (the object store), not per trial; each Tune worker process
+  fills its own activation cache, bounded as the objective's is, as a local run does. It
   reports the objective values, ``cka``, and ``stitch_*`` fields with ``ray.tune.report``.
 - :class:`StitchOptunaSearch` is ``OptunaSearch`` plus what it lacks: Ray's ``OptunaSearch`` has
   no notion of constraints, so this subclass records each finished trial through
@@ -109,10 +110,11 @@ class StitchTuneSpace:
 def make_trainable(objective: StitchObjective) -> Any:
     """The function trainable for ``tune.Tuner``, large read-only data attached once.
 
-    The zoo, the data and every cached activation on the probe and validation splits are
-    passed with ``tune.with_parameters``, so Ray stores them once in the object store; each
-    Tune worker process builds its :class:`StitchContext` once and reads the activations
-    zero-copy. Starts a local Ray (no dashboard) if none is running.
+    The zoo and the data are passed with ``tune.with_parameters``, so Ray stores them once in
+    the object store; each Tune worker process builds its :class:`StitchContext` once, with an
+    activation cache of the objective's budget, storage dtype and spill folder, and fills it on
+    demand as a local run does (no activation is computed here or shipped). Starts a local Ray
+    (no dashboard) if none is running.
     """
     ray = import_ray()
     if not ray.is_initialized():
