@@ -67,7 +67,9 @@ def test_a_fit_streamed_over_many_batches_is_the_whole_probe_solve():
     gram += 1e-4 * gram.diagonal().mean() * torch.eye(6, dtype=torch.float64)  # default ridge
     weight = torch.linalg.solve(gram, xc.T @ yc).T
     bias = rows_y.mean(0) - weight @ rows_x.mean(0)
-    assert float((streamed.weight.double() - weight).abs().max()) <= 1e-6 * float(weight.abs().max())
+    assert float((streamed.weight.double() - weight).abs().max()) <= 1e-6 * float(
+        weight.abs().max()
+    )
     assert float((streamed.bias.double() - bias).abs().max()) <= 1e-6 * float(rows_y.abs().max())
 
 

@@ -180,7 +180,13 @@ def test_default_probe_size_follows_the_classes():
 
     assert Settings().data.probe_size == "auto"
     assert [default_probe_size(c) for c in (2, 10, 16, 100, 256, 1000, 21843)] == [
-        128, 128, 128, 800, 2048, 2048, 2048
+        128,
+        128,
+        128,
+        800,
+        2048,
+        2048,
+        2048,
     ]
     assert probe_size_for("auto", 100) == 800 and probe_size_for(300, 1000) == 300
     assert probe_size_for({"per_class": 2}, 10) == 32  # never below the range's bottom

@@ -315,5 +315,7 @@ def test_gram_of_batches_of_a_constant_and_of_the_wrong_count():
     assert float(gram_of_batches(lambda: iter(constant.split(8)), 50).abs().max()) == 0.0
     with pytest.raises(DataError, match="hold 50 samples, not 60"):
         gram_of_batches(lambda: iter(constant.split(8)), 60)
+    with pytest.raises(DataError, match="hold at least 48 samples, not 40"):
+        gram_of_batches(lambda: iter(constant.split(8)), 40)
     with pytest.raises(NonFiniteError, match="NaN"):
         gram_of_batches(lambda: iter([torch.tensor([[1.0], [float("nan")]])]), 2)

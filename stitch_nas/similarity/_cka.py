@@ -143,6 +143,8 @@ def gram_of_batches(
         for batch in read():
             rows = _rows(batch, "x", 1)
             at, seen = seen, seen + rows.shape[0]
+            if seen > n:
+                break  # more samples than n: named below
             if seen <= start:  # before this panel: those products were made by earlier ones
                 continue
             rows = _finite64(rows[max(start - at, 0) :], "x")
@@ -150,16 +152,19 @@ def gram_of_batches(
                 shift, per_row = rows[:1].clone(), 8 * max(rows.shape[1], 1)
             rows = rows - shift
             if panel is None:
-                room = min(max(1, panel_bytes // per_row), n - start) - filled
-                pieces.append(rows[:room])
-                rows, filled = rows[room:], filled + len(pieces[-1])
-                if filled == min(max(1, panel_bytes // per_row), n - start):
+                size = min(max(1, panel_bytes // per_row), n - start)
+                pieces.append(rows[: size - filled])
+                rows, filled = rows[size - filled :], filled + len(pieces[-1])
+                if filled == size:
                     panel = torch.cat(pieces)
                     _put(k, panel @ panel.T, start, start)
             if len(rows) and panel is not None:
                 _put(k, panel @ rows.T, start, seen - len(rows))
         if seen != n or panel is None:
-            raise DataError(f"the batches hold {seen} samples, not {n}; read one activation")
+            raise DataError(
+                f"the batches hold {'at least ' if seen > n else ''}{seen} samples, not {n}; "
+                "read one activation"
+            )
         start += len(panel)
     return _centre_gram(k)
 

@@ -83,5 +83,8 @@ def probe_accuracy(ctx: StitchContext, config: StitchConfig) -> ProbeScore:
     else:  # a head fitted on the probe: scored on the images it was not fitted to
         labels = ctx.labels("probe")
         features = net_outputs(ctx, net, "probe")
-        correct, seen = held_out_correct(config.head, features, labels, ctx.num_classes), len(labels)
+        correct, seen = (
+            held_out_correct(config.head, features, labels, ctx.num_classes),
+            len(labels),
+        )
     return ProbeScore(correct / max(seen, 1), seen, net, cheap == config)
