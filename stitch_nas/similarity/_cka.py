@@ -113,7 +113,7 @@ def gram(x: Any) -> torch.Tensor:
 
 
 #: float64 bytes of the rows :func:`gram_of_batches` holds at once, beside its n x n result
-PANEL_BYTES = 128 * 2**20
+PANEL_BYTES = 32 * 2**20
 
 
 def gram_of_batches(
@@ -166,7 +166,8 @@ def gram_of_batches(
                 "read one activation"
             )
         start += len(panel)
-    return _centre_gram(k)
+    k -= k.mean(dim=0, keepdim=True)  # H K H in place: k is this function's own
+    return k.sub_(k.mean(dim=1, keepdim=True))
 
 
 def _put(k: torch.Tensor, block: torch.Tensor, row: int, col: int) -> None:

@@ -167,6 +167,7 @@ def _through(ctx: StitchContext, module: nn.Module, x: ProbeBatches) -> ProbeBat
 
 
 def _whole(ctx: StitchContext, x: torch.Tensor) -> ProbeBatches:
+    """A probe output a trained joint made whole (it trains on it), read batch by batch."""
     return lambda: ctx.batches(x)
 
 
