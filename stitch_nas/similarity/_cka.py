@@ -180,8 +180,8 @@ def _put(k: torch.Tensor, block: torch.Tensor, row: int, col: int) -> None:
 
 def _centre_gram(k: torch.Tensor) -> torch.Tensor:
     """Returns ``H K H``; idempotent, so an already centred Gram comes back unchanged."""
-    k = k - k.mean(dim=0, keepdim=True)
-    return k - k.mean(dim=1, keepdim=True)
+    k = k - k.mean(dim=0, keepdim=True)  # one copy, then in place: n x n float64 adds up
+    return k.sub_(k.mean(dim=1, keepdim=True))
 
 
 def _unit(kc: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
