@@ -26,7 +26,9 @@ __all__ = [
     "DEVICE_PATTERN",
     "EXECUTORS",
     "EXPORT_FORMATS",
+    "PROBE_AUTO",
     "PROBE_SIZE_RANGE",
+    "ProbeSize",
     "RAY_MODES",
     "check_at_least",
     "check_autocast_device",
@@ -40,6 +42,8 @@ __all__ = [
     "check_memory_gb",
     "check_objective_names",
     "check_probe_size",
+    "default_probe_size",
+    "probe_size_for",
     "check_probe_threshold",
     "check_one_of",
     "check_positive",
@@ -56,8 +60,15 @@ EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")
 #: devices a run may name (``auto``: CUDA when present, else the CPU)
 DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"
-#: the images a probe split may hold, inclusive (stitch fits and the proxy read it whole)
-PROBE_SIZE_RANGE = (32, 256)
+#: the images a probe split may hold, inclusive: every reader of the probe streams it in
+#: batches (least-squares fits, CKA Grams, the proxy), so the top is a bound on time and on
+#: the n x n Grams CKA keeps per cut (8,192 images: 0.5 GiB each in float64), not on the fits
+PROBE_SIZE_RANGE = (32, 8192)
+#: ``probe_size: auto``: ``max(floor, min(per_class * classes, cap))`` images
+#: (:func:`default_probe_size`)
+PROBE_AUTO = {"floor": 128, "per_class": 8, "cap": 2048}
+#: the forms of a probe size (:func:`check_probe_size`): images, "auto" or {"per_class": k}
+ProbeSize = int | str | Mapping[str, int]
 #: the dtypes frozen passes may run in (float16 could overflow activations no loss scale guards)
 AUTOCAST_DTYPES = ("bfloat16",)
 
@@ -198,7 +209,12 @@ def check_probe_threshold(
 ) -> float:
     """``value`` as the multiple of chance a stitch's least-squares probe accuracy must reach
     (0: off): >= 0, and at most ``classes`` (chance times the classes is accuracy 1) once the
-    data, and so their number of classes, are known."""
+    data, and so their number of classes, are known.
+
+    The floor is ``value / classes``: with the default 1.5, 15 % on ten classes and 0.15 % on
+    1,000, where it prunes what scores at chance (a broken stitch) and keeps what carries any
+    signal; on 2,048 probe images (``probe_size: auto`` there) it asks for 4 right, which a
+    stitch at chance reaches one time in seven (:mod:`stitch_nas.stitching._proxy`)."""
     top = "" if classes is None else f", at most {classes} (the data have {classes} classes)"
     if not _number(value) or not 0 <= value or (classes is not None and value > classes):
         raise ConfigError(
@@ -213,11 +229,51 @@ def check_image_size(value: Any, where: str = "size") -> int:
     return check_at_least(value, where, 8, " (image side in pixels)")
 
 
-def check_probe_size(value: Any, where: str = "probe_size") -> int:
-    """``value`` as the number of images in the probe split, within :data:`PROBE_SIZE_RANGE`."""
+def check_probe_size(value: Any, where: str = "probe_size") -> int | str | dict[str, int]:
+    """``value`` as the size of the probe split, in one of three forms:
+
+    * an integer in :data:`PROBE_SIZE_RANGE`: that many images;
+    * ``"auto"`` (the default): :func:`default_probe_size` of the data's number of classes;
+    * ``{"per_class": k}``, k >= 1: k images per class, at least the range's bottom.
+
+    The last two are resolved by :func:`probe_size_for` once the data's classes are known.
+    """
     low, high = PROBE_SIZE_RANGE
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+        if value == "auto" or low <= value <= high:
+            return value
+    elif isinstance(value, Mapping) and list(value) == ["per_class"]:
+        k = value["per_class"]
+        if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
+            return {"per_class": k}
+    raise ConfigError(
+        f"{where}={value!r}: give an integer in [{low}, {high}] (images in the probe split), "
+        "auto (from the number of classes) or {per_class: k} with k >= 1"
+    )
+
+
+def default_probe_size(classes: int) -> int:
+    """The probe size ``auto`` gives for ``classes`` classes: 8 images per class, at least 128
+    and at most 2,048 (:data:`PROBE_AUTO`): 128 for 10 classes, 800 for 100, 2,048 (about 2
+    per class) for 1,000. The cap bounds the time every probe pass takes (each zoo model runs
+    on the probe once per cut it caches) and the CKA Grams (32 MiB each at 2,048)."""
+    rule = PROBE_AUTO
+    return max(rule["floor"], min(rule["per_class"] * classes, rule["cap"]))
+
+
+def probe_size_for(value: Any, classes: int, where: str = "probe_size") -> int:
+    """The number of probe images ``value`` (any form of :func:`check_probe_size`) names for
+    data of ``classes`` classes; ``{per_class: k}`` above the range's top is a one-line error."""
+    value = check_probe_size(value, where)
+    if value == "auto":
+        return default_probe_size(classes)
+    if isinstance(value, int):
+        return value
+    low, high = PROBE_SIZE_RANGE
+    images = value["per_class"] * classes
+    if images > high:
         raise ConfigError(
-            f"{where}={value!r}: give an integer in [{low}, {high}] (images in the probe split)"
+            f"{where}={value!r} is {images} images for {classes} classes, above {high}; give "
+            f"per_class <= {high // classes} or an integer probe size"
         )
-    return value
+    return max(low, images)

@@ -398,7 +398,8 @@ def test_the_checks_and_the_library_read_one_list_of_choices():
     assert FIELD_CHECKS["search.cka_threshold"] is _runner.check_cka_threshold
     assert _values.check_autocast_name is choices.check_autocast_name
     assert PROBE_SIZE_RANGE is choices.PROBE_SIZE_RANGE
-    assert FIELD_CHECKS["data.probe_size"] is _splits.check_probe_size is choices.check_probe_size
+    assert FIELD_CHECKS["data.probe_size"] is choices.check_probe_size
+    assert _splits.probe_size_for is choices.probe_size_for  # which calls check_probe_size
     assert FIELD_CHECKS["data.size"] is _splits.check_image_size is choices.check_image_size
     assert tuple(AUTOCAST_DTYPES) == choices.AUTOCAST_DTYPES
 

@@ -80,15 +80,23 @@ def test_digits_fast() -> None:
     assert time.perf_counter() - start < 1.0
 
 
-@pytest.mark.parametrize("probe_size", [0, 31, 257, 1000, 64.0])
+@pytest.mark.parametrize("probe_size", [0, 31, 8193, 64.0, "all", {"per_class": 0}])
 def test_probe_size_validated(probe_size: int) -> None:
-    with pytest.raises(ConfigError, match=r"probe_size.*\[32, 256\]"):
+    with pytest.raises(ConfigError, match=r"probe_size.*\[32, 8192\]"):
         load_digits_splits(probe_size=probe_size)
 
 
-@pytest.mark.parametrize("probe_size", [32, 256])
-def test_probe_size_bounds_allowed(probe_size: int) -> None:
-    assert len(load_digits_splits(probe_size=probe_size).probe) == probe_size
+@pytest.mark.parametrize(("probe_size", "images"), [(32, 32), (496, 496), ("auto", 128)])
+def test_probe_size_bounds_allowed(probe_size, images: int) -> None:
+    assert len(load_digits_splits(probe_size=probe_size).probe) == images
+
+
+def test_probe_size_per_class_and_beyond_the_digits() -> None:
+    data = load_digits_splits(probe_size={"per_class": 20})
+    counts = data.probe.y.bincount()  # the interleaved cut is near stratified
+    assert len(data.probe) == 200 and counts.min() >= 19 and counts.max() <= 21
+    with pytest.raises(ConfigError, match=r"probe_size=497.*at most 496"):
+        load_digits_splits(probe_size=497)
 
 
 def test_split_validation() -> None:

@@ -26,7 +26,7 @@ from stitch_nas.settings import (
 #: "section.key" -> a value of the right type that its check must refuse
 BAD = {
     "data.size": 0,
-    "data.probe_size": 1000,
+    "data.probe_size": 10000,
     "data.workers": -1,
     "search.objectives": ["accuracy", "accuracy"],
     "search.trials": 0,
@@ -211,3 +211,37 @@ def test_a_gpu_node_defaults():
         settings_from_dict({"zoo": {"mini_zoo": 1}})
     with pytest.raises(ConfigError, match="search.cache_device_memory_gb must be a number"):
         settings_from_dict({"search": {"cache_device_memory_gb": "lots"}})
+
+
+@pytest.mark.parametrize(
+    "value", [31, 8193, 100.0, True, "all", {"per_class": 0}, {"per_class": 2.5}, {"k": 4}, [64]]
+)
+def test_probe_size_forms_refused_in_one_line(value):
+    with pytest.raises(ConfigError, match=r"data\.probe_size=.*\[32, 8192\].*auto.*per_class") as e:
+        settings_from_dict({"data": {"probe_size": value}})
+    assert len(str(e.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", [32, 8192, "auto", {"per_class": 4}])
+def test_probe_size_forms_kept(value):
+    assert settings_from_dict({"data": {"probe_size": value}}).data.probe_size == value
+
+
+def test_default_probe_size_follows_the_classes():
+    from stitch_nas.choices import default_probe_size, probe_size_for
+
+    assert Settings().data.probe_size == "auto"
+    assert [default_probe_size(c) for c in (2, 10, 16, 100, 256, 1000, 21843)] == [
+        128,
+        128,
+        128,
+        800,
+        2048,
+        2048,
+        2048,
+    ]
+    assert probe_size_for("auto", 100) == 800 and probe_size_for(300, 1000) == 300
+    assert probe_size_for({"per_class": 2}, 10) == 32  # never below the range's bottom
+    assert probe_size_for({"per_class": 8}, 1000) == 8000
+    with pytest.raises(ConfigError, match=r"9000 images for 1000 classes.*per_class <= 8"):
+        probe_size_for({"per_class": 9}, 1000)

@@ -14,6 +14,7 @@ from stitch_nas.similarity._cka import (
     cka_from_grams,
     cka_matrix,
     gram,
+    gram_of_batches,
     linear_cka,
     minibatch_cka,
 )
@@ -295,3 +296,26 @@ def test_chain_score() -> None:
         chain_score([0.5, float("nan")])
     with pytest.raises(DataError, match=r"scores\[1\]=1.5"):
         chain_score([0.5, 1.5])
+
+
+@pytest.mark.parametrize("batch", [1, 7, 60])
+@pytest.mark.parametrize("panel_rows", [1, 7, 60])
+def test_gram_of_batches_is_the_whole_gram(batch, panel_rows):
+    """Streamed in batches and panels of rows (several reads), the Gram is the whole one's."""
+    x = torch.randn(60, 4, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 10
+    x[:, 0] = 7.0  # a constant channel contributes exactly nothing
+    streamed = gram_of_batches(lambda: iter(x.split(batch)), 60, panel_rows * 8 * 100)
+    whole = gram(x)
+    assert float((streamed - whole).abs().max()) <= 1e-12 * float(whole.abs().max())
+    assert linear_cka(x, x**2) == pytest.approx(cka_from_grams(streamed, gram(x**2)), abs=1e-12)
+
+
+def test_gram_of_batches_of_a_constant_and_of_the_wrong_count():
+    constant = torch.full((50, 3, 2, 2), 1.7)
+    assert float(gram_of_batches(lambda: iter(constant.split(8)), 50).abs().max()) == 0.0
+    with pytest.raises(DataError, match="hold 50 samples, not 60"):
+        gram_of_batches(lambda: iter(constant.split(8)), 60)
+    with pytest.raises(DataError, match="hold at least 48 samples, not 40"):
+        gram_of_batches(lambda: iter(constant.split(8)), 40)
+    with pytest.raises(NonFiniteError, match="NaN"):
+        gram_of_batches(lambda: iter([torch.tensor([[1.0], [float("nan")]])]), 2)

@@ -1,10 +1,16 @@
 """CKA between cut points of the zoo, on the probe split's cached activations: how two cuts
 are compared (per position on a common grid, or pooled), and the probe's Gram matrices,
 memoised per context. :class:`~stitch_nas.activations.StitchContext` has these methods.
+
+A Gram is made from the probe's activation read batch by batch
+(:func:`~stitch_nas.similarity.gram_of_batches`), so no float32 copy of the whole activation is
+made: what grows with the probe is the ``n x n`` float64 Gram kept per cut and row rule (32 MiB
+at 2,048 images).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,7 +38,10 @@ class CutSimilarity:
 
         def cut(self, model: str, name: str) -> CutPoint: ...
         def cuts(self, model: str) -> list[CutPoint]: ...
-        def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor: ...
+        def activation_batches(
+            self, model: str, cut: str | None, split: str
+        ) -> Iterator[torch.Tensor]: ...
+        def labels(self, split: str) -> torch.Tensor: ...
 
     def row_rule(self, a: CutPoint, b: CutPoint) -> tuple[str, tuple[int, int] | None]:
         """How two cuts are compared: per-position rows on a common grid, else pooled rows
@@ -54,9 +63,12 @@ class CutSimilarity:
     ) -> torch.Tensor:
         """The memoised Gram matrix of ``model`` at ``cut`` on the probe, under one row rule."""
 
+        def read() -> Iterator[torch.Tensor]:
+            for batch in self.activation_batches(model, cut.name, "probe"):
+                yield self.rows(batch, cut, mode, spatial)
+
         def gram() -> torch.Tensor:
-            act = self.activation(model, cut.name, "probe")
-            return similarity.gram(self.rows(act, cut, mode, spatial))
+            return similarity.gram_of_batches(read, len(self.labels("probe")))
 
         return _GRAMS.fetch(self, (model, cut.name, mode, spatial), gram)
 

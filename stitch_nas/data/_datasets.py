@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stitch_nas.choices import check_image_size, check_probe_size
+from stitch_nas.choices import ProbeSize, check_image_size, check_probe_size, probe_size_for
 from stitch_nas.data._files import FileImages
 from stitch_nas.data._sources import ArrayImages
 from stitch_nas.data._splits import (
@@ -42,7 +42,7 @@ def load_image_folder(
     root: str | Path,
     *,
     size: int,
-    probe_size: int = 128,
+    probe_size: ProbeSize = "auto",
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
     seed: int = 0,
@@ -58,7 +58,9 @@ def load_image_folder(
     Args:
         root: Folder holding one sub-folder per class.
         size: Side of the output images in pixels.
-        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`.
+        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`, ``"auto"`` or
+            ``{"per_class": k}``, resolved for the data's classes
+            (:func:`~stitch_nas.choices.probe_size_for`).
         val_fraction: Fraction of all images used for validation.
         test_fraction: Fraction of all images used for testing.
         seed: Seed of the split permutation.
@@ -87,6 +89,7 @@ def load_image_folder(
         raise DataError(
             f"no images found under {str(root)!r} ({exc}); add root/<class>/<image> files"
         ) from exc
+    probe_size = probe_size_for(probe_size, len(dataset.classes))
     sizes = _split_sizes(len(dataset), probe_size, val_fraction, test_fraction)
     y = torch.tensor(dataset.targets, dtype=torch.int64)
     pieces = _cut(_class_interleaved_order(y, seed), sizes)
@@ -185,7 +188,7 @@ def load_torchvision_dataset(
     root: str | Path,
     *,
     size: int,
-    probe_size: int = 128,
+    probe_size: ProbeSize = "auto",
     seed: int = 0,
     limit: int | None = None,
 ) -> DataSplits:
@@ -198,7 +201,9 @@ def load_torchvision_dataset(
         name: Class name in ``torchvision.datasets``.
         root: Folder the data set was downloaded to, as the class expects it.
         size: Side of the output images in pixels.
-        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`.
+        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`, ``"auto"`` or
+            ``{"per_class": k}``, resolved for the data's classes
+            (:func:`~stitch_nas.choices.probe_size_for`).
         seed: Seed of the split permutations.
         limit: If set, use at most this many examples from each part. Data sets with image
             arrays (CIFAR, MNIST, SVHN, ...) keep them as uint8 at their own size (CIFAR-10:
@@ -224,6 +229,8 @@ def load_torchvision_dataset(
     test_part = _open_part(cls, root, train=False)
     x_train, y_train = _to_tensors(_open_part(cls, root, train=True), size, limit)
     x_test, y_test = _to_tensors(test_part, size, limit)
+    label_names = getattr(test_part, "classes", None) or range(int(y_train.max()) + 1)
+    probe_size = probe_size_for(probe_size, len(label_names))
     if len(y_train) <= probe_size or len(y_test) < 2:
         raise DataError(
             f"{name} under {str(root)!r} has {len(y_train)} train and {len(y_test)} test images; "
@@ -234,7 +241,6 @@ def load_torchvision_dataset(
     )
     half = len(y_test) // 2
     val_idx, test_idx = _cut(_class_interleaved_order(y_test, seed + 1), [half, len(y_test) - half])
-    label_names = getattr(test_part, "classes", None) or range(int(y_train.max()) + 1)
     return DataSplits(
         train=_subset(x_train, y_train, train_idx),
         probe=_subset(x_train, y_train, probe_idx),
@@ -246,12 +252,19 @@ def load_torchvision_dataset(
 
 
 def load_split_folders(
-    root: str | Path, *, size: int, probe_size: int = 128, seed: int = 0, workers: int = 2
+    root: str | Path,
+    *,
+    size: int,
+    probe_size: ProbeSize = "auto",
+    seed: int = 0,
+    workers: int = 2,
 ) -> DataSplits:
     """Load an image folder whose splits are fixed: ``root/{train,val,test}/<class>/<image>``.
 
     The val and test folders are used as they are; the probe is ``probe_size`` images of
-    ``train/`` (a seeded, class-interleaved pick) and train is the rest of ``train/``, so the
+    ``train/`` (a seeded, class-interleaved pick; ``"auto"`` or ``{"per_class": k}`` resolved
+    for its classes by :func:`~stitch_nas.choices.probe_size_for`) and train is the rest of
+    ``train/``, so the
     data set's own train/test separation is kept. Every split must have the same class
     folders (a class with no images in a split still needs its empty folder). Images are read
     from their files batch by batch, as in :func:`load_image_folder`.
@@ -286,6 +299,7 @@ def load_split_folders(
             raise DataError(f"split folder {str(folder)!r} holds no images; add some")
         parts[split] = dataset.samples
     y_train = torch.tensor([label for _, label in parts["train"]], dtype=torch.int64)
+    probe_size = probe_size_for(probe_size, len(dataset.classes))
     if len(y_train) <= probe_size:
         raise DataError(
             f"{root}/train has {len(y_train)} images; need more than probe_size={probe_size}"

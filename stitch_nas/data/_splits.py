@@ -26,7 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from stitch_nas.choices import PROBE_SIZE_RANGE, check_image_size, check_probe_size
+from stitch_nas.choices import (
+    PROBE_SIZE_RANGE,
+    ProbeSize,
+    check_image_size,
+    probe_size_for,
+)
 from stitch_nas.errors import ConfigError, DataError
 
 from ._sources import ArrayImages, ImageSource, check_finite_rows, resize_images
@@ -203,7 +208,9 @@ def _splits_from(
     return DataSplits(train, probe, val, test, tuple(str(label) for label in labels), name)
 
 
-def load_digits_splits(*, size: int = 32, probe_size: int = 128, seed: int = 0) -> DataSplits:
+def load_digits_splits(
+    *, size: int = 32, probe_size: ProbeSize = "auto", seed: int = 0
+) -> DataSplits:
     """Load scikit-learn's bundled handwritten digits (1,797 real 8x8 images) as splits.
 
     Images are upsampled bilinearly to ``size`` x ``size`` and repeated to three channels.
@@ -212,24 +219,31 @@ def load_digits_splits(*, size: int = 32, probe_size: int = 128, seed: int = 0) 
 
     Args:
         size: Side of the output images in pixels.
-        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`.
+        probe_size: Number of probe images, within :data:`PROBE_SIZE_RANGE`; ``"auto"``
+            (128 for the ten digits) or ``{"per_class": k}`` (:func:`~stitch_nas.choices.
+            check_probe_size`). At most 496: the rest of the 1,797 images are the other splits.
         seed: Seed of the split permutation; the same seed gives identical splits.
 
     Returns:
         The splits, named ``f"digits{size}"``, with label names ``"0"`` to ``"9"``.
 
     Raises:
-        DataError: If ``probe_size`` is out of range.
+        ConfigError: If ``probe_size`` is out of range.
     """
     from sklearn.datasets import load_digits  # local: keeps `import stitch_nas` light
 
-    check_probe_size(probe_size)
+    probe_size = probe_size_for(probe_size, 10)
     check_image_size(size)
     bunch = load_digits()
     x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
     x = resize_images(x, size).expand(-1, 3, -1, -1).contiguous()
     y = torch.from_numpy(bunch.target.astype(np.int64))
     test_size = len(y) - _DIGITS_TRAIN - probe_size - _DIGITS_VAL
+    if test_size < 1:
+        raise ConfigError(
+            f"probe_size={probe_size}: the digits hold {len(y)} images, {_DIGITS_TRAIN} train "
+            f"and {_DIGITS_VAL} val; give at most {probe_size + test_size - 1} probe images"
+        )
     sizes = [_DIGITS_TRAIN, probe_size, _DIGITS_VAL, test_size]
     return _splits_from(x, y, sizes, seed, range(10), f"digits{size}")
 

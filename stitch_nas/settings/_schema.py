@@ -50,7 +50,9 @@ class DataSettings:
     root: str | None = None  #: folder of image_folder / torchvision / npz (relative: to the YAML)
     name: str | None = None  #: torchvision data set class, e.g. CIFAR10
     size: int = 32  #: side of the square images the data set yields, in pixels
-    probe_size: int = 128  #: images of the probe split (stitch fits, CKA, the pruning proxy)
+    #: probe split (stitch fits, CKA, the pruning proxy): N images (32-8192), {per_class: k},
+    #: or auto: 8 per class, at least 128 and at most 2048 (stitch_nas.choices.check_probe_size)
+    probe_size: int | str | dict = "auto"
     seed: int = 0  #: seed of the split permutation (npz: of each file's one shuffle)
     split_folders: bool = False  #: image_folder: keep root/train, root/val, root/test as splits
     workers: int = 2  #: image_folder: processes decoding images while a split is read (0: none)
@@ -155,6 +157,8 @@ _TYPE_NAMES = {bool: "bool (true or false)", int: "a whole number", float: "a nu
 
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default (ints pass for floats)."""
+    if (section, key) == ("data", "probe_size"):  # three forms: its one check reads the type
+        return value
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if key in _OR_NONE:

@@ -8,6 +8,7 @@ from ._cka import (
     cka_from_grams,
     cka_matrix,
     gram,
+    gram_of_batches,
     linear_cka,
     minibatch_cka,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "cka_matrix",
     "common_spatial",
     "gram",
+    "gram_of_batches",
     "linear_cka",
     "minibatch_cka",
     "to_rows",

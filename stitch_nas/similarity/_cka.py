@@ -4,7 +4,8 @@ Linear CKA (Kornblith et al. 2019) uses the n x n Gram form: O(n^2 p) time and O
 however wide the flattened features are (no p x p covariance), accumulated in float64 a block
 of features at a time, so no float64 copy of a wide activation is ever made (a ResNet-50
 layer-1 map of 128 probe images would be 0.8 GB in float64, and centring it twice that). Cache
-Grams per activation with :func:`gram` and reuse them with :func:`cka_from_grams`;
+Grams per activation with :func:`gram` (or :func:`gram_of_batches`, from an activation read batch
+by batch, as the probe's is) and reuse them with :func:`cka_from_grams`;
 :func:`cka_matrix` does so for all cut points of two models (ReStNet). :class:`MinibatchCKA` is
 the unbiased estimator of Nguyen, Raghu & Kornblith (2020); :func:`chain_score` is StitchNet's.
 
@@ -18,7 +19,7 @@ The row rule that turns an activation into ``(n, d)`` sample rows is in
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = [
     "cka_from_grams",
     "cka_matrix",
     "gram",
+    "gram_of_batches",
     "linear_cka",
     "minibatch_cka",
 ]
@@ -110,10 +112,76 @@ def gram(x: Any) -> torch.Tensor:
     return _centred_gram(x, "x")
 
 
+#: float64 bytes of the rows :func:`gram_of_batches` holds at once, beside its n x n result
+PANEL_BYTES = 32 * 2**20
+
+
+def gram_of_batches(
+    read: Callable[[], Iterator[Any]], n: int, panel_bytes: int = PANEL_BYTES
+) -> torch.Tensor:
+    """:func:`gram` of an activation of ``n`` samples that ``read()`` yields batch by batch
+    (samples on the first axis, the rest flattened), without ever holding it whole.
+
+    Rows are shifted by the first sample (exact for constant features, which stay exactly zero)
+    and multiplied in float64 a panel of rows at a time, the panel at most ``panel_bytes``;
+    each panel takes one more ``read()``, so an activation of up to ``panel_bytes`` in float64
+    is read once. The centred Gram is ``H K H`` of the shifted one (centring removes any shift).
+
+    Raises:
+        NonFiniteError: If a batch has NaN or Inf.
+        DataError: If the batches hold other than ``n`` samples, or n < 2.
+    """
+    if n < 2:
+        raise DataError(f"x has {n} samples; CKA here needs at least 2 samples")
+    k = torch.zeros(n, n, dtype=torch.float64)
+    start, per_row = 0, 0
+    shift: torch.Tensor | None = None
+    while start < n:
+        pieces: list[torch.Tensor] = []
+        panel: torch.Tensor | None = None  # the rows start.. of this pass, once all are in
+        filled = seen = 0
+        for batch in read():
+            rows = _rows(batch, "x", 1)
+            at, seen = seen, seen + rows.shape[0]
+            if seen > n:
+                break  # more samples than n: named below
+            if seen <= start:  # before this panel: those products were made by earlier ones
+                continue
+            rows = _finite64(rows[max(start - at, 0) :], "x")
+            if shift is None:
+                shift, per_row = rows[:1].clone(), 8 * max(rows.shape[1], 1)
+            rows = rows - shift
+            if panel is None:
+                size = min(max(1, panel_bytes // per_row), n - start)
+                pieces.append(rows[: size - filled])
+                rows, filled = rows[size - filled :], filled + len(pieces[-1])
+                if filled == size:
+                    panel = torch.cat(pieces)
+                    _put(k, panel @ panel.T, start, start)
+            if len(rows) and panel is not None:
+                _put(k, panel @ rows.T, start, seen - len(rows))
+        if seen != n or panel is None:
+            raise DataError(
+                f"the batches hold {'at least ' if seen > n else ''}{seen} samples, not {n}; "
+                "read one activation"
+            )
+        start += len(panel)
+    k -= k.mean(dim=0, keepdim=True)  # H K H in place: k is this function's own
+    return k.sub_(k.mean(dim=1, keepdim=True))
+
+
+def _put(k: torch.Tensor, block: torch.Tensor, row: int, col: int) -> None:
+    """Write ``block`` at (``row``, ``col``) of the symmetric ``k``, and its transpose."""
+    rows, cols = block.shape
+    block = block.cpu()
+    k[row : row + rows, col : col + cols] = block
+    k[col : col + cols, row : row + rows] = block.T
+
+
 def _centre_gram(k: torch.Tensor) -> torch.Tensor:
     """Returns ``H K H``; idempotent, so an already centred Gram comes back unchanged."""
-    k = k - k.mean(dim=0, keepdim=True)
-    return k - k.mean(dim=1, keepdim=True)
+    k = k - k.mean(dim=0, keepdim=True)  # one copy, then in place: n x n float64 adds up
+    return k.sub_(k.mean(dim=1, keepdim=True))
 
 
 def _unit(kc: torch.Tensor, floor: float = 0.0) -> torch.Tensor:

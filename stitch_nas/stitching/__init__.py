@@ -23,6 +23,7 @@ _HOMES = {
     "fit_head": "._heads",
     "head_from_recipe": "._heads",
     "head_recipe": "._heads",
+    "held_out_correct": "._heads",
     "register_head": "._heads",
     "KINDS": "._kinds",
     "STITCHED": "._kinds",
@@ -67,6 +68,7 @@ __all__ = [
     "head_accuracy",
     "head_from_recipe",
     "head_recipe",
+    "held_out_correct",
     "HeadKind",
     "joint_networks",
     "keep_probe_score",
@@ -112,6 +114,7 @@ if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports l
         fit_head,
         head_from_recipe,
         head_recipe,
+        held_out_correct,
         register_head,
     )
     from ._kinds import KINDS, STITCHED, network_kind, piece_roles

@@ -6,6 +6,7 @@ samples, and its output is mapped onto what the next model expects at its start 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -132,24 +133,42 @@ def joint_networks(config: StitchConfig) -> list[AdapterSpec]:
     return [spec for spec in config.adapters if spec.kind in NETWORKS]
 
 
+#: the probe's output of the network built so far, batch by batch (each call reads it anew)
+ProbeBatches = Callable[[], Iterator[torch.Tensor]]
+
+
 def _fit_adapter(
     ctx: StitchContext,
     spec: AdapterSpec,
-    x: torch.Tensor | Fragment,
+    x: ProbeBatches,
     frag: Fragment,
     src: CutPoint,
     dst: CutPoint,
 ) -> LinearStitch:
-    """A least-squares stitch from the probe's chain output ``x`` (a whole tensor, or the first
-    fragment, whose cached activation is then read batch by batch) to ``frag``'s start."""
+    """A least-squares stitch from the probe's chain output ``x`` to ``frag``'s start, both
+    read batch by batch: the fit holds its normal equations, never the probe's activations."""
     opts = adapters.resolve_options(spec.kind, dict(spec.options))
     ridge = ctx.ridge if opts["ridge"] is None else opts["ridge"]
-    if isinstance(x, Fragment):
-        xs: Iterator[torch.Tensor] = ctx.activation_batches(x.model, x.end, "probe")
-    else:
-        xs = iter(x.split(ctx.batch_size))
     ys = ctx.activation_batches(frag.model, frag.start, "probe")
-    return fit_lstsq_batches(zip(xs, ys, strict=True), src, dst, ridge=ridge)
+    return fit_lstsq_batches(zip(x(), ys, strict=True), src, dst, ridge=ridge)
+
+
+def _through(ctx: StitchContext, module: nn.Module, x: ProbeBatches) -> ProbeBatches:
+    """``x`` run on through ``module`` batch by batch, as :meth:`StitchContext.run` runs it
+    (recomputed on each read: a chain's probe output at a late joint is not kept whole)."""
+
+    def batches() -> Iterator[torch.Tensor]:
+        for batch in x():
+            with ctx.frozen():  # not around the yield: the caller's code must not run under it
+                out = module(batch)
+            yield out.float()
+
+    return batches
+
+
+def _whole(ctx: StitchContext, x: torch.Tensor) -> ProbeBatches:
+    """A probe output a trained joint made whole (it trains on it), read batch by batch."""
+    return lambda: ctx.batches(x)
 
 
 def _chain_input(
@@ -231,9 +250,11 @@ def build(
     info: list[tuple[tuple[Any, ...], tuple[int, ...]]] = [
         (("fragment", first.model, None, first.end), ctx.input_shape(first.model)[1:])
     ]
-    # the probe's output of the chain so far: the first fragment's cached activation, read
-    # batch by batch where a least-squares fit is all that needs it, else a whole tensor
-    x: torch.Tensor | Fragment | None = first if config.is_stitched else None
+    # the probe's output of the chain so far, batch by batch: the first fragment's cached
+    # activation, run on through each joint fitted since; a trained joint takes it whole
+    x: ProbeBatches | None = None
+    if config.is_stitched:
+        x = functools.partial(ctx.activation_batches, first.model, first.end, "probe")
     x_cut = ctx.cut(first.model, first.end) if first.end else None
     # parts[0] is the zoo's own fragment, so its outputs may be read from the cache; a zoo
     # model on its own runs from its inputs instead: the figures every claim compares with
@@ -245,15 +266,13 @@ def build(
             raise ConfigError(f"joint {i} of {config.describe()} needs a cut point on both sides")
         dst = ctx.cut(frag.model, frag.start)
         if adapter.kind != "lstsq":  # a trained kind, or one registered by the user
-            if isinstance(x, Fragment):
-                x = ctx.activation(x.model, x.end, "probe")
             link = adapters.Joint(
                 i,
                 x_cut,
                 frag.model,
                 dst,
                 frag.end,
-                x,
+                torch.cat(list(x())),
                 _chain_rows(ctx, first, parts, cached),
                 first,
             )
@@ -265,7 +284,8 @@ def build(
             info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
             parts.extend([fit.adapter, fit.fragment])
             if i + 1 < len(joints):
-                x, x_cut = _chain_input(ctx, first, parts, cached)("probe"), _next_cut(ctx, frag)
+                x = _whole(ctx, _chain_input(ctx, first, parts, cached)("probe"))
+                x_cut = _next_cut(ctx, frag)
             continue
         stitch = _fit_adapter(ctx, adapter, x, frag, x_cut, dst)
         seg = ctx.segment(frag.model, frag.start, frag.end)
@@ -281,10 +301,7 @@ def build(
             info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
         parts.extend(joint)
         if i + 1 < len(joints):  # the next joint is fitted on this chain's output
-            if isinstance(x, Fragment):
-                x = ctx.activation(x.model, x.end, "probe")
-            x = ctx.run(nn.Sequential(*joint), x)
-            x_cut = _next_cut(ctx, frag)
+            x, x_cut = _through(ctx, nn.Sequential(*joint), x), _next_cut(ctx, frag)
     preprocess = Preprocess(spec.size, spec.mean, spec.std).to(ctx.device)
     return StitchedNet(config, preprocess, parts, info, cached_prefix=cached)
 

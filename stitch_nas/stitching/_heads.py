@@ -29,6 +29,7 @@ __all__ = [
     "LinearProbeHead",
     "fit_head",
     "head_from_recipe",
+    "held_out_correct",
     "head_recipe",
     "register_head",
 ]
@@ -59,7 +60,14 @@ def register_head(name: str, kind: HeadKind) -> HeadKind:
 
 
 class KNNHead(nn.Module):
-    """Votes of the ``k`` nearest probe samples (Euclidean), one score per class."""
+    """Votes of the ``k`` nearest probe samples (Euclidean), one score per class.
+
+    A tie of votes goes to the class of the nearest sample among the tied: each vote weighs
+    ``1 + 2**-(rank + 2)`` (rank 0: the nearest), which orders equal counts and never outweighs
+    one more vote. With few probe images per class ties are the rule (k=5 at 2 images a class:
+    five classes with one vote each), and the smallest class index winning them would throw
+    the nearest neighbour away.
+    """
 
     features: torch.Tensor  # buffers, registered in __init__
     labels: torch.Tensor
@@ -80,9 +88,11 @@ class KNNHead(nn.Module):
             - 2 * x @ self.features.T
             + (self.features * self.features).sum(1)
         )
-        nearest = dist.topk(self.k, dim=1, largest=False).indices
+        nearest = dist.topk(self.k, dim=1, largest=False).indices  # nearest first
         classes = torch.arange(self.num_classes, device=x.device)
-        return (self.labels[nearest].unsqueeze(-1) == classes).sum(1).float()
+        weight = 1 + 2.0 ** -(torch.arange(self.k, device=x.device, dtype=x.dtype) + 2)
+        votes = (self.labels[nearest].unsqueeze(-1) == classes).to(x.dtype)
+        return (votes * weight[:, None]).sum(1)
 
 
 class LinearProbeHead(nn.Module):
@@ -166,6 +176,34 @@ def fit_head(
     kind = HEADS.get(spec.kind)
     options = check_options(kind.options, dict(spec.options), f"head {spec.kind!r}")
     return kind.fit(features, labels, num_classes, **options)
+
+
+def held_out_correct(
+    spec: HeadSpec, features: torch.Tensor, labels: torch.Tensor, num_classes: int, batch: int = 256
+) -> int:
+    """Probe images the head ``spec`` gets right when it never saw them: each class's images
+    alternate between two folds, and each fold is scored by the head fitted on the other.
+
+    Scored on the images it was fitted to, a head says little with few images per class (at
+    1,000 classes, 2 each): a k-NN head finds each image itself, and a linear probe separates
+    even random features; so a broken stitch would look fine. Held out, random features score
+    chance. A class with one image is scored by a head that never saw that class: wrong.
+    """
+    fold = torch.zeros(len(labels), dtype=torch.bool)
+    for label in labels.unique():
+        members = (labels == label).nonzero().squeeze(1)
+        fold[members[1::2]] = True
+    correct = 0
+    for held in (fold, ~fold):
+        if held.all() or not held.any():  # nothing to fit on, or nothing to score
+            continue
+        head = fit_head(spec, features[~held], labels[~held], num_classes)
+        if head is None:
+            raise ConfigError("the native head is not fitted; score it on the probe as it is")
+        for x, y in zip(features[held].split(batch), labels[held].split(batch), strict=True):
+            with torch.no_grad():
+                correct += int((head(x).argmax(1).cpu() == y.cpu()).sum())
+    return correct
 
 
 def head_recipe(head: nn.Module | None) -> dict[str, Any] | None:
