@@ -93,7 +93,7 @@ def run(
     :class:`~stitch_nas.errors.ConfigError`."""
     from ._executor import executor_from_settings
     from ._lock import claim_out
-    from ._preflight import check_plugins, check_run, check_study_in
+    from ._preflight import check_plugins, check_run, check_study_in, data_size
     from ._resume import check_resumed
 
     if not isinstance(settings, Settings):  # a file's path: parsed and checked key by key
@@ -103,6 +103,7 @@ def run(
     check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out
     check_plugins(search)  # space, its options, adapters, heads: before data or zoo
     executor = executor_from_settings(search)  # a bad executor fails before any work
+    settings.data.size = data_size(settings)  # None: the zoo's; recorded so, for --resume
     study_options: dict[str, Any] = {
         "resume": resume,
         "storage": search.storage,
@@ -155,11 +156,14 @@ def _prepare(
     """Data, zoo, context and objective, checked as far as can be before the study exists."""
     from stitch_nas.search import check_budget_reachable
 
+    from ._preflight import check_image_sizes
+
     search = settings.search
     data = load_data(settings.data)
     start = time.perf_counter()
     zoo = load_zoo(settings.zoo, data, progress=progress)
     echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
+    check_image_sizes(zoo, data, settings.data.upsample)  # no model fed upsampled images
     cache = ActivationCache(memory_gb=search.cache_memory_gb, spill_dir=search.cache_dir)
     ctx = StitchContext(zoo, data, device=device, cache=cache, autocast=search.autocast)
     if ctx.autocast is not None:  # every accuracy below is measured this way
@@ -350,7 +354,10 @@ def _rebuild(study: Any, out_dir: Path, progress: bool) -> tuple[StitchContext, 
             f"the study in {out_dir} does not record its settings (written by an older "
             "stitch_nas); run the search again (or `stitch-nas report --no-test`)"
         )
+    from ._preflight import data_size
+
     settings = settings_from_dict(raw)
+    settings.data.size = data_size(settings)  # recorded by the search; older studies: None
     data = load_data(settings.data)
     zoo = load_zoo(settings.zoo, data, progress=progress)
     search = settings.search

@@ -42,7 +42,12 @@ class DataSettings:
     kind: str = "digits"
     root: str | None = None  #: folder of image_folder / torchvision / npz (relative: to the YAML)
     name: str | None = None  #: torchvision data set class, e.g. CIFAR10
-    size: int = 32  #: side of the square images the data set yields, in pixels
+    #: side of the square images the data set yields, in pixels (models with an eval transform
+    #: of their own, timm's, crop the stored images instead); None: the largest input side the
+    #: zoo.models ask for, 32 for the mini zoo alone
+    size: int | None = None
+    #: let models take inputs larger than the data's images (upsampled); false: refused
+    upsample: bool = False
     probe_size: int = 128  #: images of the probe split (stitch fits, CKA, the pruning proxy)
     seed: int = 0  #: seed of the split permutation (npz: of each file's one shuffle)
     split_folders: bool = False  #: image_folder: keep root/train, root/val, root/test as splits
@@ -130,7 +135,12 @@ class Settings:
 
 
 #: keys whose default None means "decided at run time", with the type of their other values
-_NUMBERS_OR_NONE: dict[str, type] = {"cache_memory_gb": float, "seed_pool": int, "floor": float}
+_NUMBERS_OR_NONE: dict[str, type] = {
+    "cache_memory_gb": float,
+    "seed_pool": int,
+    "floor": float,
+    "size": int,
+}
 
 
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
