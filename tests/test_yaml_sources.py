@@ -203,6 +203,7 @@ def test_search_from_yaml_on_split_folders(tmp_path: Path) -> None:
             "root": "pets",
             "split_folders": True,
             "size": 16,
+            "upsample": True,  # the pictures are 12 px: fed to 16-px models on purpose
             "probe_size": 32,
         },  # fmt: skip
         # untrained models: every stitch is at chance, so none may be probe-pruned

@@ -109,11 +109,15 @@ class Split:
             x = self.x[i : i + size] if index is None else self.x[index[i : i + size]]
             yield x if transform is None else transform_images(x, transform)
 
-    def read(self, index: torch.Tensor | None = None) -> torch.Tensor:
-        """The images ``index`` (all: None) as one tensor: for a few rows, or a small split."""
-        if isinstance(self.x, torch.Tensor):
+    def read(
+        self, index: torch.Tensor | None = None, transform: Callable[[Any], Any] | None = None
+    ) -> torch.Tensor:
+        """The images ``index`` (all: None) as one tensor: for a few rows, or a small split;
+        with a model's eval ``transform``, as :meth:`batches` makes them."""
+        if isinstance(self.x, torch.Tensor) and transform is None:
             return self.x if index is None else self.x[index]
-        return torch.cat(list(self.batches(max(1, len(self if index is None else index)), index)))
+        rows = max(1, len(self if index is None else index))
+        return torch.cat(list(self.batches(rows, index, transform)))
 
 
 @dataclass(frozen=True, eq=False)

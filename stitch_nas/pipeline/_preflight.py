@@ -255,7 +255,8 @@ def _item_side(item: dict[str, Any]) -> int | None:
 def data_size(settings: Any) -> int:
     """``data.size`` as given, else the largest input side the ``zoo.models`` ask for (their
     ``input_size``, a timm model's ``pretrained_cfg``), else 32: the mini zoo's, which takes the
-    data's size. The run sets it in ``settings`` before the data load, so the study records it.
+    data's size. The run loads its data at this size; the study records ``data.size`` as given
+    (None follows the zoo, which a resumed run must keep too).
     """
     if settings.data.size is not None:
         return int(settings.data.size)

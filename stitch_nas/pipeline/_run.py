@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def run(
     :class:`~stitch_nas.errors.ConfigError`."""
     from ._executor import executor_from_settings
     from ._lock import claim_out
-    from ._preflight import check_plugins, check_run, check_study_in, data_size
+    from ._preflight import check_plugins, check_run, check_study_in
     from ._resume import check_resumed
 
     if not isinstance(settings, Settings):  # a file's path: parsed and checked key by key
@@ -103,7 +103,6 @@ def run(
     check_run(settings, Path(out_dir), resume=resume, join=join)  # names, numbers, --out
     check_plugins(search)  # space, its options, adapters, heads: before data or zoo
     executor = executor_from_settings(search)  # a bad executor fails before any work
-    settings.data.size = data_size(settings)  # None: the zoo's; recorded so, for --resume
     study_options: dict[str, Any] = {
         "resume": resume,
         "storage": search.storage,
@@ -156,10 +155,10 @@ def _prepare(
     """Data, zoo, context and objective, checked as far as can be before the study exists."""
     from stitch_nas.search import check_budget_reachable
 
-    from ._preflight import check_image_sizes
+    from ._preflight import check_image_sizes, data_size
 
     search = settings.search
-    data = load_data(settings.data)
+    data = load_data(replace(settings.data, size=data_size(settings)))  # None: the zoo's
     start = time.perf_counter()
     zoo = load_zoo(settings.zoo, data, progress=progress)
     echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
@@ -357,8 +356,7 @@ def _rebuild(study: Any, out_dir: Path, progress: bool) -> tuple[StitchContext, 
     from ._preflight import data_size
 
     settings = settings_from_dict(raw)
-    settings.data.size = data_size(settings)  # recorded by the search; older studies: None
-    data = load_data(settings.data)
+    data = load_data(replace(settings.data, size=data_size(settings)))
     zoo = load_zoo(settings.zoo, data, progress=progress)
     search = settings.search
     device = _resolve_device(search.device)

@@ -134,6 +134,7 @@ TYPE_ONLY = frozenset(
     {
         "zoo.mini_zoo",
         "data.seed",
+        "data.upsample",
         "data.x_key",
         "data.y_key",
         "data.label_names",
