@@ -6,7 +6,8 @@ with shape ``(N, 3, H, W)``: a tensor in memory, or an
 folders become; uint8 arrays, what torchvision data sets become). Code reads a split through
 :meth:`Split.batches` and :meth:`Split.read`, which serve both. Images are deliberately *not*
 normalised: each model in a zoo has its own input spec (mean, std, size) and applies it itself,
-so one data set serves all of them.
+so one data set serves all of them; a model with an eval transform of its own (a timm model's
+resize and centre crop) has its batches made from the stored images by it (``transform``).
 
 The *probe* split is a small set disjoint from the others; it is used to collect activations
 when fitting stitching layers, so it must never leak into validation or test numbers.
