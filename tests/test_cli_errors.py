@@ -400,7 +400,10 @@ def test_the_checks_and_the_library_read_one_list_of_choices():
     assert PROBE_SIZE_RANGE is choices.PROBE_SIZE_RANGE
     assert FIELD_CHECKS["data.probe_size"] is choices.check_probe_size
     assert _splits.probe_size_for is choices.probe_size_for  # which calls check_probe_size
-    assert FIELD_CHECKS["data.size"] is _splits.check_image_size is choices.check_image_size
+    assert _splits.check_image_size is choices.check_image_size  # data.size: it, or None
+    assert FIELD_CHECKS["data.size"](None, "data.size") is None  # None: the zoo's size
+    with pytest.raises(ConfigError, match=r"data.size=4"):
+        FIELD_CHECKS["data.size"](4, "data.size")
     assert tuple(AUTOCAST_DTYPES) == choices.AUTOCAST_DTYPES
 
 

@@ -583,7 +583,7 @@ _SEARCHED = "zoo:\n  models: [{source: timm, model: test_resnet, num_classes: 10
             "zoo.models[0].model = 'test_resnet', this run has 'test_vit'",
         ),
         (_SEARCHED + "search: {space: chain}\n", "search.space = 'pairwise', this run has 'chain'"),
-        (_SEARCHED + "data: {size: 16}\n", "data.size = 32, this run has 16"),
+        (_SEARCHED + "data: {size: 16}\n", "data.size = None, this run has 16"),
     ],
     ids=["same", "model removed", "model changed", "space", "data"],
 )

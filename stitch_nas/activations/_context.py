@@ -201,7 +201,8 @@ class StitchContext(CutSimilarity):
             for batch in self.batches(memo):
                 yield batch.clone()  # a model may open with an in-place op
             return
-        for batch in self.split(split).batches(self.batch_size):
+        transform = self.entry(model).input_spec.image_transform()  # the model's own crop
+        for batch in self.split(split).batches(self.batch_size, transform=transform):
             yield self._preprocess(model, batch)
 
     def batches(self, x: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -293,7 +294,8 @@ class StitchContext(CutSimilarity):
 
     def input_rows(self, model: str, split: str, index: torch.Tensor) -> Iterator[torch.Tensor]:
         """:meth:`input_batches` for the images ``index`` (sorted) of ``split`` only."""
-        for batch in self.split(split).batches(self.batch_size, index):
+        transform = self.entry(model).input_spec.image_transform()
+        for batch in self.split(split).batches(self.batch_size, index, transform):
             yield self._preprocess(model, batch)
 
     def activation(self, model: str, cut: str | None, split: str) -> torch.Tensor:

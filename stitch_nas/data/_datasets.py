@@ -5,7 +5,8 @@ split helpers of :mod:`stitch_nas.data`, with float32 images in ``[0, 1]``, not 
 An image folder's splits stay files, read batch by batch when a split is used
 (:mod:`stitch_nas.data._files`); a torchvision data set that has its images as arrays keeps
 them as uint8 and converts a batch at a time (:mod:`stitch_nas.data._sources`); other
-torchvision data sets are decoded whole into float32.
+torchvision data sets stay files (ImageNet) or items read a batch at a time. No split is
+decoded whole, and each model's own eval transform crops the stored images.
 Nothing here downloads anything: folders and torchvision data sets must already be on disk.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from stitch_nas.choices import ProbeSize, check_image_size, check_probe_size, probe_size_for
-from stitch_nas.data._files import FileImages
+from stitch_nas.data._files import DatasetImages, FileImages
 from stitch_nas.data._sources import ArrayImages
 from stitch_nas.data._splits import (
     DataSplits,
@@ -122,7 +123,9 @@ def _dataset_class(name: str) -> type[Any]:
         if not inspect.isclass(cls):
             continue
         params = inspect.signature(cls.__init__).parameters
-        if "root" in params and "download" in params and ("train" in params or "split" in params):
+        # ImageNet takes no download (it is never downloadable), the others all do
+        local = "download" in params or candidate == "ImageNet"
+        if "root" in params and local and ("train" in params or "split" in params):
             found[candidate] = cls
     if name not in found:
         close = difflib.get_close_matches(name, list(found), n=3) or ["CIFAR10", "MNIST", "SVHN"]
@@ -135,14 +138,23 @@ def _dataset_class(name: str) -> type[Any]:
 
 def _open_part(cls: type[Any], root: Path, train: bool) -> Any:
     params = inspect.signature(cls.__init__).parameters
-    part = {"train": train} if "train" in params else {"split": "train" if train else "test"}
-    try:
-        return cls(root=str(root), download=False, **part)
-    except (RuntimeError, FileNotFoundError, OSError, ValueError) as exc:
-        raise DataError(
-            f"{cls.__name__} not found under {str(root)!r} ({exc}); nothing is downloaded, "
-            "so place the data set files there first"
-        ) from exc
+    local = {"download": False} if "download" in params else {}
+    if "train" in params:
+        parts: list[dict[str, Any]] = [{"train": train}]
+    else:  # a data set without a test split (ImageNet: train and val) holds out val
+        parts = [{"split": "train"}] if train else [{"split": "test"}, {"split": "val"}]
+    for part in parts:
+        try:
+            return cls(root=str(root), **local, **part)
+        except ValueError as exc:  # an unknown split name (try the next), or a bad file
+            error: Exception = exc
+        except (RuntimeError, FileNotFoundError, OSError) as exc:
+            error = exc
+            break
+    raise DataError(
+        f"{cls.__name__} not found under {str(root)!r} ({error}); nothing is downloaded, "
+        "so place the data set files there first"
+    ) from error
 
 
 def _bulk_arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -165,22 +177,27 @@ def _bulk_arrays(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _to_tensors(
-    dataset: Any, size: int, limit: int | None
-) -> tuple[torch.Tensor | ArrayImages, torch.Tensor]:
+    dataset: Any, size: int, limit: int | None, workers: int
+) -> tuple[ArrayImages | FileImages, torch.Tensor]:
+    """A data set's images as a source that makes float32 a batch at a time: uint8 arrays kept
+    in memory, files (an ImageFolder, ImageNet) read from disk, or other data sets' items."""
     count = len(dataset) if limit is None else min(limit, len(dataset))
     arrays = _bulk_arrays(dataset)
     if arrays is not None:  # kept as uint8, made float32 (and resized) batch by batch
         return ArrayImages(arrays[0][:count], size), arrays[1][:count].contiguous()
-    # generic path: slower, but works for any data set that yields (PIL image, int)
-    from torchvision.transforms import functional as TF
-
-    images, labels_list = [], []
-    for index in range(count):
-        image, label = dataset[index]
-        image = TF.resize(image.convert("RGB"), [size, size])
-        images.append(TF.to_tensor(image))
-        labels_list.append(int(label))
-    return torch.stack(images).float(), torch.tensor(labels_list, dtype=torch.int64)
+    samples = getattr(dataset, "samples", None)
+    if isinstance(samples, list) and samples and isinstance(samples[0], tuple):  # ImageFolder
+        chosen = samples[:count]
+        labels = [int(label) for _, label in chosen]
+        images = FileImages(Path(dataset.root), [p for p, _ in chosen], labels, size, workers)
+        images.check_headers()
+        return images, torch.tensor(labels, dtype=torch.int64)
+    # any other data set yielding (PIL image, label): its items, read when a batch is
+    targets = getattr(dataset, "targets", None) or getattr(dataset, "_labels", None)
+    if targets is None or len(targets) < count:  # labels only by reading every item once
+        targets = [dataset[index][1] for index in range(count)]
+    labels = [int(label) for label in list(targets)[:count]]
+    return DatasetImages(dataset, range(count), labels, size), torch.tensor(labels)
 
 
 def load_torchvision_dataset(
@@ -191,11 +208,14 @@ def load_torchvision_dataset(
     probe_size: ProbeSize = "auto",
     seed: int = 0,
     limit: int | None = None,
+    workers: int = 2,
 ) -> DataSplits:
-    """Load a torchvision data set class (e.g. ``"CIFAR10"``, ``"MNIST"``) from a local root.
+    """Load a torchvision data set class (e.g. ``"CIFAR10"``, ``"MNIST"``, ``"ImageNet"``)
+    from a local root.
 
     Nothing is downloaded (``download=False``). The train split and the probe come from the
-    data set's train part (disjoint), val and test are the two halves of its test part.
+    data set's train part (disjoint), val and test are the two halves of its test part (its
+    val part where it has no test part, as ImageNet).
 
     Args:
         name: Class name in ``torchvision.datasets``.
@@ -205,9 +225,12 @@ def load_torchvision_dataset(
             ``{"per_class": k}``, resolved for the data's classes
             (:func:`~stitch_nas.choices.probe_size_for`).
         seed: Seed of the split permutations.
-        limit: If set, use at most this many examples from each part. Data sets with image
-            arrays (CIFAR, MNIST, SVHN, ...) keep them as uint8 at their own size (CIFAR-10:
-            0.18 GB); others are decoded into float32 at ``12 * size**2`` bytes an image.
+        limit: If set, use at most this many examples from each part.
+        workers: Processes that decode image files while a split is read (0: none).
+
+    No split is decoded whole: data sets with image arrays (CIFAR, MNIST, SVHN, ...) keep them
+    as uint8 at their own size (CIFAR-10: 0.18 GB); ImageFolder-like ones (ImageNet) are read
+    from their files, and others item by item, a batch at a time.
 
     Returns:
         The splits, named after the class, with the class's ``classes`` as label names.
@@ -227,9 +250,11 @@ def load_torchvision_dataset(
             f"data root {str(root)!r} does not exist; nothing is downloaded, so put {name} there"
         )
     test_part = _open_part(cls, root, train=False)
-    x_train, y_train = _to_tensors(_open_part(cls, root, train=True), size, limit)
-    x_test, y_test = _to_tensors(test_part, size, limit)
+    x_train, y_train = _to_tensors(_open_part(cls, root, train=True), size, limit, workers)
+    x_test, y_test = _to_tensors(test_part, size, limit, workers)
     label_names = getattr(test_part, "classes", None) or range(int(y_train.max()) + 1)
+    # ImageNet's classes are tuples of names ("tench", "Tinca tinca"): the first names it
+    label_names = [n[0] if isinstance(n, (tuple, list)) else n for n in label_names]
     probe_size = probe_size_for(probe_size, len(label_names))
     if len(y_train) <= probe_size or len(y_test) < 2:
         raise DataError(
@@ -259,15 +284,17 @@ def load_split_folders(
     seed: int = 0,
     workers: int = 2,
 ) -> DataSplits:
-    """Load an image folder whose splits are fixed: ``root/{train,val,test}/<class>/<image>``.
+    """Load an image folder whose splits are fixed: ``root/{train,val,test}/<class>/<image>``,
+    or ImageNet's layout ``root/{train,val}/<synset>/<image>`` (no ``test/``).
 
-    The val and test folders are used as they are; the probe is ``probe_size`` images of
-    ``train/`` (a seeded, class-interleaved pick; ``"auto"`` or ``{"per_class": k}`` resolved
-    for its classes by :func:`~stitch_nas.choices.probe_size_for`) and train is the rest of
-    ``train/``, so the
-    data set's own train/test separation is kept. Every split must have the same class
-    folders (a class with no images in a split still needs its empty folder). Images are read
-    from their files batch by batch, as in :func:`load_image_folder`.
+    The val and test folders are used as they are; without ``test/``, val and test are the two
+    halves of ``val/`` (a seeded, class-interleaved cut, as the torchvision kind cuts a test
+    part). The probe is ``probe_size`` images of ``train/`` (a seeded, class-interleaved pick;
+    ``"auto"`` or ``{"per_class": k}`` resolved for its classes by
+    :func:`~stitch_nas.choices.probe_size_for`) and train is the rest of ``train/``, so the
+    data set's own train/test separation is kept. Every split must have the same class folders
+    (a class with no images in a split still needs its empty folder). Images are read from
+    their files batch by batch, as in :func:`load_image_folder`.
 
     Raises:
         DataError: a split folder is missing, holds other classes than train/, or too few
@@ -280,7 +307,8 @@ def load_split_folders(
     root = Path(root).expanduser()
     parts: dict[str, list[tuple[str, int]]] = {}
     classes: list[str] | None = None
-    for split in ("train", "val", "test"):
+    folders = ("train", "val", "test") if (root / "test").is_dir() else ("train", "val")
+    for split in folders:
         folder = root / split
         try:
             dataset = ImageFolder(str(folder), allow_empty=True)
@@ -308,12 +336,22 @@ def load_split_folders(
         _class_interleaved_order(y_train, seed), [probe_size, len(y_train) - probe_size]
     )
     logger.info("found split folders of %s: %s", root, {s: len(p) for s, p in parts.items()})
-    every = {split: torch.arange(len(parts[split])) for split in ("val", "test")}
+    if "test" in parts:
+        held = {split: (parts[split], torch.arange(len(parts[split]))) for split in ("val", "test")}
+    else:  # ImageNet's layout: its val/ is the held-out part, cut into val and test
+        y_val = torch.tensor([label for _, label in parts["val"]], dtype=torch.int64)
+        if len(y_val) < 2:
+            raise DataError(f"{root}/val has {len(y_val)} images; need at least 2 (val and test)")
+        half = len(y_val) // 2
+        val_idx, test_idx = _cut(
+            _class_interleaved_order(y_val, seed + 1), [half, len(y_val) - half]
+        )
+        held = {"val": (parts["val"], val_idx), "test": (parts["val"], test_idx)}
     return DataSplits(
         train=_files_split(root, parts["train"], train_idx, size, workers),
         probe=_files_split(root, parts["train"], probe_idx, size, workers),
-        val=_files_split(root, parts["val"], every["val"], size, workers),
-        test=_files_split(root, parts["test"], every["test"], size, workers),
+        val=_files_split(root, *held["val"], size, workers),
+        test=_files_split(root, *held["test"], size, workers),
         label_names=tuple(dataset.classes),  # every split has the same (checked above)
         name=f"{root.name}{size}-split-folders",
     )

@@ -4,8 +4,11 @@ An image folder becomes a list of file paths (its labels come from the folder na
 opening a file). Each time a split is read, a torch ``DataLoader`` with ``workers`` processes
 decodes the files of one batch at a time, converts them to RGB, resizes them to ``size`` x
 ``size`` and scales them to ``[0, 1]`` (``torchvision.transforms.Resize`` + ``ToTensor``, the
-transform the in-memory loaders used, so the pixels are the same). Memory is a few batches,
-whatever the number of files.
+transform the in-memory loaders used, so the pixels are the same). A model with an eval
+transform of its own (a timm model: resize by ``crop_pct``, centre crop, its interpolation;
+:meth:`~stitch_nas.zoo.InputSpec.image_transform`) reads the files through that transform
+instead, so it sees each image as timm's eval pipeline shows it, whatever the image's size and
+aspect. Memory is a few batches, whatever the number of files.
 
 The fingerprint (which keys the on-disk activation cache) covers each file's path relative to
 the folder, its size in bytes and its modification time in nanoseconds, its label, and the
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from stitch_nas.choices import check_at_least
 from stitch_nas.errors import DataError
 
-__all__ = ["FileImages"]
+__all__ = ["DatasetImages", "FileImages"]
 
 
 def _fix(path: str, exc: Exception) -> str:
@@ -40,10 +43,17 @@ def _fix(path: str, exc: Exception) -> str:
 
 class _Decode(Dataset):
     """``index -> (image tensor or None, error or None)``: errors travel back as one line, not
-    as a worker process's traceback."""
+    as a worker process's traceback. With a model's eval ``transform`` the image goes through
+    it (uint8 out, a quarter of float32 between processes); else it is resized to ``size``."""
 
-    def __init__(self, paths: Sequence[str], size: int) -> None:
-        self.paths, self.size = paths, size
+    def __init__(
+        self,
+        paths: Sequence[Any],
+        size: int,
+        transform: Callable[[Any], Any] | None,
+        dataset: Any = None,
+    ) -> None:
+        self.paths, self.size, self.transform, self.dataset = paths, size, transform, dataset
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -54,12 +64,18 @@ class _Decode(Dataset):
 
         path = self.paths[index]
         try:
-            with Image.open(path) as image:
-                rgb = image.convert("RGB")
+            if self.dataset is not None:  # a data set's item: (PIL image, label)
+                rgb = self.dataset[path][0].convert("RGB")
+            else:
+                with Image.open(path) as image:
+                    rgb = image.convert("RGB")
+            if self.transform is not None:
+                return self.transform(rgb), None
             resized = TF.resize(rgb, [self.size, self.size])
             return TF.to_tensor(resized), None
         except (OSError, ValueError, SyntaxError) as exc:  # PIL raises all three
-            return None, _fix(path, exc)
+            where = path if self.dataset is None else f"{type(self.dataset).__name__}[{path}]"
+            return None, _fix(where, exc)
 
 
 def _collate(items: list[tuple[torch.Tensor | None, str | None]]) -> Any:
@@ -86,6 +102,7 @@ class FileImages:
         self.root, self.paths, self.size, self.workers = root, list(paths), size, workers
         self._labels = list(labels)
         self._fingerprint: str | None = None
+        self._largest: int | None = None  # the largest shorter side, read by check_headers
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -94,21 +111,48 @@ class FileImages:
     def shape(self) -> tuple[int, int, int, int]:
         return (len(self.paths), 3, self.size, self.size)
 
+    def rows(self, index: torch.Tensor) -> FileImages:
+        """The images ``index`` as a new source (their paths and labels)."""
+        chosen = index.tolist()
+        labels = [self._labels[i] for i in chosen]
+        part = FileImages(
+            self.root, [self.paths[i] for i in chosen], labels, self.size, self.workers
+        )
+        part._largest = self._largest  # an upper bound: the headers are not read again
+        return part
+
+    @property
+    def stored_side(self) -> int:
+        """The largest side a model may take without upsampling every image: the largest of
+        the files' shorter sides (their headers say), at most :attr:`size`. A folder of mixed
+        sizes (ImageNet's) passes; one of small images only (CIFAR's) does not."""
+        if self._largest is None:
+            self.check_headers()
+        return min(self.size, self._largest or self.size)
+
     def check_headers(self) -> None:
         """Open every file's header (no pixels): a file that is not an image is named now."""
         from PIL import Image
 
+        largest = 0
         for path in self.paths:
             try:
-                with Image.open(path):
-                    pass
+                with Image.open(path) as image:
+                    largest = max(largest, min(image.size))
             except (OSError, ValueError, SyntaxError) as exc:
                 raise DataError(_fix(path, exc)) from None
+        self._largest = largest
 
-    def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
-        """Float32 ``(n, 3, size, size)`` batches of the rows ``index`` (all: None), in order."""
+    def batches(
+        self,
+        size: int,
+        index: torch.Tensor | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Float32 ``(n, 3, size, size)`` batches of the rows ``index`` (all: None), in order;
+        with a model's eval ``transform``, each file goes through it instead of the resize."""
         paths = self.paths if index is None else [self.paths[i] for i in index.tolist()]
-        decode = _Decode(paths, self.size)
+        decode = _Decode(paths, self.size, transform, getattr(self, "dataset", None))
         loaded: Any
         if self.workers == 0 or len(paths) <= size:  # one batch: not worth starting processes
             loaded = (
@@ -122,7 +166,7 @@ class FileImages:
         for batch in loaded:
             if isinstance(batch, str):
                 raise DataError(batch)
-            yield batch
+            yield batch.float().div_(255.0) if batch.dtype == torch.uint8 else batch
 
     def fingerprint(self) -> str:
         """A digest of the files' relative paths, sizes, modification times and labels, and
@@ -133,5 +177,48 @@ class FileImages:
                 stat = os.stat(path)
                 relative = os.path.relpath(path, self.root)
                 digest.update(f"{relative}\0{stat.st_size}\0{stat.st_mtime_ns}\0{label}\n".encode())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+
+class DatasetImages(FileImages):
+    """The images of a torchvision data set that has no image array (its items are PIL images
+    of any size), read item by item when a split is read, never decoded whole.
+
+    Its fingerprint covers the data set's class, root and length, the rows, their labels and
+    the output size; not the pixels (decoding every image to hash it would cost a whole pass).
+
+    Args:
+        dataset: the data set (``dataset[i]`` is ``(PIL image, label)``).
+        rows: the items this split holds, in order.
+        labels: their class indices.
+        size: side of the output images in pixels.
+    """
+
+    def __init__(self, dataset: Any, rows: Sequence[int], labels: Sequence[int], size: int) -> None:
+        root = Path(str(getattr(dataset, "root", ".")))
+        # the rows stand where a folder's paths do: _Decode reads dataset[row] for them
+        super().__init__(root, list(rows), labels, size, workers=0)  # type: ignore[arg-type]
+        self.dataset = dataset
+
+    def rows(self, index: torch.Tensor) -> DatasetImages:
+        chosen = index.tolist()
+        labels = [self._labels[i] for i in chosen]
+        return DatasetImages(self.dataset, [self.paths[i] for i in chosen], labels, self.size)
+
+    @property
+    def stored_side(self) -> int:
+        return self.size  # unknown without decoding every image
+
+    def check_headers(self) -> None:
+        """Nothing to open ahead: a bad item is named when a batch first reads it."""
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            kind = type(self.dataset).__name__
+            described = f"dataset:{kind}:{self.root}:{len(self.dataset)}:{self.size}"
+            digest = hashlib.sha256(described.encode())
+            rows = torch.tensor([self.paths, self._labels], dtype=torch.int64)
+            digest.update(rows.numpy().tobytes())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint

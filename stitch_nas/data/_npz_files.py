@@ -20,7 +20,7 @@ import io
 import os
 import struct
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ import torch
 from stitch_nas.errors import DataError
 
 from ._npz_unpack import npy_header, unpack_array
-from ._sources import channels_first, check_finite_rows, resize_images
+from ._sources import channels_first, check_finite_rows, resize_images, transform_images
 
 __all__ = ["NpzFileImages", "npz_array_place"]
 
@@ -147,10 +147,24 @@ class NpzFileImages:
         raw = channels_first(self._rows(rows), f"{self.source}:{self.key}")
         return torch.from_numpy(np.ascontiguousarray(raw))
 
-    def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+    @property
+    def stored_side(self) -> int:
+        """The stored images' shorter side, at most :attr:`size` (see :func:`.stored_side`)."""
+        height, width = self.stored_shape[1:3] if self.channels_last else self.stored_shape[-2:]
+        return min(int(height), int(width), self.size or int(height))
+
+    def batches(
+        self,
+        size: int,
+        index: torch.Tensor | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> Iterator[torch.Tensor]:
         rows = self.rows if index is None else self.rows[index.numpy()]
         for start in range(0, len(rows), size):
             raw = self._read(rows[start : start + size])
+            if transform is not None:
+                yield transform_images(raw, transform)
+                continue
             images = raw.float().div_(255.0) if raw.dtype == torch.uint8 else raw.float()
             if self.size is not None:
                 images = resize_images(images, self.size)

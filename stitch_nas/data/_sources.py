@@ -13,8 +13,8 @@ scales (and resizes) one batch at a time, with the same conversion the whole-arr
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -29,6 +29,8 @@ __all__ = [
     "check_finite_rows",
     "is_channels_last",
     "resize_images",
+    "stored_side",
+    "transform_images",
 ]
 
 _CHUNK = 4096  # images resized per call, to bound peak memory on large data sets
@@ -44,6 +46,25 @@ def resize_images(x: torch.Tensor, size: int) -> torch.Tensor:
         for chunk in x.split(_CHUNK)
     ]
     return torch.cat(out).clamp_(0.0, 1.0)
+
+
+def transform_images(stored: torch.Tensor, transform: Callable[[Any], Any]) -> torch.Tensor:
+    """A model's eval transform (:meth:`~stitch_nas.zoo.InputSpec.image_transform`) over stored
+    images ``(n, C, h, w)`` (C = 1 or 3), as float32 ``(n, 3, H, W)`` in ``[0, 1]``.
+
+    uint8 images go through it one PIL image at a time, as timm's own eval pipeline reads
+    them, so the pixels are timm's; float images (no PIL image holds them exactly) go through
+    it as one tensor batch (torchvision's tensor resize, antialiased).
+    """
+    if stored.dtype != torch.uint8:
+        return transform(stored.float().expand(-1, 3, -1, -1)).clamp_(0.0, 1.0)  # type: ignore[no-any-return]
+    from PIL import Image
+
+    out = []
+    for image in stored.permute(0, 2, 3, 1).numpy():  # (h, w, C): PIL's layout
+        pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+        out.append(transform(pil.convert("RGB")))
+    return torch.stack(out).float().div_(255.0)
 
 
 def check_finite_rows(
@@ -103,8 +124,15 @@ class ImageSource(Protocol):
 
     def __len__(self) -> int: ...
 
-    def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
-        """Float32 images in ``[0, 1]``: rows ``index`` (sorted; None: all), ``size`` at a time."""
+    def batches(
+        self,
+        size: int,
+        index: torch.Tensor | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Float32 images in ``[0, 1]``: rows ``index`` (sorted; None: all), ``size`` at a time;
+        with ``transform`` (a model's eval transform, :func:`transform_images`), made from the
+        stored images by it rather than resized to :attr:`shape`."""
         ...
 
     def fingerprint(self) -> str:
@@ -112,9 +140,16 @@ class ImageSource(Protocol):
         ...
 
 
+def stored_side(images: torch.Tensor | ImageSource) -> int:
+    """The largest input side images may be given to a model at without upsampling them: an
+    image source's ``stored_side`` where it has one, else the shorter side of its shape."""
+    side = getattr(images, "stored_side", None)
+    return int(side) if side is not None else int(min(images.shape[-2:]))
+
+
 class ArrayImages:
     """uint8 images ``(N, C, h, w)`` (C = 1 or 3) in memory, yielded as float32 ``(n, 3, size,
-    size)`` in ``[0, 1]``, one batch at a time."""
+    size)`` in ``[0, 1]`` (or through a model's eval transform), one batch at a time."""
 
     def __init__(self, pixels: torch.Tensor, size: int) -> None:
         if pixels.dtype != torch.uint8 or pixels.ndim != 4 or pixels.shape[1] not in (1, 3):
@@ -129,15 +164,29 @@ class ArrayImages:
     def shape(self) -> tuple[int, int, int, int]:
         return (len(self.pixels), 3, self.size, self.size)
 
+    @property
+    def stored_side(self) -> int:
+        """The largest side a model may take without upsampling: the stored images' shorter
+        side, at most :attr:`size`."""
+        return min(self.size, *self.pixels.shape[-2:])
+
     def rows(self, index: torch.Tensor) -> ArrayImages:
         """The images ``index`` as a new source (a copy of their uint8 pixels)."""
         return ArrayImages(self.pixels[index], self.size)
 
-    def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+    def batches(
+        self,
+        size: int,
+        index: torch.Tensor | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> Iterator[torch.Tensor]:
         n = len(self) if index is None else len(index)
         for start in range(0, n, size):
             part = slice(start, start + size)
             pixels = self.pixels[part] if index is None else self.pixels[index[part]]
+            if transform is not None:
+                yield transform_images(pixels, transform)
+                continue
             images = resize_images(pixels.float().div_(255.0), self.size)
             yield images.expand(-1, 3, -1, -1).contiguous()
 

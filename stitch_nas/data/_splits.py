@@ -6,7 +6,8 @@ with shape ``(N, 3, H, W)``: a tensor in memory, or an
 folders become; uint8 arrays, what torchvision data sets become). Code reads a split through
 :meth:`Split.batches` and :meth:`Split.read`, which serve both. Images are deliberately *not*
 normalised: each model in a zoo has its own input spec (mean, std, size) and applies it itself,
-so one data set serves all of them.
+so one data set serves all of them; a model with an eval transform of its own (a timm model's
+resize and centre crop) has its batches made from the stored images by it (``transform``).
 
 The *probe* split is a small set disjoint from the others; it is used to collect activations
 when fitting stitching layers, so it must never leak into validation or test numbers.
@@ -19,7 +20,7 @@ your own data (image folders, local torchvision data sets) are in :mod:`stitch_n
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,13 @@ from stitch_nas.choices import (
 )
 from stitch_nas.errors import ConfigError, DataError
 
-from ._sources import ArrayImages, ImageSource, check_finite_rows, resize_images
+from ._sources import (
+    ImageSource,
+    check_finite_rows,
+    resize_images,
+    stored_side,
+    transform_images,
+)
 
 __all__ = ["PROBE_SIZE_RANGE", "Split", "DataSplits", "load_digits_splits"]
 
@@ -83,20 +90,40 @@ class Split:
         """Height and width of the images."""
         return int(self.x.shape[-2]), int(self.x.shape[-1])
 
-    def batches(self, size: int, index: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
-        """The images ``index`` (sorted rows; None: all), ``size`` at a time, in order."""
+    @property
+    def stored_side(self) -> int:
+        """The largest input side a model may take without upsampling the images."""
+        return stored_side(self.x)
+
+    def batches(
+        self,
+        size: int,
+        index: torch.Tensor | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """The images ``index`` (sorted rows; None: all), ``size`` at a time, in order; with a
+        model's eval ``transform`` (:meth:`~stitch_nas.zoo.InputSpec.image_transform`), made
+        from the stored images by it (:func:`~stitch_nas.data._sources.transform_images`)."""
         if not isinstance(self.x, torch.Tensor):
-            yield from self.x.batches(size, index)
+            if transform is None:  # a plug-in's source may not take a transform
+                yield from self.x.batches(size, index)
+            else:
+                yield from self.x.batches(size, index, transform)
             return
         n = len(self) if index is None else len(index)
         for i in range(0, n, size):
-            yield self.x[i : i + size] if index is None else self.x[index[i : i + size]]
+            x = self.x[i : i + size] if index is None else self.x[index[i : i + size]]
+            yield x if transform is None else transform_images(x, transform)
 
-    def read(self, index: torch.Tensor | None = None) -> torch.Tensor:
-        """The images ``index`` (all: None) as one tensor: for a few rows, or a small split."""
-        if isinstance(self.x, torch.Tensor):
+    def read(
+        self, index: torch.Tensor | None = None, transform: Callable[[Any], Any] | None = None
+    ) -> torch.Tensor:
+        """The images ``index`` (all: None) as one tensor: for a few rows, or a small split;
+        with a model's eval ``transform``, as :meth:`batches` makes them."""
+        if isinstance(self.x, torch.Tensor) and transform is None:
             return self.x if index is None else self.x[index]
-        return torch.cat(list(self.batches(max(1, len(self if index is None else index)), index)))
+        rows = max(1, len(self if index is None else index))
+        return torch.cat(list(self.batches(rows, index, transform)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,6 +157,11 @@ class DataSplits:
     def image_size(self) -> tuple[int, int]:
         """Height and width of the images."""
         return self.train.image_size
+
+    @property
+    def stored_side(self) -> int:
+        """The largest input side a model may take without upsampling any split's images."""
+        return min(split.stored_side for split in self.splits().values())
 
     def splits(self) -> dict[str, Split]:
         """Return the four splits by name, in a fixed order."""
@@ -192,10 +224,11 @@ def _cut(order: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     return pieces
 
 
-def _subset(x: torch.Tensor | ArrayImages, y: torch.Tensor, index: torch.Tensor) -> Split:
+def _subset(x: torch.Tensor | Any, y: torch.Tensor, index: torch.Tensor) -> Split:
+    """The rows ``index`` of images ``x`` (a tensor, or a source with ``rows``) as a split."""
     # sorting keeps each split in the original order, which makes inspection easier
     index = index.sort().values
-    rows = x.rows(index) if isinstance(x, ArrayImages) else x[index].contiguous()
+    rows = x[index].contiguous() if isinstance(x, torch.Tensor) else x.rows(index)
     return Split(x=rows, y=y[index].contiguous())
 
 

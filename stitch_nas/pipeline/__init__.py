@@ -27,8 +27,10 @@ _HOMES = {
     "check_caches": "._preflight",
     "check_folder": "._preflight",
     "check_formats": "._preflight",
+    "check_image_sizes": "._preflight",
     "check_plugins": "._preflight",
     "check_run": "._preflight",
+    "data_size": "._preflight",
 }
 __all__ = [  # _HOMES's keys, written out for linters and type checkers
     "PhaseClock",
@@ -36,8 +38,10 @@ __all__ = [  # _HOMES's keys, written out for linters and type checkers
     "check_caches",
     "check_folder",
     "check_formats",
+    "check_image_sizes",
     "check_plugins",
     "check_run",
+    "data_size",
     "export_folder",
     "load_data",
     "load_zoo",
@@ -52,8 +56,10 @@ if TYPE_CHECKING:
         check_caches,
         check_folder,
         check_formats,
+        check_image_sizes,
         check_plugins,
         check_run,
+        data_size,
     )
     from ._run import export_folder, load_data, load_zoo, report_folder, run
 

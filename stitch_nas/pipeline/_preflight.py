@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stitch_nas.choices import EXPORT_FORMATS
-from stitch_nas.errors import ConfigError
+from stitch_nas.errors import ConfigError, DataError
 from stitch_nas.samplers import check_sampler
 from stitch_nas.settings import (
     check_plugin_settings,
@@ -39,12 +39,14 @@ __all__ = [
     "check_first_sample",
     "check_folder",
     "check_formats",
+    "check_image_sizes",
     "check_out",
     "check_plugins",
     "check_run",
     "check_study_file",
     "check_study_in",
     "check_writable",
+    "data_size",
 ]
 
 logger = logging.getLogger(__name__)
@@ -229,3 +231,58 @@ def check_first_sample(objective: Any) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - a trial's own failure is the search's business
         logger.debug("off-the-record sample failed: %s", exc)
+
+
+def _item_side(item: dict[str, Any]) -> int | None:
+    """The input side a ``zoo.models`` item asks for (its larger one), read without building
+    the model: its input_size (or img_size), else a timm model's ``pretrained_cfg`` as timm
+    resolves it, else torchvision's 224; None for other sources that name none."""
+    size = item.get("input_size") or item.get("img_size")
+    if size is None and item.get("source") == "timm":
+        from timm.data import resolve_data_config
+        from timm.models import get_pretrained_cfg
+
+        cfg = get_pretrained_cfg(item["model"])
+        resolved = resolve_data_config({}, pretrained_cfg=cfg.to_dict() if cfg else {})
+        size = list(resolved["input_size"][-2:])
+    elif size is None and item.get("source") == "torchvision":
+        size = 224  # from_torchvision's default spec
+    if size is None:
+        return None
+    return int(size) if isinstance(size, int) else max(int(side) for side in size)
+
+
+def data_size(settings: Any) -> int:
+    """``data.size`` as given, else the largest input side the ``zoo.models`` ask for (their
+    ``input_size``, a timm model's ``pretrained_cfg``), else 32: the mini zoo's, which takes the
+    data's size. The run loads its data at this size; the study records ``data.size`` as given
+    (None follows the zoo, which a resumed run must keep too).
+    """
+    if settings.data.size is not None:
+        return int(settings.data.size)
+    sides = [side for side in map(_item_side, settings.zoo.models) if side is not None]
+    return max(sides, default=32)
+
+
+def check_image_sizes(zoo: Any, data: Any, upsample: bool = False) -> None:
+    """Every model takes inputs no larger than the data's images, unless ``upsample``.
+
+    A model fed images smaller than its input (32-px CIFAR into a 224-px ImageNet model) sees
+    them upsampled, and scores nothing like the figures its authors give: refused before any
+    trial, naming the model, the sizes and the fix.
+
+    Raises:
+        DataError: a model's input side is above the data's (:attr:`DataSplits.stored_side`).
+    """
+    if upsample:
+        return
+    side = data.stored_side
+    for name, entry in zoo.items():
+        height, width = entry.input_spec.size
+        if max(height, width) > side:
+            raise DataError(
+                f"model {name!r} takes {height}x{width} images but the data's are {side} px "
+                f"(data.size or the stored images); use images of at least {max(height, width)} "
+                "px (data.size: leave it out to follow the zoo), or set data.upsample: true to "
+                "feed it upsampled images"
+            )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -156,11 +156,14 @@ def _prepare(
     """Data, zoo, context and objective, checked as far as can be before the study exists."""
     from stitch_nas.search import check_budget_reachable
 
+    from ._preflight import check_image_sizes, data_size
+
     search = settings.search
-    data = load_data(settings.data)
+    data = load_data(replace(settings.data, size=data_size(settings)))  # None: the zoo's
     start = time.perf_counter()
     zoo = load_zoo(settings.zoo, data, progress=progress)
     echo(f"zoo ready in {time.perf_counter() - start:.1f} s: {', '.join(zoo.names())}")
+    check_image_sizes(zoo, data, settings.data.upsample)  # no model fed upsampled images
     cache = ActivationCache(
         memory_gb=search.cache_memory_gb,
         spill_dir=search.cache_dir,
@@ -352,8 +355,10 @@ def _rebuild(study: Any, out_dir: Path, progress: bool) -> tuple[StitchContext, 
             f"the study in {out_dir} does not record its settings (written by an older "
             "stitch_nas); run the search again (or `stitch-nas report --no-test`)"
         )
+    from ._preflight import data_size
+
     settings = settings_from_dict(raw)
-    data = load_data(settings.data)
+    data = load_data(replace(settings.data, size=data_size(settings)))
     zoo = load_zoo(settings.zoo, data, progress=progress)
     search = settings.search
     device = _resolve_device(search.device)

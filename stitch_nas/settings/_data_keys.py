@@ -56,7 +56,15 @@ def register_data_kind(
     return add
 
 
-_COMMON = ("size", "probe_size", "seed")
+_COMMON = ("size", "upsample", "probe_size", "seed")
+
+#: the image side a data set is loaded at when ``data.size`` is None and nothing set it from the
+#: zoo (``stitch-nas search`` does, :func:`stitch_nas.pipeline.data_size`): the mini zoo's
+FALLBACK_SIZE = 32
+
+
+def _size(settings: Any) -> int:
+    return FALLBACK_SIZE if settings.size is None else int(settings.size)
 
 
 def _folder(settings: Any, where: str) -> Path:
@@ -72,11 +80,12 @@ def _check_image_folder(settings: Any, where: str) -> None:
     root = _folder(settings, where)
     present = {p.name for p in root.iterdir() if p.is_dir()}
     if settings.split_folders:
-        missing = [s for s in ("train", "val", "test") if s not in present]
+        missing = [s for s in ("train", "val") if s not in present]
         if missing:
             raise ConfigError(
                 f"data.split_folders is true but {str(root)!r} has no {missing[0]}/ folder; "
-                "add train/, val/ and test/ (each with one folder per class)"
+                "add train/, val/ and optionally test/ (each with one folder per class; "
+                "without test/, val/ is cut in two)"
             )
     elif present and present <= {"train", "val", "test"}:
         raise ConfigError(
@@ -90,7 +99,7 @@ def _digits(settings: Any) -> Any:
     from stitch_nas.data import load_digits_splits
 
     return load_digits_splits(
-        size=settings.size, probe_size=settings.probe_size, seed=settings.seed
+        size=_size(settings), probe_size=settings.probe_size, seed=settings.seed
     )
 
 
@@ -103,7 +112,7 @@ def _image_folder(settings: Any) -> Any:
     load = load_split_folders if settings.split_folders else load_image_folder
     return load(
         settings.root,
-        size=settings.size,
+        size=_size(settings),
         probe_size=settings.probe_size,
         seed=settings.seed,
         workers=settings.workers,
@@ -116,16 +125,17 @@ def _check_torchvision(settings: Any, where: str) -> None:
         raise ConfigError(f"{where} needs data.name, a torchvision data set class such as CIFAR10")
 
 
-@register_data_kind("torchvision", ("root", "name", *_COMMON), _check_torchvision)
+@register_data_kind("torchvision", ("root", "name", "workers", *_COMMON), _check_torchvision)
 def _torchvision(settings: Any) -> Any:
     from stitch_nas.data import load_torchvision_dataset
 
     return load_torchvision_dataset(
         settings.name,
         settings.root,
-        size=settings.size,
+        size=_size(settings),
         probe_size=settings.probe_size,
         seed=settings.seed,
+        workers=settings.workers,
     )
 
 
@@ -203,7 +213,7 @@ def _check_npz(settings: Any, where: str) -> None:
 
 @register_data_kind(
     "npz",
-    ("root", "splits", "x_key", "y_key", "label_names", "shuffle", "size", "seed"),
+    ("root", "splits", "x_key", "y_key", "label_names", "shuffle", "size", "upsample", "seed"),
     _check_npz,
 )
 def _npz(settings: Any) -> Any:

@@ -49,7 +49,12 @@ class DataSettings:
     kind: str = "digits"
     root: str | None = None  #: folder of image_folder / torchvision / npz (relative: to the YAML)
     name: str | None = None  #: torchvision data set class, e.g. CIFAR10
-    size: int = 32  #: side of the square images the data set yields, in pixels
+    #: side of the square images the data set yields, in pixels (models with an eval transform
+    #: of their own, timm's, crop the stored images instead); None: the largest input side the
+    #: zoo.models ask for, 32 for the mini zoo alone
+    size: int | None = None
+    #: let models take inputs larger than the data's images (upsampled); false: refused
+    upsample: bool = False
     #: probe split (stitch fits, CKA, the pruning proxy): N images (32-8192), {per_class: k},
     #: or auto: 8 per class, at least 128 and at most 2048 (stitch_nas.choices.check_probe_size)
     probe_size: int | str | dict = "auto"
@@ -150,6 +155,7 @@ _OR_NONE: dict[str, type] = {
     "cache_device_memory_gb": float,
     "seed_pool": int,
     "floor": float,
+    "size": int,
 }
 #: what a value of each of those types is called in a message
 _TYPE_NAMES = {bool: "bool (true or false)", int: "a whole number", float: "a number"}

@@ -85,7 +85,7 @@ def _study_name(value: str | None, where: str) -> str | None:
 
 #: "section.key" -> the one check of that value (after its type, which the schema checks)
 FIELD_CHECKS: dict[str, Check] = {
-    "data.size": check_image_size,
+    "data.size": lambda v, where: v if v is None else check_image_size(v, where),
     "data.probe_size": check_probe_size,
     "data.workers": _at_least(0, " (0: decode in this process)"),
     "search.objectives": check_objective_names,
@@ -140,6 +140,7 @@ TYPE_ONLY = frozenset(
     {
         "zoo.mini_zoo",
         "data.seed",
+        "data.upsample",
         "data.x_key",
         "data.y_key",
         "data.label_names",

@@ -8,7 +8,8 @@ spec (size, normalisation) and label names it expects. Entries are made by the s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,19 +25,39 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-@dataclass(frozen=True)
+#: how a model's own eval transform crops (timm's ``crop_mode``)
+CROP_MODES = ("center", "squash", "border")
+
+
+@dataclass(frozen=True, repr=False)
 class InputSpec:
-    """What a model expects: image size and per-channel normalisation.
+    """What a model expects: image size and per-channel normalisation, and how its authors
+    made its inputs from images of any size.
+
+    With ``crop_pct`` None, the data's images (all of one size) are resized to :attr:`size`
+    bilinearly and normalised (:meth:`preprocess`). With ``crop_pct`` set, each model's inputs
+    are made from the stored images by timm's eval transform (:meth:`image_transform`: resize to
+    ``size / crop_pct`` with ``interpolation``, crop to ``size`` by ``crop_mode``), as timm
+    evaluates its models, and then normalised; :func:`~stitch_nas.zoo.from_timm` reads these
+    from the model's ``pretrained_cfg``.
 
     Attributes:
         size: Height and width the model is fed.
         mean: Per-channel mean subtracted from ``[0, 1]`` images.
         std: Per-channel standard deviation divided out after the mean.
+        crop_pct: Share of the resized image the centre crop keeps (None: no transform of
+            its own; the images are resized to ``size`` whole).
+        interpolation: Resize filter of the eval transform (``bilinear``, ``bicubic``...).
+        crop_mode: ``center`` (shorter side to ``size / crop_pct``, then a centre crop),
+            ``squash`` or ``border`` (timm's meanings).
     """
 
     size: tuple[int, int]
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    crop_pct: float | None = None
+    interpolation: str = "bilinear"
+    crop_mode: str = "center"
 
     def __post_init__(self) -> None:
         # normalise lists (from JSON or YAML) to tuples so specs compare and hash reliably
@@ -49,6 +70,34 @@ class InputSpec:
             raise ConfigError(
                 f"mean {self.mean} / std {self.std} are invalid; use 3 values each, std > 0"
             )
+        if self.crop_pct is not None:
+            object.__setattr__(self, "crop_pct", float(self.crop_pct))
+        if self.crop_pct is not None and not 0.0 < self.crop_pct <= 1.0:
+            raise ConfigError(f"crop_pct {self.crop_pct!r} is invalid; use a share in (0, 1]")
+        if self.crop_mode not in CROP_MODES:
+            raise ConfigError(
+                f"crop_mode {self.crop_mode!r} is invalid; use one of {', '.join(CROP_MODES)}"
+            )
+
+    def __repr__(self) -> str:
+        # part of every activation's key: a spec without a transform of its own keeps the
+        # repr (and so the cached activations) it had before the transform fields existed
+        own = f"size={self.size!r}, mean={self.mean!r}, std={self.std!r}"
+        if self.crop_pct is not None:
+            own += (
+                f", crop_pct={self.crop_pct!r}, interpolation={self.interpolation!r}, "
+                f"crop_mode={self.crop_mode!r}"
+            )
+        return f"InputSpec({own})"
+
+    def image_transform(self) -> Callable[[Any], Any] | None:
+        """The model's eval transform without normalisation (None: ``crop_pct`` is None).
+
+        timm's own ``create_transform(..., is_training=False, normalize=False)``: a PIL image
+        (or a float ``(N, 3, H, W)`` batch) in, a uint8 ``(3, *size)`` tensor (or a float
+        batch) out; :meth:`preprocess` normalises it afterwards, as timm's ``Normalize`` would.
+        """
+        return None if self.crop_pct is None else _eval_transform(self)
 
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
         """Resize ``[0, 1]`` images ``(N, 3, H, W)`` to :attr:`size` if needed, then normalise.
@@ -61,6 +110,22 @@ class InputSpec:
         mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
         return (x - mean) / std
+
+
+@functools.lru_cache(maxsize=64)
+def _eval_transform(spec: InputSpec) -> Callable[[Any], Any]:
+    from timm.data import create_transform
+
+    return create_transform(  # type: ignore[no-any-return]
+        input_size=(3, *spec.size),
+        is_training=False,
+        interpolation=spec.interpolation,
+        crop_pct=spec.crop_pct,
+        crop_mode=spec.crop_mode,
+        mean=spec.mean,
+        std=spec.std,
+        normalize=False,
+    )
 
 
 @dataclass(eq=False)

@@ -154,6 +154,26 @@ def _create_timm(
     return timm.create_model(name, pretrained=False, **kwargs), None
 
 
+def _timm_spec(model: nn.Module, img_size: int | Sequence[int] | None) -> InputSpec:
+    """The model's eval transform as timm resolves it from its ``pretrained_cfg`` (size, mean,
+    std, crop_pct, interpolation, crop mode). A model built for another ``img_size`` is no
+    longer the one the config describes: its images are resized to that size whole (no crop)."""
+    from timm.data import resolve_model_data_config
+
+    cfg = resolve_model_data_config(model)
+    own = tuple(cfg["input_size"][-2:])
+    size = own if img_size is None else img_size
+    side = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    return InputSpec(
+        side,
+        cfg["mean"],
+        cfg["std"],
+        crop_pct=cfg["crop_pct"] if side == own else None,
+        interpolation=cfg["interpolation"],
+        crop_mode=cfg.get("crop_mode") or "center",
+    )
+
+
 def from_timm(
     name: str,
     *,
@@ -177,8 +197,10 @@ def from_timm(
             cache; weights not cached are downloaded by timm into it, unless
             ``HF_HUB_OFFLINE`` is set. A different ``num_classes`` gets a fresh classifier.
         entry_name: Name in the zoo; defaults to ``name``.
-        input_spec: Override the spec read from the model's ``pretrained_cfg``; when None and
-            ``img_size`` is in ``kwargs``, that size is used.
+        input_spec: Override the spec timm resolves from the model's ``pretrained_cfg``
+            (``timm.data.resolve_model_data_config``: size, mean, std and the eval transform's
+            crop_pct, interpolation and crop mode); when None and ``img_size`` is in
+            ``kwargs``, that size is used.
         **kwargs: Passed to ``timm.create_model``.
 
     Raises:
@@ -199,10 +221,7 @@ def from_timm(
         kwargs["num_classes"] = num_classes
     model, sha = _create_timm(name, weights, pretrained, kwargs)
     if input_spec is None:
-        cfg = cast("dict[str, Any]", model.pretrained_cfg)  # Module.__getattr__ is untyped
-        size = kwargs.get("img_size") or cfg.get("input_size", (3, 224, 224))[-1]
-        size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
-        input_spec = InputSpec(size, cfg.get("mean", IMAGENET_MEAN), cfg.get("std", IMAGENET_STD))
+        input_spec = _timm_spec(model, kwargs.get("img_size"))
     from timm.data import ImageNetInfo
 
     # label_descriptions() is typed list | dict; it returns a list unless as_dict=True

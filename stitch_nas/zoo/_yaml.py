@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -57,10 +58,13 @@ def _spec(item: dict[str, Any], default: InputSpec | None) -> InputSpec | None:
         if size is None or mean is None or std is None:
             return None
         return InputSpec(_side(size), tuple(mean), tuple(std))
-    return InputSpec(
-        _side(size) if size else default.size,
-        tuple(mean) if mean else default.mean,
-        tuple(std) if std else default.std,
+    side = _side(size) if size else default.size
+    return replace(  # the model's own eval transform (timm's crop) holds at its own size only
+        default,
+        size=side,
+        mean=tuple(mean) if mean else default.mean,
+        std=tuple(std) if std else default.std,
+        crop_pct=default.crop_pct if side == default.size else None,
     )
 
 
