@@ -25,6 +25,7 @@ _HOMES = {
     "PhaseClock": "._phases",
     "check_artifacts": "._preflight",
     "check_caches": "._preflight",
+    "check_destination": "._preflight",
     "check_folder": "._preflight",
     "check_formats": "._preflight",
     "check_plugins": "._preflight",
@@ -34,6 +35,7 @@ __all__ = [  # _HOMES's keys, written out for linters and type checkers
     "PhaseClock",
     "check_artifacts",
     "check_caches",
+    "check_destination",
     "check_folder",
     "check_formats",
     "check_plugins",
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from ._preflight import (
         check_artifacts,
         check_caches,
+        check_destination,
         check_folder,
         check_formats,
         check_plugins,

@@ -13,7 +13,8 @@ def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
     :func:`~stitch_nas.pipeline.check_run`): None runs trials in this process."""
     if search.executor == "local":
         return None
-    check_ray_address(search.ray_address)  # before the study or anything else is written
+    # before the study or anything else is written
+    check_ray_address(search.ray_address, search.ray_connect_timeout_s)
     return RayExecutor(
         workers=search.workers,
         address=search.ray_address,

@@ -98,6 +98,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
     "search.cpus_per_worker": _positive(),
+    "search.ray_connect_timeout_s": _positive(),
     "search.gpus_per_worker": lambda value, where: check_gpus_per_worker(value, where, auto=-1),
     "search.ray_mode": _one_of(RAY_MODES),
     "search.study_name": _study_name,
