@@ -614,31 +614,84 @@ def test_resuming_with_another_zoo_or_space_is_refused_before_any_trial(
 # --- Ray ------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def not_ray():
+    """``not_ray(reply)``: the address of a TCP service on a loopback port that is not Ray:
+    it accepts connections and says nothing (``reply`` None), or answers ``reply`` and closes
+    (PostgreSQL's answer to a client it cannot parse, for one)."""
+    import socket
+    import threading
+
+    servers, held = [], []
+
+    def start(reply: bytes | None) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:  # closed when the test ends
+                    return
+                held.append(conn)
+                if reply is not None:
+                    conn.recv(64)
+                    conn.sendall(reply)
+                    conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
+    for sock in servers + held:
+        sock.close()
+
+
+_POSTGRES_ERROR = b"E\x00\x00\x00\x2aSFATAL\x00C0A000\x00Munsupported frontend protocol\x00\x00"
+
+
 @pytest.mark.parametrize(
-    "address, timeout_s",
-    [("127.0.0.1:1", None), ("ray://127.0.0.1:1", None), ("192.0.2.1:6379", 0.5)],
-    ids=["refused", "ray client refused", "no answer"],  # 192.0.2.0/24: reserved, unrouted
+    "address, says",
+    [
+        ("127.0.0.1:1", "cannot reach the Ray cluster at '127.0.0.1:1'"),
+        ("ray://127.0.0.1:1", "cannot reach the Ray cluster at 'ray://127.0.0.1:1'"),
+        ("silent", "does not answer as Ray within 0.5 s"),
+        ("postgres", "is not Ray"),
+    ],
+    ids=["refused", "ray client refused", "a silent service", "another service"],
 )
-def test_an_unreachable_ray_address_fails_fast_and_writes_nothing(
-    tmp_path, monkeypatch, capsys, address, timeout_s
+def test_a_ray_address_where_no_ray_answers_fails_fast_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, not_ray, address, says
 ):
+    """Was: minutes of silent retries of a rewritten address, SIGTERM ignored meanwhile, and
+    WAITING trials left in a study the corrected command had to --resume."""
     import time
 
     pytest.importorskip("ray")
-    from stitch_nas.search import _ray_resources
-
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    if timeout_s is not None:
-        monkeypatch.setattr(_ray_resources, "CONNECT_TIMEOUT_S", timeout_s)
+    if address in ("silent", "postgres"):
+        address = not_ray(None if address == "silent" else _POSTGRES_ERROR)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"search:\n  executor: ray\n  ray_address: '{address}'\n  ray_connect_timeout_s: 0.5\n"
+    )
     out = tmp_path / "o"
     start = time.perf_counter()
-    code = main(["demo", "--out", str(out), "--ray-address", address, "--trials", "2", "-q"])
+    code = main(["search", str(config), "--out", str(out), "--trials", "2", "-q"])
     elapsed = time.perf_counter() - start
     assert code == 2
     line = _one_line_error(capsys.readouterr().err)
-    assert f"cannot reach the Ray cluster at {address!r}" in line, line
-    assert elapsed < 10, elapsed  # was: minutes of silent retries
+    assert says in line and "fix --ray-address" in line, line
+    assert elapsed < 10, elapsed
     assert not out.exists()  # nothing written before Ray answers
+
+
+def test_the_ray_connect_timeout_is_checked_as_a_setting(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("search:\n  ray_connect_timeout_s: 0\n")
+    assert main(["search", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "search.ray_connect_timeout_s" in _one_line_error(capsys.readouterr().err)
 
 
 # --- a full disk ---------------------------------------------------------------------------
