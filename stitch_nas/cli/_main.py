@@ -189,11 +189,22 @@ def _terminate(_signum: int, _frame: Any) -> None:
 
 
 class _NoInterrupts(logging.Filter):
-    """Drops the record Optuna logs for a trial that Ctrl-C ended (a warning and a 30-line
-    traceback of the KeyboardInterrupt): :func:`main` says it in one line."""
+    """Drops what Optuna logs for a trial that Ctrl-C ended (a warning with a 30-line traceback
+    of the KeyboardInterrupt, then "Trial N failed with value None."): :func:`main` says it in
+    one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = ""  # "Trial N" of the interrupted trial, until its second line
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            self.ended = record.getMessage().split(" failed", 1)[0]
+            return False
+        if self.ended and record.getMessage().startswith(f"{self.ended} failed with value"):
+            self.ended = ""
+            return False
+        return True
 
 
 def _quiet_full_disk_in_threads() -> None:
