@@ -325,6 +325,21 @@ def test_a_search_whose_trials_all_miss_the_budget_still_ends_well(tmp_path):
     assert summary.describe().startswith("nothing exported: none of the 2 completed trials")
 
 
+def test_a_search_no_trial_of_which_meets_the_budget_ends_in_one_line(tmp_path):
+    """Was: exit 0 after a test pass, report and export of nothing."""
+    from stitch_nas.errors import BudgetError
+    from stitch_nas.pipeline._run import _check_budgets_met
+
+    folder = _study_folder(tmp_path / "run", constraints=5.0)
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
+    with pytest.raises(BudgetError, match=r"none of the 2 completed trials meets macs=10: no "):
+        _check_budgets_met(study, {"macs": 10.0}, folder)
+    _check_budgets_met(study, {}, folder)  # no budget: nothing to meet
+    met = _study_folder(tmp_path / "met", constraints=-1.0)
+    study = optuna.load_study(study_name="met", storage=f"sqlite:///{met / 'study.db'}")
+    _check_budgets_met(study, {"macs": 10.0}, met)
+
+
 # --- bad data ------------------------------------------------------------------------------
 
 
