@@ -65,6 +65,10 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         check_plugin_settings(settings.search, tables)
     check_caches(settings)
     check_out(out_dir, resume=resume, join=join, storage=settings.search.storage)
+    if settings.search.executor == "ray":  # ray.init would retry a wrong address for minutes
+        from stitch_nas.ray_address import check_ray_address
+
+        check_ray_address(settings.search.ray_address, settings.search.ray_connect_timeout_s)
     if settings.search.artifacts is not None:
         check_artifacts(Path(settings.search.artifacts))
     models = Path(out_dir) / "models"

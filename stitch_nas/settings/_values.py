@@ -126,7 +126,7 @@ CHECKED_BY: dict[str, str] = {
     "search.cache_dir": "stitch_nas.pipeline.check_caches (a folder this run can write in)",
     "search.artifacts": "stitch_nas.pipeline.check_artifacts (a folder); needs export",
     "search.storage": "stitch_nas.search.create_study (opened before any trial)",
-    "search.ray_address": "stitch_nas.search.check_ray_address (before the study is made)",
+    "search.ray_address": "stitch_nas.pipeline.check_run (stitch_nas.ray_address, Ray answers)",
     "finetune.recipe": "stitch_nas.finetune.FinetuneRecipe.from_dict (each recipe key)",
 }
 
