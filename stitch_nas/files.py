@@ -9,6 +9,7 @@ concurrent reader never meets a half-written file.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import os
@@ -25,6 +26,8 @@ __all__ = [
     "atomic_write",
     "default_cache_dir",
     "disk_full",
+    "not_writable",
+    "readable_sqlite",
     "sha256_file",
 ]
 
@@ -81,6 +84,35 @@ def atomic_folder(target: Path) -> Iterator[Path]:
         raise
 
 
+# SQLite files whose folder this process cannot write in -> their private copies (see below)
+_COPIES: dict[tuple[str, int, int], Path] = {}
+
+
+def readable_sqlite(db: Path) -> Path:
+    """``db`` itself where this process can write beside it, else a private copy to read.
+
+    A study's SQLite file is in WAL mode, and SQLite must create ``-shm`` (and ``-wal``) files
+    beside it even to read it, so in a read-only folder (a run copied from elsewhere, a shared
+    mount) it fails with "unable to open database file" although the file is a good study. The
+    copy (with the write-ahead log, which may hold the latest trials) is made in a temporary
+    folder removed at exit; the user's files are only read.
+    """
+    db = Path(db)
+    if os.access(db.parent, os.W_OK) and os.access(db, os.W_OK):  # EROFS: False, even to root
+        return db
+    stat = db.stat()
+    key = (str(db.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _COPIES:
+        folder = Path(tempfile.mkdtemp(prefix="stitch_nas-read-only-"))
+        atexit.register(shutil.rmtree, folder, True)
+        for suffix in ("", "-wal", "-journal"):
+            source = db.with_name(db.name + suffix)
+            if source.is_file():
+                shutil.copyfile(source, folder / source.name)
+        _COPIES[key] = folder / db.name
+    return _COPIES[key]
+
+
 def sha256_file(path: str | Path) -> str:
     """Return the sha256 hex digest of a file, read in chunks."""
     digest = hashlib.sha256()
@@ -103,5 +135,21 @@ def disk_full(exc: BaseException | None) -> str | None:
             )
         if "database or disk is full" in str(exc):
             return "no space left on the disk for the study database"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def not_writable(exc: BaseException | None) -> str | None:
+    """What could not be written when ``exc``, or an exception it arose from, is a permission
+    or read-only fault (an ``OSError`` EACCES / EPERM / EROFS, or SQLite's "attempt to write a
+    readonly database"); None for any other fault."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            where = f" {str(exc.filename)!r}" if exc.filename else ""
+            return f"cannot write{where} ({exc.strerror})"
+        if "readonly database" in str(exc):
+            return "cannot write the study database (it is read-only)"
         exc = exc.__cause__ or exc.__context__
     return None

@@ -303,7 +303,7 @@ def test_export_into_a_models_file_is_refused_before_the_zoo_loads(tmp_path, cap
     folder = _study_folder(tmp_path / "run")
     (folder / "models").write_text("a file of the user's\n")
     assert main(["export", str(folder), "--format", "safetensors"]) == 2
-    assert "models is a file" in _one_line_error(capsys.readouterr().err)
+    assert "models' is a file" in _one_line_error(capsys.readouterr().err)
     assert (folder / "models").read_text() == "a file of the user's\n"
 
 
@@ -323,6 +323,21 @@ def test_a_search_whose_trials_all_miss_the_budget_still_ends_well(tmp_path):
     study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
     summary = export_study(study, None, folder / "models", skip_failures=True)  # type: ignore[arg-type]
     assert summary.describe().startswith("nothing exported: none of the 2 completed trials")
+
+
+def test_a_search_no_trial_of_which_meets_the_budget_ends_in_one_line(tmp_path):
+    """Was: exit 0 after a test pass, report and export of nothing."""
+    from stitch_nas.errors import BudgetError
+    from stitch_nas.pipeline._run import _check_budgets_met
+
+    folder = _study_folder(tmp_path / "run", constraints=5.0)
+    study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
+    with pytest.raises(BudgetError, match=r"none of the 2 completed trials meets macs=10: no "):
+        _check_budgets_met(study, {"macs": 10.0}, folder)
+    _check_budgets_met(study, {}, folder)  # no budget: nothing to meet
+    met = _study_folder(tmp_path / "met", constraints=-1.0)
+    study = optuna.load_study(study_name="met", storage=f"sqlite:///{met / 'study.db'}")
+    _check_budgets_met(study, {"macs": 10.0}, met)
 
 
 # --- bad data ------------------------------------------------------------------------------
@@ -614,31 +629,84 @@ def test_resuming_with_another_zoo_or_space_is_refused_before_any_trial(
 # --- Ray ------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def not_ray():
+    """``not_ray(reply)``: the address of a TCP service on a loopback port that is not Ray:
+    it accepts connections and says nothing (``reply`` None), or answers ``reply`` and closes
+    (PostgreSQL's answer to a client it cannot parse, for one)."""
+    import socket
+    import threading
+
+    servers, held = [], []
+
+    def start(reply: bytes | None) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:  # closed when the test ends
+                    return
+                held.append(conn)
+                if reply is not None:
+                    conn.recv(64)
+                    conn.sendall(reply)
+                    conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"127.0.0.1:{server.getsockname()[1]}"
+
+    yield start
+    for sock in servers + held:
+        sock.close()
+
+
+_POSTGRES_ERROR = b"E\x00\x00\x00\x2aSFATAL\x00C0A000\x00Munsupported frontend protocol\x00\x00"
+
+
 @pytest.mark.parametrize(
-    "address, timeout_s",
-    [("127.0.0.1:1", None), ("ray://127.0.0.1:1", None), ("192.0.2.1:6379", 0.5)],
-    ids=["refused", "ray client refused", "no answer"],  # 192.0.2.0/24: reserved, unrouted
+    "address, says",
+    [
+        ("127.0.0.1:1", "cannot reach the Ray cluster at '127.0.0.1:1'"),
+        ("ray://127.0.0.1:1", "cannot reach the Ray cluster at 'ray://127.0.0.1:1'"),
+        ("silent", "does not answer as Ray within 0.5 s"),
+        ("postgres", "is not Ray"),
+    ],
+    ids=["refused", "ray client refused", "a silent service", "another service"],
 )
-def test_an_unreachable_ray_address_fails_fast_and_writes_nothing(
-    tmp_path, monkeypatch, capsys, address, timeout_s
+def test_a_ray_address_where_no_ray_answers_fails_fast_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, not_ray, address, says
 ):
+    """Was: minutes of silent retries of a rewritten address, SIGTERM ignored meanwhile, and
+    WAITING trials left in a study the corrected command had to --resume."""
     import time
 
     pytest.importorskip("ray")
-    from stitch_nas.search import _ray_resources
-
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    if timeout_s is not None:
-        monkeypatch.setattr(_ray_resources, "CONNECT_TIMEOUT_S", timeout_s)
+    if address in ("silent", "postgres"):
+        address = not_ray(None if address == "silent" else _POSTGRES_ERROR)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"search:\n  executor: ray\n  ray_address: '{address}'\n  ray_connect_timeout_s: 0.5\n"
+    )
     out = tmp_path / "o"
     start = time.perf_counter()
-    code = main(["demo", "--out", str(out), "--ray-address", address, "--trials", "2", "-q"])
+    code = main(["search", str(config), "--out", str(out), "--trials", "2", "-q"])
     elapsed = time.perf_counter() - start
     assert code == 2
     line = _one_line_error(capsys.readouterr().err)
-    assert f"cannot reach the Ray cluster at {address!r}" in line, line
-    assert elapsed < 10, elapsed  # was: minutes of silent retries
+    assert says in line and "fix --ray-address" in line, line
+    assert elapsed < 10, elapsed
     assert not out.exists()  # nothing written before Ray answers
+
+
+def test_the_ray_connect_timeout_is_checked_as_a_setting(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("search:\n  ray_connect_timeout_s: 0\n")
+    assert main(["search", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert "search.ray_connect_timeout_s" in _one_line_error(capsys.readouterr().err)
 
 
 # --- a full disk ---------------------------------------------------------------------------
@@ -776,3 +844,270 @@ def test_workers_64_on_this_machine_start_no_more_than_it_has(
     assert 1 <= started <= min(cpus, 3), made[0].last_run
     warned = [r.getMessage() for r in caplog.records if "Ray worker(s), not 64" in r.getMessage()]
     assert len(warned) == 1 and f"starting {started} Ray worker(s)" in warned[0], warned
+
+
+# --- read-only folders ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def read_only():
+    """``read_only(folder)`` makes ``folder`` read-only for this process until the test ends:
+    a read-only bind mount as root (root ignores permission bits, not a read-only mount),
+    chmod for anyone else."""
+    import os
+
+    undo = []
+
+    def make(folder: Path) -> Path:
+        if os.geteuid() != 0:
+            paths = [folder, *folder.rglob("*")]
+            for path in paths:
+                path.chmod(path.stat().st_mode & ~0o222)
+            undo.append(lambda: [p.chmod(p.stat().st_mode | 0o200) for p in paths])
+        else:
+            mount = ["mount", "--bind", str(folder), str(folder)]
+            if subprocess.run(mount, capture_output=True).returncode != 0:
+                pytest.skip("root without mount rights: no folder root cannot write in")
+            undo.append(lambda: subprocess.run(["umount", str(folder)], check=True))
+            remount = ["mount", "-o", "remount,ro,bind", str(folder)]
+            subprocess.run(remount, check=True, capture_output=True)
+        assert not _writes_in(str(folder))
+        return folder
+
+    yield make
+    for step in reversed(undo):
+        step()
+
+
+def _wal_study_folder(folder: Path) -> Path:
+    """:func:`_study_folder` in WAL mode, as every search writes its study."""
+    import sqlite3
+
+    _study_folder(folder)
+    with sqlite3.connect(folder / "study.db") as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+    return folder
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+class _Rebuilt(Exception):
+    """Raised instead of rebuilding the zoo: every check before it passed."""
+
+
+def test_report_and_export_read_a_study_in_a_read_only_folder(
+    tmp_path, monkeypatch, capsys, read_only
+):
+    from stitch_nas.pipeline import _run as _pipeline
+
+    def rebuild(*_args, **_kwargs):
+        raise _Rebuilt
+
+    monkeypatch.setattr(_pipeline, "_rebuild", rebuild)
+    run = read_only(_wal_study_folder(tmp_path / "run"))
+    before = _files(run)
+    # was: "study.db is not a study database (unable to open database file); remove it ..."
+    assert main(["report", str(run), "--no-test", "--out", str(tmp_path / "report")]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "report" / "report.html").is_file()
+    export = ["export", str(run), "--format", "safetensors"]
+    for argv in (["report", str(run), "--no-test"], export):
+        assert main(argv) == 2
+        line = _one_line_error(capsys.readouterr().err)
+        assert "pass --out FOLDER" in line and str(run) in line, line
+        assert "remove" not in line and "delete" not in line, line
+    with pytest.raises(_Rebuilt):  # a dry run: every check up to the zoo's rebuild passes
+        main(["export", str(run), "--format", "safetensors", "--out", str(tmp_path / "m")])
+    assert _files(run) == before
+
+
+def test_a_study_whose_latest_trials_are_in_its_wal_is_read_whole(tmp_path, read_only):
+    """A run copied while its driver held the database: the last trials are only in
+    ``study.db-wal``; read from the read-only copy they are all there."""
+    import shutil
+
+    from optuna.trial import create_trial
+
+    from stitch_nas.pipeline import check_folder
+    from stitch_nas.search import load_folder_study
+    from stitch_nas.search._storage import open_storage
+
+    live = tmp_path / "live"
+    live.mkdir()
+    storage = open_storage(f"sqlite:///{live / 'study.db'}")  # WAL, as a search opens it
+    study = optuna.create_study(storage=storage, study_name="run", directions=["maximize"])
+    for value in (0.1, 0.2, 0.3):
+        study.add_trial(create_trial(value=value))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("study.db", "study.db-wal", "study.db-shm"):  # while the pool holds it open
+        shutil.copyfile(live / name, copy / name)
+    assert (copy / "study.db-wal").stat().st_size > 0
+    read_only(copy)
+    check_folder(copy)
+    assert [t.value for t in load_folder_study(copy).trials] == [0.1, 0.2, 0.3]
+
+
+@pytest.mark.parametrize(
+    "content", [b"not a database at all\n" * 20, b""], ids=["not SQLite", "empty tables"]
+)
+def test_a_study_file_that_cannot_be_read_is_never_advised_away(tmp_path, capsys, content):
+    import sqlite3
+
+    run = tmp_path / "run"
+    run.mkdir()
+    db = run / "study.db"
+    if content:
+        db.write_bytes(content)
+    else:
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE results (x)")  # a user's own SQLite file
+    before = db.read_bytes()
+    for argv in (["report", str(run)], ["demo", "--out", str(run), "--trials", "2"]):
+        assert main(argv) == 2
+        line = _one_line_error(capsys.readouterr().err)
+        assert str(db) in line and "left as it is" in line, line
+        assert "remove" not in line and "delete" not in line, line
+    assert db.read_bytes() == before
+
+
+def test_a_read_only_models_folder_is_one_line_before_any_work(
+    tmp_path, monkeypatch, capsys, read_only, no_rebuild
+):
+    from stitch_nas.pipeline import _run as _pipeline
+
+    run = _study_folder(tmp_path / "run")
+    (run / "models").mkdir()
+    read_only(run / "models")
+    assert main(["export", str(run), "--format", "safetensors"]) == 2  # before the rebuild
+    line = _one_line_error(capsys.readouterr().err)
+    assert f"{str(run / 'models')!r}" in line and "pass --out FOLDER" in line, line
+
+    def no_data(*_args, **_kwargs):
+        raise AssertionError("the data loaded before the export folder was checked")
+
+    monkeypatch.setattr(_pipeline, "load_data", no_data)
+    assert main(["demo", "--out", str(run), "--resume", "--trials", "3"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "the export folder" in line and "--no-export" in line, line
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(13, "Permission denied", "/somewhere/report.html"),
+        OSError(30, "Read-only file system", "/somewhere/report.html"),
+    ],
+    ids=["permission", "read-only"],
+)
+def test_a_write_refused_mid_command_is_one_line_naming_the_path(
+    tmp_path, monkeypatch, capsys, error
+):
+    def write_report(*_args, **_kwargs):
+        raise error
+
+    monkeypatch.setattr("stitch_nas.report.write_report", write_report)
+    run = _study_folder(tmp_path / "run")
+    assert main(["report", str(run), "--no-test"]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "cannot write '/somewhere/report.html'" in line and error.strerror in line, line
+    assert "the study is untouched" in line, line
+
+
+# --- Ctrl-C and SIGTERM --------------------------------------------------------------------
+
+# the console command, with the phase a test interrupts patched in first
+_PATCHED = """
+import os, signal, sys, time
+from stitch_nas.cli import main
+{patch}
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _console(patch: str, *argv: str) -> subprocess.Popen:
+    code = _PATCHED.format(patch=patch)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def test_ctrl_c_mid_trial_is_one_line_keeps_the_study_and_resumes(tmp_path, mini_zoo_dir, mini_zoo):
+    """SIGINT while the second trial runs: no Optuna traceback, exit 130, and --resume goes on."""
+    patch = """
+from stitch_nas.search import StitchObjective
+evaluate, calls = StitchObjective.__call__, []
+def interrupted(self, trial):
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C sends
+        time.sleep(5)
+    return evaluate(self, trial)
+StitchObjective.__call__ = interrupted
+"""
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--trials", "3", "--no-export", "-q", "--seed", "1"]
+    argv += ["--cache-dir", str(mini_zoo_dir)]
+    run = _console(patch, *argv)
+    _, err = run.communicate(timeout=600)
+    assert run.returncode == 130, err
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in err, err  # was: Optuna's 30-line traceback
+    kept = f"the study in {out / 'study.db'} is kept: continue it with --resume"
+    assert line == f"stitch-nas: interrupted; {kept}", line
+    study = optuna.load_study(study_name="o", storage=f"sqlite:///{out / 'study.db'}")
+    assert sum(t.state.is_finished() for t in study.trials) >= 1
+    assert main([*argv, "--resume"]) == 0
+
+
+def test_ctrl_c_before_the_study_exists_leaves_nothing_and_says_so(tmp_path, monkeypatch, capsys):
+    from stitch_nas.pipeline import _run as _pipeline
+
+    def prepare(*_args, **_kwargs):  # the zoo loading, 5 s in
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_pipeline, "_prepare", prepare)
+    out = tmp_path / "o"
+    argv = ["demo", "--out", str(out), "--trials", "2", "--no-progress"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err == (
+        f"stitch-nas: interrupted; stopped before the study was made; nothing was kept in {out}: "
+        "run again\n"
+    )
+    assert not out.exists()  # so the same command runs, and --resume would be refused
+    monkeypatch.undo()
+    from stitch_nas.pipeline import check_run
+    from stitch_nas.settings import Settings
+
+    check_run(Settings(), out, resume=False, join=False)  # the plain rerun is not refused
+
+
+def test_sigterm_while_the_zoo_loads_ends_at_once_and_leaves_nothing(tmp_path):
+    import signal
+    import time
+
+    patch = """
+from stitch_nas.pipeline import _run
+def prepare(*args, **kwargs):
+    print("loading", flush=True)
+    time.sleep(120)
+_run._prepare = prepare
+"""
+    out = tmp_path / "o"
+    run = _console(patch, "demo", "--out", str(out), "--trials", "2", "-q")
+    assert run.stdout is not None
+    assert run.stdout.readline().strip() == "loading"
+    start = time.perf_counter()
+    run.send_signal(signal.SIGTERM)
+    assert run.stderr is not None
+    err = run.stderr.readline()  # said (and the folder undone) at once; the interpreter's
+    assert time.perf_counter() - start < 5  # own teardown after torch takes its time
+    err += run.communicate(timeout=60)[1]
+    assert run.returncode == 143, err
+    nothing = f"stopped before the study was made; nothing was kept in {out}: run again"
+    assert err == f"stitch-nas: terminated; {nothing}\n", err
+    assert not out.exists()

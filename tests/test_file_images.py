@@ -61,7 +61,7 @@ def test_a_file_that_is_no_image_is_named_at_load(tmp_path: Path) -> None:
     _folder(tmp_path / "set")
     bad = tmp_path / "set" / "b" / "zz.png"
     bad.write_bytes(b"not an image at all")
-    with pytest.raises(DataError, match=r"cannot read image '.*zz\.png'.*remove or fix") as info:
+    with pytest.raises(DataError, match=r"cannot read image '.*zz\.png'.*fix the file") as info:
         load_image_folder(tmp_path / "set", size=16, probe_size=32)
     assert "\n" not in str(info.value)
 

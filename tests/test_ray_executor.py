@@ -429,3 +429,11 @@ def test_cli_executor_options_are_checked_before_any_work(capsys, tmp_path):
     bad.write_text("search: {executor: dask}\n")
     assert main(["search", str(bad), "--out", out]) == 2
     assert "search.executor='dask' is unknown; use one of local, ray" in capsys.readouterr().err
+
+
+def test_a_running_ray_answers_the_address_check(ray_session):
+    """The handshake check_ray_address asks for is what a real GCS answers (tests/test_faults.py
+    has the addresses where no Ray answers)."""
+    from stitch_nas.search import check_ray_address
+
+    check_ray_address(ray.get_runtime_context().gcs_address, 5.0)

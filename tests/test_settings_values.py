@@ -43,6 +43,7 @@ BAD = {
     "search.executor": "slurm",
     "search.workers": 0,
     "search.cpus_per_worker": 0.0,
+    "search.ray_connect_timeout_s": 0.0,
     "search.gpus_per_worker": -2.0,
     "search.ray_mode": "workerz",
     "search.study_name": " padded ",

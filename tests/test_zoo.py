@@ -222,6 +222,25 @@ def test_from_module_with_checkpoint(tmp_path: Path) -> None:
                     input_spec=spec, label_names="ab")  # fmt: skip
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weights_holding_nan_or_inf_are_the_file_s_fault(tmp_path: Path, bad: float) -> None:
+    """Named at load, with the file and the tensor, not blamed later on the model's input
+    normalisation once a trial measures NaN outputs."""
+    from stitch_nas.errors import NonFiniteError
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 2))
+    state = model.state_dict()
+    state["1.weight"][0, :3] = bad
+    save_file(state, tmp_path / "m.safetensors")
+    spec = InputSpec((8, 8), (0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+    with pytest.raises(NonFiniteError) as info:
+        from_module("mine", model, checkpoint=tmp_path / "m.safetensors", input_spec=spec,
+                    label_names="ab")  # fmt: skip
+    message = str(info.value)
+    assert str(tmp_path / "m.safetensors") in message and "'1.weight'" in message, message
+    assert "3 NaN/Inf" in message and "normalisation" not in message, message
+
+
 def test_entry_from_settings_timm_weights(tmp_path: Path, resnet: nn.Module) -> None:
     save_file(resnet.state_dict(), tmp_path / "r.safetensors")
     path = str(tmp_path / "r.safetensors")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,11 +80,12 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from stitch_nas.pipeline import check_artifacts, check_folder, check_formats
+    from stitch_nas.pipeline import check_artifacts, check_destination, check_folder, check_formats
 
     trials = trial_numbers(args.trials)
     formats = check_formats(args.format)
     check_folder(Path(args.dir), args.storage)
+    check_destination(Path(args.out or Path(args.dir) / "models"), "the networks")
     if args.artifacts is not None:
         check_artifacts(Path(args.artifacts))
     from stitch_nas.pipeline import export_folder  # torch loads from here on
@@ -98,15 +100,17 @@ def _export(args: argparse.Namespace) -> int:
         storage=args.storage,
         study_name=args.study_name,
         artifacts=args.artifacts,
+        dest=None if args.out is None else Path(args.out),
     )
     print(summary.describe())
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stitch_nas.pipeline import check_folder
+    from stitch_nas.pipeline import check_destination, check_folder
 
     check_folder(Path(args.dir), args.storage)
+    check_destination(Path(args.out or args.dir), "the report")
     from stitch_nas.pipeline import report_folder  # torch loads from here on
 
     _quiet_optuna(args)
@@ -116,6 +120,7 @@ def _report(args: argparse.Namespace) -> int:
         echo=print,
         storage=args.storage,
         study_name=args.study_name,
+        dest=None if args.out is None else Path(args.out),
     )
     print(report.table())
     return 0
@@ -148,15 +153,58 @@ def _one_line(message: str, limit: int = 1000) -> str:
     return f"{message[: limit * 2 // 3]} [... {cut:,} characters ...] {message[-limit // 3 :]}"
 
 
-def _after_disk_full(args: argparse.Namespace) -> str:
-    """How to go on once there is room again."""
+def _after_fault(args: argparse.Namespace, fix: str) -> str:
+    """How to go on once ``fix`` ("free space", "make it writable") is done."""
     if args.command in ("demo", "search"):
         if args.storage or (Path(args.out) / "study.db").is_file():
-            return "the finished trials are kept: free space, then rerun with --resume"
-        return "free space, then run again"
+            return f"the finished trials are kept: {fix}, then rerun with --resume"
+        return f"{fix}, then run again"
     if args.command in ("export", "report"):
-        return f"the study is untouched: free space, then run stitch-nas {args.command} again"
-    return "free space, then run again"
+        return f"the study is untouched: {fix}, then run stitch-nas {args.command} again"
+    return f"{fix}, then run again"
+
+
+def _after_interrupt(args: argparse.Namespace) -> str:
+    """What an interrupted command left, as it is on disk, and how to go on."""
+    if args.command in ("demo", "search"):
+        flag = "--join" if args.join else "--resume"
+        if args.storage:
+            return f"trials it finished are kept in the study at --storage: continue with {flag}"
+        db = Path(args.out) / "study.db"
+        if db.is_file():  # a run that stops before its study is made removes what it wrote
+            return f"the study in {db} is kept: continue it with {flag}"
+        return f"stopped before the study was made; nothing was kept in {args.out}: run again"
+    if args.command in ("export", "report"):
+        return f"the study is untouched: run stitch-nas {args.command} again"
+    return "run it again"
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is (what the run made so far kept or undone, one line), but
+    exit code 143."""
+
+
+def _terminate(_signum: int, _frame: Any) -> None:
+    raise _Terminated()
+
+
+class _NoInterrupts(logging.Filter):
+    """Drops what Optuna logs for a trial that Ctrl-C ended (a warning with a 30-line traceback
+    of the KeyboardInterrupt, then "Trial N failed with value None."): :func:`main` says it in
+    one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = ""  # "Trial N" of the interrupted trial, until its second line
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            self.ended = record.getMessage().split(" failed", 1)[0]
+            return False
+        if self.ended and record.getMessage().startswith(f"{self.ended} failed with value"):
+            self.ended = ""
+            return False
+        return True
 
 
 def _quiet_full_disk_in_threads() -> None:
@@ -186,6 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # the logger Optuna's study.optimize reports a trial's failure on (a filter, not a level:
+    # a trial that failed on its own keeps its warning)
+    optimize = logging.getLogger("optuna.study._optimize")
+    if not any(isinstance(f, _NoInterrupts) for f in optimize.filters):  # main() ran before
+        optimize.addFilter(_NoInterrupts())
     handlers = {
         "demo": _run_search,
         "search": _run_search,
@@ -193,25 +246,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": _export,
         "zoo": _zoo,
     }
+    # the default action of SIGTERM kills at once, leaving a half-made study that blocks the
+    # rerun; as an exception, it unwinds like Ctrl-C (a library's handler may replace it)
+    terminate = signal.signal(signal.SIGTERM, _terminate)
     try:
         return handlers[args.command](args)
     except StitchNASError as exc:
         print(f"stitch-nas: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:
-        from stitch_nas.files import disk_full
+        from stitch_nas.files import disk_full, not_writable
 
-        full = disk_full(exc)  # at any phase; whatever was written is whole (atomic writes)
-        if full is None:
+        # at any phase; whatever was written is whole (atomic writes)
+        if (full := disk_full(exc)) is not None:
+            print(f"stitch-nas: error: {full}; {_after_fault(args, 'free space')}", file=sys.stderr)
+            return 2
+        if (locked := not_writable(exc)) is None:
             raise
-        print(f"stitch-nas: error: {full}; {_after_disk_full(args)}", file=sys.stderr)
+        fix = _after_fault(args, "make it writable")
+        print(f"stitch-nas: error: {locked}; {fix}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(
-            "stitch-nas: interrupted; finished trials are kept, continue with --resume",
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as exc:
+        what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
+        print(f"stitch-nas: {what}; {_after_interrupt(args)}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
+    finally:
+        signal.signal(signal.SIGTERM, terminate)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("dir", help="a folder written by demo or search")
     report.add_argument(
+        "--out",
+        default=None,
+        help="folder the report files are written to (default: DIR; give one when DIR is "
+        "read-only)",
+    )
+    report.add_argument(
         "--no-test",
         action="store_true",
         help="do not measure front networks and zoo models that lack test figures",
@@ -76,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "export", formatter_class=_Help, help="export networks of a search folder to DIR/models"
     )
     export.add_argument("dir", help="a folder written by demo or search")
+    export.add_argument(
+        "--out",
+        default=None,
+        help="folder the networks are written to (default: DIR/models; give one when DIR is "
+        "read-only)",
+    )
     export.add_argument(
         "--trials", default="pareto", help="'pareto' (default) or trial numbers, e.g. 12,40"
     )

@@ -38,7 +38,7 @@ __all__ = ["DatasetImages", "FileImages"]
 
 
 def _fix(path: str, exc: Exception) -> str:
-    return f"cannot read image {path!r} ({exc}); remove or fix the file"
+    return f"cannot read image {path!r} ({exc}); fix the file, or move it out of the data folder"
 
 
 class _Decode(Dataset):

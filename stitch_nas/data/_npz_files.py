@@ -137,7 +137,9 @@ class NpzFileImages:
         for i, row in enumerate(rows):
             self._stream.seek(self.offset + int(row) * size)
             if self._stream.readinto(memoryview(out[i]).cast("B")) != size:
-                fix = "delete it to unpack it again" if self.unpacked_from else "write it again"
+                fix = "write it again"
+                if self.unpacked_from:  # a copy unpacked from the user's .npz, which is kept
+                    fix = "delete this unpacked copy to unpack it again from the .npz"
                 raise DataError(f"{self.file} ends inside image {row} of {self.key!r}; the file "
                                 f"is truncated: {fix}")  # fmt: skip
         return out if out.dtype.isnative else out.astype(out.dtype.newbyteorder("="))

@@ -25,6 +25,7 @@ _HOMES = {
     "PhaseClock": "._phases",
     "check_artifacts": "._preflight",
     "check_caches": "._preflight",
+    "check_destination": "._preflight",
     "check_folder": "._preflight",
     "check_formats": "._preflight",
     "check_image_sizes": "._preflight",
@@ -36,6 +37,7 @@ __all__ = [  # _HOMES's keys, written out for linters and type checkers
     "PhaseClock",
     "check_artifacts",
     "check_caches",
+    "check_destination",
     "check_folder",
     "check_formats",
     "check_image_sizes",
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from ._preflight import (
         check_artifacts,
         check_caches,
+        check_destination,
         check_folder,
         check_formats,
         check_image_sizes,

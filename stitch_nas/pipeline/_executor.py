@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stitch_nas.search import RayExecutor, check_ray_address
+from stitch_nas.search import RayExecutor
 from stitch_nas.settings import SearchSettings
 
 __all__ = ["executor_from_settings"]
@@ -10,10 +10,10 @@ __all__ = ["executor_from_settings"]
 
 def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
     """The executor ``search.executor`` names (checked with the rest of the settings by
-    :func:`~stitch_nas.pipeline.check_run`): None runs trials in this process."""
+    :func:`~stitch_nas.pipeline.check_run`, which also asked whether Ray answers at
+    ``search.ray_address``): None runs trials in this process."""
     if search.executor == "local":
         return None
-    check_ray_address(search.ray_address)  # before the study or anything else is written
     return RayExecutor(
         workers=search.workers,
         address=search.ray_address,

@@ -36,6 +36,7 @@ from ._lock import check_free
 __all__ = [
     "check_artifacts",
     "check_caches",
+    "check_destination",
     "check_first_sample",
     "check_folder",
     "check_formats",
@@ -66,6 +67,10 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
         check_plugin_settings(settings.search, tables)
     check_caches(settings)
     check_out(out_dir, resume=resume, join=join, storage=settings.search.storage)
+    if settings.search.executor == "ray":  # ray.init would retry a wrong address for minutes
+        from stitch_nas.ray_address import check_ray_address
+
+        check_ray_address(settings.search.ray_address, settings.search.ray_connect_timeout_s)
     if settings.search.artifacts is not None:
         check_artifacts(Path(settings.search.artifacts))
     models = Path(out_dir) / "models"
@@ -74,6 +79,8 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
             f"{models} is a file; move it away (the Pareto front is exported there) or pass "
             "--no-export"
         )
+    if settings.search.export and models.is_dir():  # one left by an earlier run, or a mount
+        check_writable(models, "the export folder", "make it writable, or pass --no-export")
 
 
 def check_out(out_dir: Path, *, resume: bool, join: bool, storage: str | None) -> None:
@@ -100,6 +107,16 @@ def check_writable(folder: Path, what: str, fix: str) -> None:
         raise ConfigError(
             f"{what} {str(folder)!r}: cannot write in {str(parent)!r} ({exc.strerror}); {fix}"
         ) from None
+
+
+def check_destination(folder: Path, what: str) -> None:
+    """``report`` and ``export`` can write ``what`` ("the report", "the networks") into
+    ``folder``: checked before the zoo is rebuilt, so a read-only run answers at once."""
+    check_writable(
+        folder,
+        f"the folder for {what}",
+        f"pass --out FOLDER to write {what} elsewhere (the study is only read)",
+    )
 
 
 def check_artifacts(folder: Path) -> None:
@@ -147,10 +164,13 @@ def check_study_in(out_dir: Path, *, resume: bool, join: bool, storage: str | No
 
 
 def check_study_file(db: Path) -> list[str]:
-    """The study names in the SQLite file ``db``; a file that is not a study is one line."""
+    """The study names in the SQLite file ``db``; a file that is not a study is one line (which
+    never advises removing it: it may hold a user's results that this version cannot read)."""
+    from stitch_nas.files import readable_sqlite
+
     try:
-        # read-only: checking must not create or migrate anything
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        # read-only: checking must not create or migrate anything; in a read-only folder, a copy
+        with sqlite3.connect(f"file:{readable_sqlite(db)}?mode=ro", uri=True) as conn:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
             if not tables:
                 if db.stat().st_size == 0:
@@ -161,7 +181,12 @@ def check_study_file(db: Path) -> list[str]:
             return [r[0] for r in conn.execute("SELECT study_name FROM studies")]
     except sqlite3.Error as exc:
         raise ConfigError(
-            f"{db} is not a study database ({exc}); remove it or choose another folder"
+            f"{db} cannot be read as a study database ({exc}); it was left as it is: choose "
+            "another folder"
+        ) from None
+    except OSError as exc:  # unreadable (permissions), or no room for the read-only copy
+        raise ConfigError(
+            f"cannot read {db} ({exc.strerror}); it was left as it is: check its permissions"
         ) from None
 
 

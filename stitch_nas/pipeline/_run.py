@@ -16,7 +16,7 @@ from typing import Any
 from stitch_nas import attrs
 from stitch_nas.activations import ActivationCache, StitchContext, resolve_device
 from stitch_nas.data import DataSplits
-from stitch_nas.errors import ConfigError, ExportError
+from stitch_nas.errors import BudgetError, ConfigError, ExportError
 from stitch_nas.export import FORMATS, ExportSummary, export_items, export_study
 from stitch_nas.search import (
     StitchObjective,
@@ -229,6 +229,7 @@ def _search(
         if refined:  # the enqueued refinements run first, one trial each
             total = completed_count(study) + refined
             run_search(objective, study, total, progress=progress, executor=executor)
+    _check_budgets_met(study, search.budgets, out_dir)
     ran, total = completed_count(study) - finished, completed_count(study)
     if ran == 0:
         echo(f"no trial left to run: the study holds {total} finished of {search.trials}")
@@ -268,6 +269,23 @@ def _search(
         echo(export.describe())
     echo(clock.describe())
     return summary
+
+
+def _check_budgets_met(study: Any, budgets: dict[str, float], out_dir: Path) -> None:
+    """A search none of whose trials meets its budgets ends in one line (exit 2), not with a
+    test pass, report and export of nothing."""
+    from optuna.trial import TrialState
+
+    from stitch_nas.report import is_feasible
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if budgets and complete and not any(is_feasible(t) for t in complete):
+        given = ", ".join(f"{k}={v:g}" for k, v in budgets.items())
+        raise BudgetError(
+            f"none of the {len(complete)} completed trials meets {given}: no network of this "
+            f"space and zoo is that cheap; the study is kept in {out_dir}: raise the budget "
+            "(--budget) and search into another --out"
+        )
 
 
 def _finetune(
@@ -330,21 +348,27 @@ def report_folder(
     echo: Callable[[str], Any] = logger.info,
     storage: str | None = None,
     study_name: str | None = None,
+    dest: Path | None = None,
 ):
     """Rewrite and return the report of the search in ``out_dir``.
 
     With ``test``, front networks and zoo models that have no test figure yet are measured on
     the test split first (the zoo and data are rebuilt from the study's settings for that).
     ``storage`` and ``study_name``: where the study is when the search ran with ``--storage``
-    (:func:`~stitch_nas.search.load_folder_study`).
+    (:func:`~stitch_nas.search.load_folder_study`). ``dest``: the folder the report files go
+    to (default ``out_dir``; a read-only ``out_dir`` is only read, its study from a copy).
     """
     from stitch_nas.report import holdout_missing, measure_holdout, write_report
 
+    from ._preflight import check_destination
+
+    dest = Path(out_dir) if dest is None else Path(dest)
+    check_destination(dest, "the report")
     study = load_folder_study(out_dir, storage=storage, study_name=study_name)
     if test and any(holdout_missing(study)):
         ctx, settings = _rebuild(study, out_dir, progress)
         echo(measure_holdout(study, ctx, fuse=settings.search.fuse, folder=out_dir).describe())
-    return write_report(study, out_dir)
+    return write_report(study, dest)
 
 
 def _rebuild(study: Any, out_dir: Path, progress: bool) -> tuple[StitchContext, Settings]:
@@ -375,8 +399,9 @@ def export_folder(
     storage: str | None = None,
     study_name: str | None = None,
     artifacts: str | Path | None = None,
+    dest: Path | None = None,
 ) -> ExportSummary:
-    """Export trials of the search in ``out_dir`` to ``out_dir/models``.
+    """Export trials of the search in ``out_dir`` to ``dest`` (default ``out_dir/models``).
 
     The zoo and data are rebuilt from the settings the search stored in its study, so the
     exported networks are the ones it measured (the export checks their accuracy again).
@@ -384,17 +409,21 @@ def export_folder(
     an Optuna artifact store each exported folder is also uploaded to (one tar archive each,
     an artifact of the study).
     """
+    from ._preflight import check_destination
+
     study = load_folder_study(out_dir, storage=storage, study_name=study_name)
     # a trial that cannot be exported: refused before the zoo loads
     export_items(study, trials, Path(out_dir))
-    models = Path(out_dir) / "models"
+    models = Path(out_dir) / "models" if dest is None else Path(dest)
     if models.exists() and not models.is_dir():
         raise ExportError(f"{models} is a file; move it away, the networks are written there")
+    # before the networks are rebuilt (seconds to minutes), not when the first is written
+    check_destination(models, "the networks")
     ctx, settings = _rebuild(study, out_dir, progress)
     return export_study(
         study,
         ctx,
-        Path(out_dir) / "models",
+        models,
         trials=trials,
         formats=formats,
         elastic=elastic,

@@ -1,21 +1,20 @@
-"""What a Ray search may start: the cluster's address checked, and workers capped by the
-trials left, the CPUs there are and the memory free.
+"""What a Ray search may start: workers capped by the trials left, the CPUs there are and the
+memory free (the cluster's address: :func:`stitch_nas.ray_address.check_ray_address`, torch-free
+so the CLI asks it before any slow work).
 
-``ray.init`` retries an address nothing answers at for minutes, silently, so the address must
-accept a TCP connection within :data:`CONNECT_TIMEOUT_S` first. Each worker holds a copy of
-the zoo and the in-memory data besides a Python process with torch and Ray
-(:data:`WORKER_BASE_BYTES`): ``--workers 64`` on a 2-core machine starts 2, with one warning.
+Each worker holds a copy of the zoo and the in-memory data besides a Python process with torch
+and Ray (:data:`WORKER_BASE_BYTES`): ``--workers 64`` on a 2-core machine starts 2, with one
+warning.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import torch
 
-from stitch_nas.errors import ConfigError
+from stitch_nas.ray_address import CONNECT_TIMEOUT_S, check_ray_address
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -25,27 +24,6 @@ __all__ = [
     "fit_workers",
     "local_cpus",
 ]
-
-#: seconds a Ray cluster's address has to accept a connection: ray.init itself retries an
-#: unreachable address for minutes without a word
-CONNECT_TIMEOUT_S = 10.0
-# where a running local Ray records its address (what address="auto" joins without RAY_ADDRESS)
-_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """``(host, port)`` of a cluster address (``host:port``, ``ray://host:port``, ``auto``: the
-    one Ray would join); None when there is none to check (Ray then fails at once itself)."""
-    if address == "auto":
-        address = os.environ.get("RAY_ADDRESS", "")
-        if not address and os.path.isfile(_CURRENT_CLUSTER):
-            with open(_CURRENT_CLUSTER) as stream:
-                address = stream.read().strip()
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
 
 #: what a worker process holds besides its copy of the zoo and the data: Python, torch and
 #: Ray's own (0.5 to 1 GB a worker measured on a 2-core machine, issue 35)
@@ -101,26 +79,3 @@ def local_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
-
-
-def check_ray_address(address: str | None, timeout_s: float | None = None) -> None:
-    """Refuse a Ray cluster address that accepts no connection within ``timeout_s`` (default
-    :data:`CONNECT_TIMEOUT_S`), before anything is started or written.
-
-    Raises:
-        ConfigError: nothing answers there.
-    """
-    target = _host_port(address) if address else None
-    if target is None:
-        return
-    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
-    try:
-        with socket.create_connection(target, timeout=timeout_s):
-            pass
-    except OSError as exc:
-        timed_out = isinstance(exc, TimeoutError)
-        why = f"no answer within {timeout_s:g} s" if timed_out else exc.strerror or str(exc)
-        raise ConfigError(
-            f"cannot reach the Ray cluster at {address!r} ({why}); "
-            "start it (ray start --head) or fix --ray-address"
-        ) from None

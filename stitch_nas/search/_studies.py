@@ -23,6 +23,7 @@ import optuna
 
 from stitch_nas import attrs
 from stitch_nas.errors import ConfigError
+from stitch_nas.files import readable_sqlite
 from stitch_nas.plugins import Direction
 from stitch_nas.samplers import SAMPLERS, make_sampler
 
@@ -242,7 +243,8 @@ def load_folder_study(
                 f"{out_dir} holds no study ({db} is missing); run a search there first, or "
                 "pass the --storage the search used"
             )
-        where, backend = str(db), open_storage(f"sqlite:///{db}")
+        # a study in a read-only folder is read from a copy (SQLite's WAL cannot open in place)
+        where, backend = str(db), open_storage(f"sqlite:///{readable_sqlite(db)}")
     else:
         _check_storage_exists(storage)
         where, backend = shown_url(storage), open_storage(storage)

@@ -114,6 +114,7 @@ class SearchSettings:
     executor: str = "local"  #: "local" (this process) or "ray" (parallel Ray workers)
     workers: int = 2  #: Ray workers, i.e. trials in flight (executor "ray")
     ray_address: str | None = None  #: Ray cluster to join; None starts a local Ray
+    ray_connect_timeout_s: float = 10.0  #: seconds ray_address has to answer as Ray
     cpus_per_worker: float = 1.0  #: CPUs each Ray worker reserves
     gpus_per_worker: float = -1.0  #: -1: share the visible GPUs when device is CUDA, else 0
     #: who asks the study for trials: "driver", "workers" (each opens the study), or "auto"

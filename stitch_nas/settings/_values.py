@@ -104,6 +104,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
     "search.cpus_per_worker": _positive(),
+    "search.ray_connect_timeout_s": _positive(),
     "search.gpus_per_worker": lambda value, where: check_gpus_per_worker(value, where, auto=-1),
     "search.ray_mode": _one_of(RAY_MODES),
     "search.study_name": _study_name,
@@ -131,7 +132,7 @@ CHECKED_BY: dict[str, str] = {
     "search.cache_dir": "stitch_nas.pipeline.check_caches (a folder this run can write in)",
     "search.artifacts": "stitch_nas.pipeline.check_artifacts (a folder); needs export",
     "search.storage": "stitch_nas.search.create_study (opened before any trial)",
-    "search.ray_address": "stitch_nas.search.check_ray_address (before the study is made)",
+    "search.ray_address": "stitch_nas.pipeline.check_run (stitch_nas.ray_address, Ray answers)",
     "finetune.recipe": "stitch_nas.finetune.FinetuneRecipe.from_dict (each recipe key)",
 }
 

@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from stitch_nas.errors import DataError
+from stitch_nas.errors import DataError, NonFiniteError
 
 __all__ = ["load_state_dict_file"]
 
@@ -101,7 +101,16 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
 
 def load_into(model: nn.Module, state: Mapping[str, torch.Tensor], origin: str) -> None:
     """Load ``state`` with ``load_state_dict(strict=True)``: what PyTorch accepts loads, and
-    what it refuses is a one-line DataError with the counts and a few of the keys."""
+    what it refuses is a one-line DataError with the counts and a few of the keys. Weights
+    holding NaN or Inf are the file's fault, said before any trial measures their outputs."""
+    for key, tensor in state.items():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+            bad = int((~tensor.isfinite()).sum())
+            if bad:
+                raise NonFiniteError(
+                    f"weights {origin} hold {bad} NaN/Inf values in {key!r}; the checkpoint is "
+                    "broken: give a good copy of it"
+                )
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -147,7 +147,8 @@ def _create_timm(
             )
         except BAD_FILE as exc:
             raise CacheError(
-                f"cached weights {str(cached)!r} are unreadable ({exc}); delete them"
+                f"cached weights {str(cached)!r} are unreadable ({exc}); delete that cached copy "
+                "to download it again"
             ) from exc
         return model, sha256_file(cached)
     logger.info("timm model %s is randomly initialised (no weights, pretrained=False)", name)
