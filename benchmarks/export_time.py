@@ -48,7 +48,7 @@ BEFORE = "61fd41d"  # main before the trials kept their trained adapters
 EXPORT = """
 import sys
 from pathlib import Path
-from stitch_nas.pipeline._run import _rebuild
+from stitch_nas.pipeline._folder import _rebuild
 from stitch_nas.export import export_study
 from stitch_nas.search import load_folder_study
 out, trials, formats = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")

@@ -18,7 +18,8 @@ The data: a generated ImageNet-style folder (``train/<synset>/*.JPEG``, ``val/<s
 
 Each (executor, size) runs in its own process: the zoo's reference figures on the validation
 split, then ``--trials`` trials of the pairwise least-squares space (random sampler, seed 0,
-the default fidelity gate and cache budget), locally or on ``--workers`` Ray workers of one CPU
+pruning off: random weights score at chance, and the cost at issue is a whole trial's; the
+default cache budget), locally or on ``--workers`` Ray workers of one CPU
 each (a local Ray started by the run). Every process the run starts is watched
 (:mod:`process_tree`): its peak resident set, and the growth of ``/dev/shm`` (the object
 store). Per run: seconds to the first finished trial, trials per hour over the trials'
@@ -121,7 +122,9 @@ def _seconds(trial: Any) -> float:
     return (trial.datetime_complete - trial.datetime_start).total_seconds()
 
 
-def run_one(args: argparse.Namespace, executor: str, size: int) -> dict[str, Any]:
+def run_one(
+    args: argparse.Namespace, executor: str, size: int, autocast: str | None = None
+) -> dict[str, Any]:
     """One short search in this process; its figures (memory is measured from outside)."""
     import optuna
     import torch
@@ -139,8 +142,10 @@ def run_one(args: argparse.Namespace, executor: str, size: int) -> dict[str, Any
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     data = load_split_folders(size_folder(Path(args.folder), size), size=224, probe_size=args.probe)
-    ctx = StitchContext(_zoo(args.models.split(",")), data)
-    objective = StitchObjective(ctx, space="pairwise")
+    ctx = StitchContext(_zoo(args.models.split(",")), data, device=args.device, autocast=autocast)
+    # random weights score at chance: with pruning on, nearly every trial would stop at the
+    # probe or the gate's slice; off, each is measured on the whole split, the cost at issue
+    objective = StitchObjective(ctx, space="pairwise", probe_threshold=0.0, fidelity=0.0)
     study = create_study(objective, Path(args.out) / f"{executor}_{size}", sampler="random")
     runner = None
     if executor == "ray":
@@ -155,6 +160,8 @@ def run_one(args: argparse.Namespace, executor: str, size: int) -> dict[str, Any
     last_end = max(t.datetime_complete for t in done)
     row: dict[str, Any] = {
         "executor": executor,
+        "device": str(ctx.device),
+        "autocast": autocast,
         "workers": args.workers if executor == "ray" else 1,
         "val_images": len(data.val),
         "probe_images": len(data.probe),
@@ -165,6 +172,12 @@ def run_one(args: argparse.Namespace, executor: str, size: int) -> dict[str, Any
         ),
         "trials_seconds": round((last_end - first_start).total_seconds(), 1),
         "trials_per_hour": round(3600 * len(done) / (last_end - first_start).total_seconds(), 1),
+        # config -> accuracy of each complete trial, to compare runs of the same seed
+        "accuracy": {
+            json.dumps(t.user_attrs[attrs.CONFIG], sort_keys=True): t.values[0]
+            for t in done
+            if t.state == optuna.trial.TrialState.COMPLETE
+        },
     }
     if executor == "ray":
         import ray
@@ -173,7 +186,7 @@ def run_one(args: argparse.Namespace, executor: str, size: int) -> dict[str, Any
         return row
     ratios, seen = [], set()
     for trial in sorted(done, key=lambda t: t.number):
-        config = StitchConfig.from_json(trial.user_attrs[attrs.CONFIG])
+        config = StitchConfig.from_dict(trial.user_attrs[attrs.CONFIG])
         first = config.fragments[0].model
         cold, _ = first not in seen, seen.add(first)
         if not cold or trial.state != optuna.trial.TrialState.COMPLETE:
@@ -190,12 +203,36 @@ def run_one(args: argparse.Namespace, executor: str, size: int) -> dict[str, Any
     return row
 
 
-def _gpu_section() -> dict[str, Any]:
+def _gpu_section(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    """Trials per second at 224 px on one GPU, in float32 and under bfloat16 autocast, and how
+    far bfloat16's accuracies are from float32's for the configs both runs completed."""
     import torch
 
     if not torch.cuda.is_available():
         return {"ran": False, "why": "no CUDA device on this machine"}
-    return {"ran": False, "why": "the GPU section is not written yet"}
+    size = int(args.sizes.split(",")[0])
+    rows = {}
+    for autocast in ("none", "bfloat16"):
+        command = [sys.executable, __file__, "--one", "local", str(size), "--autocast", autocast]
+        for flag in ("probe", "trials", "threads", "models", "folder"):
+            command += [f"--{flag}", str(getattr(args, flag))]
+        command += ["--device", "cuda", "--out", str(Path(args.out) / f"gpu_{autocast}")]
+        output = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+        rows[autocast] = json.loads(output.stdout.strip().splitlines()[-1])
+    fp32, bf16 = rows["none"], rows["bfloat16"]
+    common = set(fp32["accuracy"]) & set(bf16["accuracy"])
+    return {
+        "ran": True,
+        "device": torch.cuda.get_device_name(0),
+        "val_images": fp32["val_images"],
+        "trials_per_second_float32": round(fp32["trials_per_hour"] / 3600, 3),
+        "trials_per_second_bfloat16": round(bf16["trials_per_hour"] / 3600, 3),
+        "bfloat16_speedup": round(bf16["trials_per_hour"] / fp32["trials_per_hour"], 2),
+        "configs_compared": len(common),
+        "max_accuracy_difference": max(
+            (abs(fp32["accuracy"][c] - bf16["accuracy"][c]) for c in common), default=None
+        ),
+    }
 
 
 def main() -> None:
@@ -212,26 +249,40 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(ROOT / "runs" / "imagenet_scale"))
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--device", default="cpu", help="where the local runs go (cpu, auto)")
+    parser.add_argument("--gpu", action="store_true", help="also run the GPU section")
     parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--autocast", default="none", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(run_one(args, args.one[0], int(args.one[1]))))
+        autocast = None if args.autocast == "none" else args.autocast
+        print(json.dumps(run_one(args, args.one[0], int(args.one[1]), autocast)))
         return
     if Path(args.out).exists():
         raise SystemExit(f"{args.out} exists: choose another --out or move it away")
     sizes = [int(s) for s in args.sizes.split(",")]
-    write_folder(Path(args.folder), args.probe + 1000, 2 * max(sizes))
+    write_folder(Path(args.folder), args.probe + 100, 2 * max(sizes))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     runs: list[dict[str, Any]] = []
     for size in sizes:
         for executor in args.executors.split(","):
             command = [sys.executable, __file__, "--one", executor, str(size)]
-            for flag in ("probe", "trials", "workers", "threads", "models", "folder", "out"):
+            for flag in (
+                "probe",
+                "trials",
+                "workers",
+                "threads",
+                "models",
+                "folder",
+                "out",
+                "device",
+            ):
                 command += [f"--{flag}", str(getattr(args, flag))]
             seconds, memory, output = run_measured(
                 command, env=env, stdout=subprocess.PIPE, text=True
             )
             row = json.loads(output.strip().splitlines()[-1])
+            row.pop("accuracy")
             runs.append({**row, "wall_seconds": round(seconds, 1), **memory})
             print(json.dumps(runs[-1]), flush=True)
     by = {(r["executor"], r["val_images"]): r for r in runs}
@@ -266,7 +317,7 @@ def main() -> None:
             (r["trial_over_forward_cold"] for r in local if r.get("trial_over_forward_cold")),
             default=None,
         ),
-        "gpu": _gpu_section(),
+        "gpu": _gpu_section(args, env) if args.gpu else {"ran": False, "why": "--gpu not given"},
     }
     Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k != "runs"}, indent=1))

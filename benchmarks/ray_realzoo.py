@@ -41,7 +41,7 @@ def _values(out: Path) -> dict[str, list[float]]:
     """Each completed trial's config (JSON) -> its values."""
     study = load_folder_study(out)
     return {
-        t.user_attrs[attrs.CONFIG]: list(t.values)
+        json.dumps(t.user_attrs[attrs.CONFIG], sort_keys=True): list(t.values)
         for t in study.trials
         if t.state == optuna.trial.TrialState.COMPLETE and attrs.CONFIG in t.user_attrs
     }

@@ -128,10 +128,11 @@ def test_loaded_network_equals_the_measured_one(ctx, items, exported, name):
     # the held-out figure is the loaded network's own accuracy on the whole test split
     test = ctx.split("test")
     with torch.no_grad():
-        # exactly correct / images, as accuracy_on counts it (a float32 mean is off by ~1e-8)
         test_acc = int((loaded(test.x).argmax(1) == ctx.labels("test")).sum()) / len(test.x)
     m = meta["metrics"]
-    assert m["test_accuracy"] == pytest.approx(test_acc, abs=1e-9)
+    # the recorded figure read the prefix from the float16 cache, the loaded network runs in
+    # float32: a near-tie may flip one image (reproduces' rule, as for validation above)
+    assert reproduces(ctx, test_acc, m["test_accuracy"], "test"), (test_acc, m["test_accuracy"])
     assert (m["val_images"], m["test_images"]) == (len(ctx.labels("val")), len(test.x))
     for acc, (low, high) in ((m["accuracy"], m["accuracy_interval"]),
                              (m["test_accuracy"], m["test_accuracy_interval"])):  # fmt: skip

@@ -592,7 +592,8 @@ _SEARCHED = "zoo:\n  models: [{source: timm, model: test_resnet, num_classes: 10
     "change, says",
     [
         ("", None),  # the same search: resumed (up to the zoo load, stubbed here)
-        ("zoo:\n  models: []\n", "zoo.models = ['test_resnet'], this run has []"),
+        # no models listed: the mini zoo is the zoo now (mini_zoo's default), the first change
+        ("zoo:\n  models: []\n", "zoo.mini_zoo = False, this run has True"),
         (
             "zoo:\n  models: [{source: timm, model: test_vit, num_classes: 10}]\n",
             "zoo.models[0].model = 'test_resnet', this run has 'test_vit'",

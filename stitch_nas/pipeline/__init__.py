@@ -18,8 +18,8 @@ from stitch_nas.lazy import lazy_face
 #: each public name -> the module that defines it (imported on first use)
 _HOMES = {
     "run": "._run",
-    "report_folder": "._run",
-    "export_folder": "._run",
+    "report_folder": "._folder",
+    "export_folder": "._folder",
     "load_data": "._run",
     "load_zoo": "._run",
     "PhaseClock": "._phases",
@@ -52,6 +52,7 @@ __all__ = [  # _HOMES's keys, written out for linters and type checkers
 ]
 
 if TYPE_CHECKING:
+    from ._folder import export_folder, report_folder
     from ._phases import PhaseClock
     from ._preflight import (
         check_artifacts,
@@ -64,6 +65,6 @@ if TYPE_CHECKING:
         check_run,
         data_size,
     )
-    from ._run import export_folder, load_data, load_zoo, report_folder, run
+    from ._run import load_data, load_zoo, run
 
 __getattr__, __dir__ = lazy_face(__name__, _HOMES)
