@@ -75,7 +75,7 @@ def test_npz_settings_errors(npz_root: Path, changes: dict, match: str) -> None:
     [
         ("val", {"file": "b.npz", "count": 30}, r"data.splits.test and data.splits.val overlap"),
         ("test", {"file": "b.npz", "start": 20, "count": 30}, r"rows 20..49 but b.npz has 40"),
-        ("probe", {"file": "a.npz", "count": 8}, r"probe has 8 images; use 32 to 256"),
+        ("probe", {"file": "a.npz", "count": 8}, r"probe has 8 images; use 32 to 8192"),
         ("val", {"file": "c.npz"}, r"data.splits.val.file .*c.npz' does not exist"),
         ("val", {"file": "b.npz", "stop": 3}, r"must be \{file: x.npz, start: 0, count: N\}"),
         ("val", {"file": "b.npz", "count": 0}, r"count must be an int >= 1 or null"),
