@@ -13,14 +13,18 @@ budget, a setting), it records the most bytes of tensors alive at once while eac
 - ``proxy_knn``: the same with a k-NN head (fitted on the network's probe outputs, held out).
 
 Tensors are counted by a ``TorchDispatchMode`` (CPU tensors escape tracemalloc): each new,
-non-view output counts from its op until it is freed. Prints one JSON object per probe size.
+non-view output counts from its op until it is freed. Prints one JSON object per probe size
+and writes them, with each reader's peak at the largest probe over its peak at the smallest, to
+benchmarks/results/probe_memory.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import weakref
+from pathlib import Path
 
 import timm
 import torch
@@ -108,8 +112,23 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--side", type=int, default=32)
     args = parser.parse_args()
+    rows = []
     for probe in args.probes:
-        print(json.dumps(measure(probe, args.classes, args.side)), flush=True)
+        rows.append(measure(probe, args.classes, args.side))
+        print(json.dumps(rows[-1]), flush=True)
+    small, large = rows[0], rows[-1]
+    record = {
+        "machine": f"{platform.machine()}, torch {torch.__version__}",
+        "classes": args.classes,
+        "side": args.side,
+        "rows": rows,
+        "peak_ratio_largest_over_smallest": {
+            reader: round(int(large[reader]) / int(small[reader]), 3)  # type: ignore[call-overload]
+            for reader in ("fit", "cka", "proxy", "proxy_knn")
+        },
+    }
+    results = Path(__file__).parent / "results" / "probe_memory.json"
+    results.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
