@@ -275,7 +275,7 @@ def _study_folder(folder: Path, *, constraints: float | None = None) -> Path:
 @pytest.fixture
 def no_rebuild(monkeypatch):
     """The zoo must not be rebuilt: the refusal comes from the study alone."""
-    from stitch_nas.pipeline import _run as _pipeline
+    from stitch_nas.pipeline import _folder as _pipeline
 
     def rebuild(*_args, **_kwargs):
         raise AssertionError("the zoo was rebuilt before the refusal")
@@ -901,7 +901,7 @@ class _Rebuilt(Exception):
 def test_report_and_export_read_a_study_in_a_read_only_folder(
     tmp_path, monkeypatch, capsys, read_only
 ):
-    from stitch_nas.pipeline import _run as _pipeline
+    from stitch_nas.pipeline import _folder as _pipeline
 
     def rebuild(*_args, **_kwargs):
         raise _Rebuilt
