@@ -49,12 +49,13 @@ def _child(mode: str) -> dict:
 def test_freed_blocks_are_reused_and_values_stay_the_same():
     default, reused = _child("default"), _child("reused")
     assert reused["applied"] is True
-    # glibc's default maps 16 MB outputs afresh and faults on their pages (~4,096 each): 2 to 4
-    # of them a pass (its mmap threshold moves as blocks are freed: 32,675 to about 65,000
-    # faults in four passes, seen); reused, at most one a pass, so at least one block's faults
-    # fewer in each of the four passes (with slack for the threshold's moves)
+    # glibc's default maps 16 MB outputs afresh and faults on their pages (~4,096 each), and its
+    # mmap threshold moves as blocks are freed, so how many a pass varies (24,515 to about 65,000
+    # faults in four passes, seen); reused, at most one block a pass: no more than four blocks'
+    # faults in four passes (with slack), and at least one block's fewer than the default's
     assert default["faults"] > 4 * 4096, default
-    assert default["faults"] - reused["faults"] > 3 * 4096, (reused, default)
+    assert reused["faults"] <= 4 * 4096 + 1024, (reused, default)
+    assert default["faults"] - reused["faults"] > 4096, (reused, default)
     assert reused["digest"] == default["digest"]
 
 
