@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import optuna
 import pytest
@@ -93,6 +94,29 @@ def test_unreachable_budget_is_one_clear_error(ctx, tmp_path, key):
     study = create_study(objective, tmp_path / "run")
     with pytest.raises(errors.BudgetError, match=f"{key} budget 10 .*raise the budget"):
         run_search(objective, study, 3)
+
+
+@pytest.mark.parametrize("key", ["macs", "params"])
+def test_a_budget_under_the_cheapest_prefix_plus_the_cheapest_head_is_refused(ctx, key):
+    from stitch_nas.fragments import count_params
+    from stitch_nas.search import check_budget_reachable
+    from stitch_nas.stitching import fragment_macs
+
+    def cost(name, start, end):
+        if key == "macs":
+            return fragment_macs(ctx, name, start, end)
+        return count_params(ctx.segment(name, start, end))
+
+    names = ctx.zoo.names()
+    prefix = min(cost(n, None, ctx.cuts(n)[0].name) for n in names)
+    head = min(cost(n, ctx.cuts(n)[-1].name, None) for n in names)
+    # above the cheapest prefix alone (the old bound), below any network: refused up front
+    bound = re.escape(f"{prefix + head:.4g}")
+    with pytest.raises(errors.BudgetError, match=f"{key} budget .*at least {bound} {key}"):
+        check_budget_reachable(StitchObjective(ctx, budgets={key: prefix + head - 1}))
+    # the bound is a bound: every zoo model and every measured network is at least that dear
+    assert all(cost(n, None, None) >= prefix + head for n in names)
+    check_budget_reachable(StitchObjective(ctx, budgets={key: prefix + head}))
 
 
 def test_a_failing_trial_is_recorded_and_the_study_goes_on(ctx, monkeypatch):

@@ -53,26 +53,40 @@ def measure_references(
 
 
 def check_budget_reachable(objective: StitchObjective) -> None:
-    """Refuse a budget below the cheapest network the zoo can make.
+    """Refuse a budget below the cheapest network the zoo can make, before any trial.
 
-    Every network starts with some model's prefix, so the cheapest prefix (MACs or parameters)
-    is a lower bound on any config's cost.
+    Every network starts with some model's prefix and ends with some model's suffix (its head),
+    and the two never overlap, so the cheapest first-cut prefix plus the cheapest last-cut suffix
+    (MACs or parameters) is a lower bound on any config's cost, a zoo model on its own included.
     """
     ctx = objective.ctx
+
+    def cost(key: str, name: str, start: str | None, end: str | None) -> float:
+        if key == "macs":
+            return fragment_macs(ctx, name, start, end)
+        return count_params(ctx.segment(name, start, end))
+
+    cut = [n for n in ctx.zoo.names() if ctx.cuts(n)]
+    whole = [n for n in ctx.zoo.names() if not ctx.cuts(n)]  # used only on its own
     for key, limit in objective.budgets.items():
-        costs = []
-        for name in ctx.zoo.names():
-            # a deeper prefix holds the shallower one, so each model's first cut is its cheapest
-            for cut in ctx.cuts(name)[:1]:
-                if key == "macs":
-                    costs.append(fragment_macs(ctx, name, None, cut.name))
-                else:
-                    costs.append(count_params(ctx.segment(name, None, cut.name)))
-        cheapest = min(costs)
+        bounds = [(cost(key, n, None, None), f"{n} on its own") for n in whole]
+        if cut:
+            # a deeper prefix holds the shallower one, so each model's first cut is its
+            # cheapest; an earlier suffix holds a later one, so its last cut is its cheapest
+            prefix = min((cost(key, n, None, ctx.cuts(n)[0].name), n) for n in cut)
+            suffix = min((cost(key, n, ctx.cuts(n)[-1].name, None), n) for n in cut)
+            bounds.append(
+                (
+                    prefix[0] + suffix[0],
+                    f"{prefix[1]}'s first block {prefix[0]:.4g} and {suffix[1]}'s head "
+                    f"{suffix[0]:.4g}",
+                )
+            )
+        cheapest, parts = min(bounds)
         if limit < cheapest:
             raise BudgetError(
-                f"{key} budget {limit:.4g} is below the cheapest possible network (the cheapest "
-                f"model prefix alone has {cheapest:.4g} {key}); raise the budget"
+                f"{key} budget {limit:.4g} is below the cheapest network the zoo can make (at "
+                f"least {cheapest:.4g} {key}: {parts}); raise the budget"
             )
 
 
