@@ -32,6 +32,7 @@ BAD = {
     "search.trials": 0,
     "search.probe_threshold": -1.0,
     "search.seed_trials": -1,
+    "search.proxy_candidates": 0,
     "search.cka_threshold": 1.5,
     "search.refine_trials": -2,
     "search.fidelity": 1.0,

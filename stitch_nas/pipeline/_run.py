@@ -23,6 +23,7 @@ from stitch_nas.search import (
     check_study,
     completed_count,
     create_study,
+    proxy_sampler,
     refine_adapters,
     refine_study,
     run_search,
@@ -213,6 +214,8 @@ def _search(
             echo=echo,
             progress=progress,
         )
+    if search.proxy_candidates > 1:  # the probe in the loop: scored proposals, the best measured
+        study.sampler = proxy_sampler(objective, study.sampler, search.proxy_candidates)
     with clock.phase("trials"):
         run_search(objective, study, search.trials, progress=progress, executor=executor)
     with clock.phase("refining"):

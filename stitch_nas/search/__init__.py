@@ -21,6 +21,7 @@ from ._evaluate import (
 )
 from ._fidelity import Fidelity
 from ._loop import check_budget_reachable, run_search
+from ._proxy_sampler import ProxySampler, proxy_sampler
 from ._ray_executor import RAY_NODE, RayExecutor, StudyWorker
 from ._ray_resources import check_ray_address
 from ._ray_workers import TrialWorker
@@ -64,6 +65,7 @@ __all__ = [
     "EvaluationOptions",
     "Fidelity",
     "LEGACY_STUDY_NAME",
+    "ProxySampler",
     "RAY_NODE",
     "RayExecutor",
     "Repeat",
@@ -84,6 +86,7 @@ __all__ = [
     "load_folder_study",
     "make_objective",
     "make_trainable",
+    "proxy_sampler",
     "refine_adapter",
     "refine_adapters",
     "refine_study",

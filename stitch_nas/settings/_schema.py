@@ -86,6 +86,9 @@ class SearchSettings:
     probe_threshold: float = 1.5
     seed_trials: int = 8  #: configs the probe ranks best, tried first
     seed_pool: int | None = None  #: random configs probe-scored to choose them from (None: 4x)
+    #: the sampler's proposals probe-scored per trial, the one adding most to the front measured
+    #: (1: the sampler alone; stitch_nas.search.ProxySampler)
+    proxy_candidates: int = 1
     cka_threshold: float = 0.0  #: prune stitched configs below this CKA (0: off)
     #: after the search, this many of the best least-squares networks retrained (0: off)
     refine_trials: int = 0
@@ -155,6 +158,7 @@ _OR_NONE: dict[str, type] = {
     "cache_memory_gb": float,
     "cache_device_memory_gb": float,
     "seed_pool": int,
+    "proxy_candidates": int,
     "floor": float,
     "size": int,
 }

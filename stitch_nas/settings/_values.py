@@ -93,6 +93,7 @@ FIELD_CHECKS: dict[str, Check] = {
     # at most the number of classes: checked by the objective once the data are loaded
     "search.probe_threshold": check_probe_threshold,
     "search.seed_trials": _at_least(0, " (0: off)"),
+    "search.proxy_candidates": _at_least(1, " (1: the sampler alone)"),
     "search.cka_threshold": check_cka_threshold,
     "search.refine_trials": _at_least(0, " (0: off)"),
     "search.fidelity": check_fidelity,

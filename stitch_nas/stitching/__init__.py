@@ -44,6 +44,7 @@ _HOMES = {
     "reproduces_count": "._measure",
     "sample_correct": "._measure",
     "ProbeScore": "._proxy",
+    "forget_probe_score": "._proxy",
     "keep_probe_score": "._proxy",
     "least_squares_version": "._proxy",
     "probe_accuracy": "._proxy",
@@ -71,6 +72,7 @@ __all__ = [
     "held_out_correct",
     "HeadKind",
     "joint_networks",
+    "forget_probe_score",
     "keep_probe_score",
     "KINDS",
     "KNNHead",
@@ -130,7 +132,13 @@ if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports l
         reproduces_count,
         sample_correct,
     )
-    from ._proxy import ProbeScore, keep_probe_score, least_squares_version, probe_accuracy
+    from ._proxy import (
+        ProbeScore,
+        forget_probe_score,
+        keep_probe_score,
+        least_squares_version,
+        probe_accuracy,
+    )
     from ._tuned import (
         TRAINED_DIR,
         has_trained_adapters,

@@ -33,7 +33,13 @@ from ._build import NETWORKS, StitchedNet, build
 from ._heads import held_out_correct
 from ._measure import count_correct, net_outputs
 
-__all__ = ["ProbeScore", "keep_probe_score", "least_squares_version", "probe_accuracy"]
+__all__ = [
+    "ProbeScore",
+    "forget_probe_score",
+    "keep_probe_score",
+    "least_squares_version",
+    "probe_accuracy",
+]
 
 
 @dataclasses.dataclass
@@ -68,6 +74,12 @@ def keep_probe_score(ctx: StitchContext, config: StitchConfig, score: ProbeScore
     """Hold ``score`` for the next :func:`probe_accuracy` of ``config`` (seeding scores the
     configs it enqueues, and their trials then need not score them again)."""
     _KEPT.put(ctx, config.stable_hash(), score)
+
+
+def forget_probe_score(ctx: StitchContext, config: StitchConfig) -> None:
+    """Drop a score :func:`keep_probe_score` holds for ``config``, if any (a proposal that
+    was scored but not chosen)."""
+    _KEPT.pop(ctx, config.stable_hash())
 
 
 def probe_accuracy(ctx: StitchContext, config: StitchConfig) -> ProbeScore:

@@ -1,0 +1,222 @@
+"""A sampler that measures, of several proposals, the one the cheap proxy says adds most.
+
+Stitches are cheap to score with the least-squares probe (one fit and one pass over a few
+hundred images) and dear to measure (the whole validation split). Each trial, the base
+sampler proposes ``candidates`` configs, in a scratch study that holds the real study's
+finished trials (so it proposes as it would for the real one, and reads the budgets'
+constraints from them); ``score`` gives each its proxy values (probe accuracy and costs, in
+the study's objective order), and the trial takes the params of the candidate whose proxy
+point adds most hypervolume to the front of the finished trials' own proxy points
+(``recorded``). The probe ranks configs well but its accuracy is not the validation accuracy
+(it is fitted on the probe), so candidates are compared with trials in the proxy's space,
+never with measured values. When no candidate adds to that front, the trial takes the base
+sampler's first proposal: the search then explores as the base sampler would.
+
+Optuna's ``BaseSampler`` API is used as it is meant: no relative search space, every
+parameter answered in :meth:`sample_independent` from the chosen candidate, and the base
+sampler's own answer for any parameter the candidate did not sample. Enqueued trials (the
+probe-seeded first trials) keep their fixed params and cost no proposals.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from stitch_nas import attrs
+from stitch_nas.choices import check_at_least
+from stitch_nas.config import StitchConfig
+from stitch_nas.errors import LayoutError
+from stitch_nas.fragments import count_params_of
+from stitch_nas.report import hypervolume
+from stitch_nas.stitching import (
+    forget_probe_score,
+    keep_probe_score,
+    network_macs,
+    probe_accuracy,
+)
+
+from ._runner import StitchObjective
+
+__all__ = ["ProxySampler", "proxy_sampler"]
+
+#: a candidate's proxy values (the study's objective order), or None: skip it
+ProxyScore = Callable[[optuna.Trial], Sequence[float] | None]
+
+
+class ProxySampler(BaseSampler):
+    """``base``'s proposals, ``candidates`` a trial, the best by ``score`` measured.
+
+    Args:
+        base: The sampler that proposes (TPE, NSGA-II, ...); it also answers any parameter
+            the chosen candidate did not sample.
+        score: Samples a candidate's params on the trial it is given (as the objective's
+            space does) and returns its proxy values in the study's objective order, or None
+            for a candidate the search would prune or that breaks a budget.
+        recorded: A finished trial's proxy values, or None where it has none (by default the
+            values ``score`` gave the trials this sampler proposed).
+        candidates: Proposals scored per trial (1: the base sampler alone).
+    """
+
+    def __init__(
+        self,
+        base: BaseSampler,
+        score: ProxyScore,
+        *,
+        recorded: Callable[[FrozenTrial], Sequence[float] | None] | None = None,
+        candidates: int = 8,
+    ) -> None:
+        self.base = base
+        self.candidates = check_at_least(candidates, "proxy_candidates", 1)
+        self._score = score
+        self._recorded = recorded
+        self._chosen: dict[int, dict[str, Any]] = {}  # trial number -> the params it takes
+        self._proxy: dict[int, tuple[float, ...]] = {}  # trial number -> its proxy values
+        self.scored = 0  # proposals scored so far (the proxy's cost, in probe scores)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {}
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if "fixed_params" in trial.system_attrs or self.candidates == 1:
+            return  # an enqueued trial keeps its params; one candidate is the base alone
+        scratch = optuna.create_study(directions=study.directions, sampler=self.base)
+        scratch.add_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        proposals: list[tuple[dict[str, Any], tuple[float, ...] | None]] = []
+        for _ in range(self.candidates):
+            candidate = scratch.ask()  # left running: TPE's constant liar spreads the next
+            values = self._score(candidate)
+            self.scored += 1
+            proposals.append((candidate.params, None if values is None else tuple(values)))
+        front = [p for p in map(self._values_of, study.get_trials(deepcopy=False)) if p]
+        best, gain = 0, 0.0
+        scored = [v for _, v in proposals if v is not None]
+        if scored:
+            ref = _reference(front + scored, study.directions)
+            base_hv = hypervolume(front, study.directions, ref) if front else 0.0
+            for i, (_, values) in enumerate(proposals):
+                if values is not None:
+                    added = hypervolume([*front, values], study.directions, ref) - base_hv
+                    if added > gain:
+                        best, gain = i, added
+        params, values = proposals[best]
+        self._chosen[trial.number] = params
+        if values is not None:
+            self._proxy[trial.number] = values
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        chosen = self._chosen.get(trial.number, {})
+        if param_name in chosen:
+            value = chosen[param_name]
+            if _fits(param_distribution, value):
+                return value
+        return self.base.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._chosen.pop(trial.number, None)
+        self.base.after_trial(study, trial, state, values)
+
+    def _values_of(self, trial: FrozenTrial) -> tuple[float, ...] | None:
+        """A complete trial's proxy values, if it has them."""
+        if trial.state != TrialState.COMPLETE:
+            return None
+        if self._recorded is not None:
+            values = self._recorded(trial)
+            return None if values is None else tuple(values)
+        return self._proxy.get(trial.number)
+
+
+def _fits(distribution: BaseDistribution, value: Any) -> bool:
+    """Whether ``value`` is one ``distribution`` can give (a candidate's space may differ from
+    the trial's where the space depends on what was sampled before)."""
+    if isinstance(distribution, CategoricalDistribution):
+        return value in distribution.choices
+    low, high = getattr(distribution, "low", None), getattr(distribution, "high", None)
+    return low is not None and high is not None and low <= value <= high
+
+
+def _reference(points: list[tuple[float, ...]], directions: Sequence[Any]) -> list[float]:
+    """A reference point just worse than every point on every objective."""
+    ref = []
+    for i, direction in enumerate(directions):
+        column = [p[i] for p in points]
+        low, high = min(column), max(column)
+        pad = 0.1 * (high - low) or 1.0
+        ref.append(low - pad if direction == optuna.study.StudyDirection.MAXIMIZE else high + pad)
+    return ref
+
+
+def proxy_sampler(objective: StitchObjective, base: BaseSampler, candidates: int) -> ProxySampler:
+    """``base`` with ``objective``'s least-squares probe in the loop (``search.proxy_candidates``).
+
+    A candidate's proxy values: its probe accuracy for ``accuracy``, its MACs and parameters as
+    measured; none (skipped) for a zoo model on its own, a config the probe threshold would
+    prune, one over a budget, or when an objective has no proxy (latency: the base sampler
+    then proposes alone). The scores of the last ``candidates`` proposals are kept, so the
+    chosen one's trial does not score it again.
+    """
+    ctx = objective.ctx
+    proxies = {"accuracy", "macs", "params"}
+    kept: deque[StitchConfig] = deque()
+
+    def score(trial: optuna.Trial) -> tuple[float, ...] | None:
+        if not proxies.issuperset(objective.names):
+            return None
+        config = objective.space(trial, ctx, **objective.space_options)
+        if not config.is_stitched:
+            return None
+        try:
+            probe = probe_accuracy(ctx, config)
+        except LayoutError:  # its trial would be pruned for it
+            return None
+        if probe.accuracy < objective.probe_threshold / ctx.num_classes:
+            return None
+        costs = {"macs": network_macs(ctx, probe.net), "params": count_params_of([probe.net])}
+        if any(costs[key] > limit for key, limit in objective.budgets.items()):
+            return None
+        keep_probe_score(ctx, config, probe)
+        kept.append(config)
+        while len(kept) > candidates:
+            forget_probe_score(ctx, kept.popleft())
+        return tuple(
+            probe.accuracy if n == "accuracy" else float(costs[n]) for n in objective.names
+        )
+
+    def recorded(trial: FrozenTrial) -> tuple[float, ...] | None:
+        probe = trial.user_attrs.get(attrs.PROBE_ACCURACY)
+        if probe is None or trial.values is None:
+            return None
+        return tuple(
+            float(probe) if n == "accuracy" else float(v)
+            for n, v in zip(objective.names, trial.values, strict=True)
+        )
+
+    return ProxySampler(base, score, recorded=recorded, candidates=candidates)

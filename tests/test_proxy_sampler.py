@@ -1,0 +1,120 @@
+"""The proxy sampler: of the base sampler's proposals, the one the proxy says adds most."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from stitch_nas import attrs, errors
+from stitch_nas.report import hypervolume
+from stitch_nas.search import ProxySampler, StitchObjective, proxy_sampler
+from stitch_nas.search._proxy_sampler import _reference
+from stitch_nas.stitching import _proxy
+from tests._tiny import tiny_context
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+DIRECTIONS = ["maximize", "minimize"]
+
+
+def _true(x: int) -> tuple[float, float]:
+    """A toy space: accuracy peaks at x = 70, cost grows with x."""
+    return 1.0 - abs(x - 70) / 100, float(x)
+
+
+def _study(sampler):
+    return optuna.create_study(directions=DIRECTIONS, sampler=sampler)
+
+
+def test_each_trial_takes_the_candidate_that_adds_most_to_the_proxy_front():
+    proposals: list[list[tuple[int, tuple[float, float]]]] = []
+
+    def score(trial):
+        x = trial.suggest_int("x", 0, 99)
+        proposals[-1].append((x, _true(x)))
+        return _true(x)
+
+    sampler = ProxySampler(optuna.samplers.RandomSampler(seed=1), score, candidates=6)
+    study = _study(sampler)
+    for _ in range(12):
+        proposals.append([])
+        trial = study.ask()
+        x = trial.suggest_int("x", 0, 99)
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        front = [_true(t.params["x"]) for t in done]
+        ref = _reference(front + [v for _, v in proposals[-1]], study.directions)
+        gains = [hypervolume([*front, v], DIRECTIONS, ref) for _, v in proposals[-1]]
+        if max(gains) > (hypervolume(front, DIRECTIONS, ref) if front else 0.0):
+            assert gains[[p for p, _ in proposals[-1]].index(x)] == pytest.approx(max(gains))
+        else:  # nothing adds: the base sampler's first proposal
+            assert x == proposals[-1][0][0]
+        study.tell(trial, _true(x))
+    assert sampler.scored == 6 * 12
+    assert len({p for batch in proposals for p, _ in batch}) > 12  # it proposed, not repeated
+
+
+def test_enqueued_trials_keep_their_params_and_cost_no_proposals():
+    sampler = ProxySampler(
+        optuna.samplers.RandomSampler(seed=0), lambda t: _true(t.suggest_int("x", 0, 99))
+    )
+    study = _study(sampler)
+    study.enqueue_trial({"x": 3})
+    study.optimize(lambda t: _true(t.suggest_int("x", 0, 99)), n_trials=1)
+    assert study.trials[0].params == {"x": 3} and sampler.scored == 0
+
+
+def test_the_proxy_finds_more_of_the_front_than_its_base_sampler_alone():
+    # the proxy is the truth plus a monotone distortion: it ranks, it does not predict
+    def run(candidates: int, seed: int) -> float:
+        sampler = ProxySampler(
+            optuna.samplers.RandomSampler(seed=seed),
+            lambda t: (_true(t.suggest_int("x", 0, 99))[0] ** 3, t.params["x"]),
+            recorded=lambda t: (t.values[0] ** 3, t.values[1]),
+            candidates=candidates,
+        )
+        study = _study(sampler)
+        study.optimize(lambda t: _true(t.suggest_int("x", 0, 99)), n_trials=10)
+        return hypervolume([t.values for t in study.best_trials], DIRECTIONS, [0.0, 100.0])
+
+    alone = sorted(run(1, seed) for seed in range(5))
+    proxied = sorted(run(8, seed) for seed in range(5))
+    assert proxied[2] > alone[2]  # the median over five seeds
+
+
+def test_candidates_below_one_are_refused():
+    with pytest.raises(errors.ConfigError, match="proxy_candidates=0"):
+        ProxySampler(optuna.samplers.RandomSampler(), lambda t: None, candidates=0)
+
+
+def test_a_search_with_the_probe_in_the_loop_scores_its_proposals_and_reuses_the_chosen():
+    ctx = tiny_context()
+    objective = StitchObjective(ctx, probe_threshold=1.0)
+    base = optuna.samplers.TPESampler(seed=0, n_startup_trials=3)
+    sampler = proxy_sampler(objective, base, candidates=4)
+    study = optuna.create_study(directions=objective.directions, sampler=sampler)
+    calls = {"scoring": 0, "trials": 0}
+    real, score = _proxy.build, sampler._score
+    scoring = [False]
+
+    def counted(*args, **kwargs):
+        calls["scoring" if scoring[0] else "trials"] += 1
+        return real(*args, **kwargs)
+
+    def scored(trial):
+        scoring[0] = True
+        try:
+            return score(trial)
+        finally:
+            scoring[0] = False
+
+    _proxy.build, sampler._score = counted, scored
+    try:
+        study.optimize(objective, n_trials=6)
+    finally:
+        _proxy.build = real
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete and all(attrs.PROBE_ACCURACY in t.user_attrs for t in complete)
+    assert sampler.scored == 4 * 6 and calls["scoring"] <= sampler.scored
+    # a trial whose candidate had a proxy point reads its kept score: only the others score
+    assert calls["trials"] <= 6 - len(sampler._proxy)
+    assert len(_proxy._KEPT._values(ctx)) <= 4  # the unchosen proposals' scores are dropped
