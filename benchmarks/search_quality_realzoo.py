@@ -21,7 +21,8 @@ one whose probe accuracy is below 1.5 x chance is pruned (it counts; it is not o
 
 - ``random``, ``tpe``, ``gp``: Optuna's samplers with the CLI's options
   (:mod:`stitch_nas.samplers`), ``nsga2`` with a population of a fifth of the trials (at
-  least 8) so it breeds within the budget;
+  least 8) so it breeds within the budget, and a mutation probability of 0.1 (see
+  :func:`run_method`);
 - ``default``: what ``stitch-nas search`` does with its defaults: ``seed_trials: 8`` of a
   probe-scored pool of 32 random configs (:func:`stitch_nas.search.seed_study`, its probe and
   costs read from the table), then TPE;
@@ -52,6 +53,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
+
+from stitch_nas import attrs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "search_quality_realzoo.json"
@@ -166,6 +169,7 @@ class TableSearch:
 
         self.ctx, self.table, self.sample = ctx, table, sample
         self.options = {"models": models} if models else {}
+        self.references: list[dict] | None = None  # the zoo measured once, as a study would
         self.floor = PROBE_THRESHOLD / ctx.num_classes
 
     def config(self, trial: optuna.Trial):
@@ -211,6 +215,12 @@ class TableSearch:
             "count_params_of": lambda nets: table[nets[0]]["params"],
             "keep_probe_score": lambda *a: None,
         }
+        if self.references is None:
+            from stitch_nas.search._loop import measure_references
+
+            self.references = measure_references(self.ctx)
+        # the space's proposals read the zoo's accuracy from the study, as the CLI's does
+        study.set_user_attr(attrs.REFERENCES, self.references)
         saved = {k: getattr(_seeding, k) for k in patched}
         for k, v in patched.items():
             setattr(_seeding, k, v)
@@ -247,7 +257,11 @@ def run_method(search: TableSearch, method: str, n: int, seed: int, candidates: 
     from stitch_nas.samplers import make_sampler
 
     if method == "nsga2":
-        sampler = make_sampler("nsga2", seed, {"population_size": max(8, n // 5)})
+        # Optuna's default mutation probability is 1 / (parameters its crossover sees): the
+        # pairwise space shares one (its route; cut points are named per route), so every
+        # child would be mutated, that is drawn at random, and NSGA-II would be random search
+        options = {"population_size": max(8, n // 5), "mutation_prob": 0.1}
+        sampler = make_sampler("nsga2", seed, options)
     else:
         sampler = make_sampler("tpe" if method in ("default", "proxy") else method, seed)
     proxy = None
@@ -285,7 +299,6 @@ def main() -> None:
     table, table_seconds = build_table(args)
     with gzip.open(TABLE, "wt") as f:
         json.dump({"val_images": args.val, "configs": table}, f)
-    from scipy.stats import spearmanr
 
     from stitch_nas.report import hypervolume
 
@@ -306,9 +319,14 @@ def main() -> None:
             for o in rows
         )
     ]
-    results = []
+    out_path = Path(args.out)
+    earlier = json.loads(out_path.read_text()) if out_path.exists() else {}
+    same = earlier.get("val_images") == args.val and earlier.get("space_size") == len(rows)
+    results = earlier.get("results", []) if same else []
     for n in [int(x) for x in args.trials.split(",")]:
         for method in methods:
+            if any(r["method"] == method and r["trials"] == n for r in results):
+                continue  # measured by an earlier run on the same table
             start = time.perf_counter()
             found, scored = [], []
             for seed in range(args.seeds):
@@ -329,6 +347,7 @@ def main() -> None:
                         "hv_fraction_min": min(fracs),
                         "hv_fraction_max": max(fracs),
                         "proxy_scores_per_trial": statistics.median(scored),
+                        "seconds": round(time.perf_counter() - start, 1),
                     }
                 )
             r = [x for x in results if x["method"] == method and x["trials"] == n]
@@ -342,6 +361,13 @@ def main() -> None:
                 + f"  ({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
+            _write(out_path, args, ctx, rows, search, top, full, front, table_seconds, results)
+
+
+def _write(out_path, args, ctx, rows, search, top, full, front, table_seconds, results) -> None:
+    """The results so far (written after each method, so a stopped run resumes)."""
+    from scipy.stats import spearmanr
+
     probe = [r["probe_accuracy"] for r in rows]
     out = {
         "space": "pairwise (lstsq), both directions, over examples/realzoo.yaml's models",
@@ -370,7 +396,7 @@ def main() -> None:
         },
         "date": time.strftime("%Y-%m-%d"),
     }
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
