@@ -41,16 +41,39 @@ def test_each_trial_takes_the_candidate_that_adds_most_to_the_proxy_front():
         trial = study.ask()
         x = trial.suggest_int("x", 0, 99)
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        tried = {t.params["x"] for t in study.trials[:-1]}
+        batch = [(p, v) for p, v in proposals[-1] if p not in tried]  # repeats are never chosen
         front = [_true(t.params["x"]) for t in done]
-        ref = _reference(front + [v for _, v in proposals[-1]], study.directions)
-        gains = [hypervolume([*front, v], DIRECTIONS, ref) for _, v in proposals[-1]]
-        if max(gains) > (hypervolume(front, DIRECTIONS, ref) if front else 0.0):
-            assert gains[[p for p, _ in proposals[-1]].index(x)] == pytest.approx(max(gains))
-        else:  # nothing adds: the base sampler's first proposal
-            assert x == proposals[-1][0][0]
+        ref = _reference(front + [v for _, v in batch], study.directions)
+        gains = [hypervolume([*front, v], DIRECTIONS, ref) for _, v in batch]
+        if gains and max(gains) > (hypervolume(front, DIRECTIONS, ref) if front else 0.0):
+            assert gains[[p for p, _ in batch].index(x)] == pytest.approx(max(gains))
+        elif batch:  # nothing adds: the base sampler's first proposal not tried yet
+            assert x == batch[0][0]
         study.tell(trial, _true(x))
     assert sampler.scored == 6 * 12
     assert len({p for batch in proposals for p, _ in batch}) > 12  # it proposed, not repeated
+
+
+def test_a_proposal_that_repeats_a_trial_is_not_chosen_while_another_is_new():
+    class Stuck(optuna.samplers.RandomSampler):
+        """Proposes x = 5 three times in four: a sampler that has converged."""
+
+        calls = 0
+
+        def sample_independent(self, study, trial, name, distribution):
+            Stuck.calls += 1
+            return 5 if Stuck.calls % 4 else 60
+
+    def score(trial):  # x = 5 dominates every other point
+        return (1.0, 0.0) if trial.suggest_int("x", 0, 99) == 5 else (0.5, 50.0)
+
+    sampler = ProxySampler(Stuck(), score, candidates=4)
+    study = _study(sampler)
+    study.enqueue_trial({"x": 5})
+    study.optimize(lambda t: _true(t.suggest_int("x", 0, 99)), n_trials=2)
+    # x = 5 adds the most on its own, but it was tried: the new proposal is measured
+    assert [t.params["x"] for t in study.trials] == [5, 60]
 
 
 def test_enqueued_trials_keep_their_params_and_cost_no_proposals():

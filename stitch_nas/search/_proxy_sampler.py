@@ -10,7 +10,8 @@ point adds most hypervolume to the front of the finished trials' own proxy point
 (``recorded``). The probe ranks configs well but its accuracy is not the validation accuracy
 (it is fitted on the probe), so candidates are compared with trials in the proxy's space,
 never with measured values. When no candidate adds to that front, the trial takes the base
-sampler's first proposal: the search then explores as the base sampler would.
+sampler's first proposal that no trial has tried: the search then explores as the base sampler
+would. A proposal that repeats a trial's params is never chosen while another is new.
 
 Optuna's ``BaseSampler`` API is used as it is meant: no relative search space, every
 parameter answered in :meth:`sample_independent` from the chosen candidate, and the base
@@ -98,14 +99,20 @@ class ProxySampler(BaseSampler):
             return  # an enqueued trial keeps its params; one candidate is the base alone
         scratch = optuna.create_study(directions=study.directions, sampler=self.base)
         scratch.add_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        # a proposal that repeats a trial adds nothing and would not count: never chosen
+        # while another is new (a sampler that has converged proposes repeats often)
+        tried = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
         proposals: list[tuple[dict[str, Any], tuple[float, ...] | None]] = []
         for _ in range(self.candidates):
             candidate = scratch.ask()  # left running: TPE's constant liar spreads the next
             values = self._score(candidate)
             self.scored += 1
+            if _key(candidate.params) in tried:
+                values = None
             proposals.append((candidate.params, None if values is None else tuple(values)))
         front = [p for p in map(self._values_of, study.get_trials(deepcopy=False)) if p]
-        best, gain = 0, 0.0
+        new = [i for i, (params, _) in enumerate(proposals) if _key(params) not in tried]
+        best, gain = (new or [0])[0], 0.0  # by default the base sampler's first new proposal
         scored = [v for _, v in proposals if v is not None]
         if scored:
             ref = _reference(front + scored, study.directions)
@@ -152,6 +159,10 @@ class ProxySampler(BaseSampler):
             values = self._recorded(trial)
             return None if values is None else tuple(values)
         return self._proxy.get(trial.number)
+
+
+def _key(params: dict[str, Any]) -> frozenset:
+    return frozenset((name, repr(value)) for name, value in params.items())
 
 
 def _fits(distribution: BaseDistribution, value: Any) -> bool:
