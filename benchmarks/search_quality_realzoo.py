@@ -308,17 +308,9 @@ def main() -> None:
     top = 1.1 * max(r["macs"] for r in rows)
     everything = [(r["accuracy"], r["macs"]) for r in rows]
     full = {a: hypervolume(everything, DIRECTIONS, [a, top]) for a in REFERENCES}
-    front = [
-        r
-        for r in rows
-        if not any(
-            o["accuracy"] >= r["accuracy"]
-            and o["macs"] <= r["macs"]
-            and o is not r
-            and (o["accuracy"] > r["accuracy"] or o["macs"] < r["macs"])
-            for o in rows
-        )
-    ]
+    from search_quality import _front  # the digits benchmark's rule, on this table
+
+    front = [table[k] for k in _front(table)]
     out_path = Path(args.out)
     earlier = json.loads(out_path.read_text()) if out_path.exists() else {}
     same = earlier.get("val_images") == args.val and earlier.get("space_size") == len(rows)

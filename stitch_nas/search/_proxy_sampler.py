@@ -97,11 +97,12 @@ class ProxySampler(BaseSampler):
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
         if "fixed_params" in trial.system_attrs or self.candidates == 1:
             return  # an enqueued trial keeps its params; one candidate is the base alone
+        trials = study.get_trials(deepcopy=False)  # read once: a storage may be remote
         scratch = optuna.create_study(directions=study.directions, sampler=self.base)
-        scratch.add_trials(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+        scratch.add_trials([t for t in trials if t.state == TrialState.COMPLETE])
         # a proposal that repeats a trial adds nothing and would not count: never chosen
         # while another is new (a sampler that has converged proposes repeats often)
-        tried = {_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+        tried = {_key(t.params) for t in trials if t.params}
         proposals: list[tuple[dict[str, Any], tuple[float, ...] | None]] = []
         for _ in range(self.candidates):
             candidate = scratch.ask()  # left running: TPE's constant liar spreads the next
@@ -110,7 +111,7 @@ class ProxySampler(BaseSampler):
             if _key(candidate.params) in tried:
                 values = None
             proposals.append((candidate.params, None if values is None else tuple(values)))
-        front = [p for p in map(self._values_of, study.get_trials(deepcopy=False)) if p]
+        front = [p for p in map(self._values_of, trials) if p]
         new = [i for i, (params, _) in enumerate(proposals) if _key(params) not in tried]
         best, gain = (new or [0])[0], 0.0  # by default the base sampler's first new proposal
         scored = [v for _, v in proposals if v is not None]
