@@ -115,7 +115,7 @@ def test_concurrent_writers_of_one_key_share_a_spill_dir_safely(tmp_path, caplog
         cache = ActivationCache(memory_gb=0, spill_dir=tmp_path)  # every call goes to disk
         results.extend(cache.get_or_compute(KEY, compute) for _ in range(5))
 
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations"):
         threads = [threading.Thread(target=worker) for _ in range(4)]
         for thread in threads:
             thread.start()
@@ -161,7 +161,7 @@ def test_two_processes_spilling_one_key_at_once_leave_one_valid_pair(tmp_path, c
         process.join(timeout=60)
     assert [p.exitcode for p in processes] == [0, 0]
     reader = ActivationCache(memory_gb=0, spill_dir=tmp_path)
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations"):
         for i in range(SPILL_ROUNDS):
             value = reader.get_or_compute(_key(i), Counter())  # Counter: a wrong value
             assert value.unique().tolist() in ([1.0], [2.0]), i  # one writer's bytes, whole
@@ -229,7 +229,7 @@ def test_corrupt_spill_file_is_detected_deleted_and_recomputed(tmp_path, caplog,
         path.write_bytes(raw)
     else:
         path.with_suffix(".json").write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations"):
         value = cache.get_or_compute(KEY, compute)
     assert torch.equal(value, compute.value)
     assert compute.calls == 2 and cache.stats()["disk_hits"] == 0
@@ -292,15 +292,15 @@ def test_weights_fingerprint_refuses_meta_tensors():
 
 
 def test_a_full_disk_warns_once_stops_spilling_and_goes_on(tmp_path, caplog, monkeypatch):
-    from stitch_nas.activations import _cache
+    from stitch_nas.activations import _spill
 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(_cache, "write_spill", full)
+    monkeypatch.setattr(_spill, "write_spill", full)
     cache = ActivationCache(memory_gb=1.5 * MB / 2**30, spill_dir=tmp_path)
     computes = [Counter(seed=i) for i in range(4)]
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations"):
         for i, compute in enumerate(computes):  # each insert evicts (and tries to spill) one
             cache.get_or_compute(_key(i), compute)
         assert torch.equal(cache.get_or_compute(_key(0), computes[0]), computes[0].value)
@@ -326,7 +326,7 @@ def test_streamed_spill_files_are_read_back_as_verified_memory_maps(tmp_path, ca
     raw = bytearray(path.read_bytes())
     raw[-5] ^= 0xFF
     path.write_bytes(raw)  # new mtime: hashed again on the next map
-    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations._cache"):
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations"):
         assert cache.mapped(KEY) is None
     assert any("corrupt" in r.getMessage() for r in caplog.records) and not path.exists()
 

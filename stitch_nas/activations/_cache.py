@@ -33,13 +33,7 @@ from stitch_nas.activations._keys import (  # re-exported: the cache's public fa
     storage_dtype,
     weights_fingerprint,
 )
-from stitch_nas.activations._spill import (
-    SpillWriter,
-    map_verified,
-    read_verified,
-    spill_paths,
-    write_spill,
-)
+from stitch_nas.activations._spill import SpillFolder, SpillWriter
 from stitch_nas.errors import CacheError
 
 __all__ = [
@@ -106,21 +100,12 @@ class ActivationCache:
         self.dtype = storage_dtype(dtype)
         self.progress = progress
         self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
-        if self.spill_dir is not None:
-            try:
-                self.spill_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise CacheError(
-                    f"cannot create spill_dir {str(self.spill_dir)!r} ({exc}); "
-                    "pass a writable folder or spill_dir=None"
-                ) from exc
+        self._disk = SpillFolder(self.spill_dir, FORMAT) if self.spill_dir is not None else None
         self._entries: OrderedDict[str, tuple[ActivationKey, torch.Tensor]] = OrderedDict()
         # per budget (False: host, True: device): entries' bytes, buffers being filled, peak
         self._bytes, self._reserved, self._peaks = ({False: 0, True: 0} for _ in range(3))
-        self._spill_failed = False  # set once the disk refused a write: stop spilling
-        self._hashed: dict[str, tuple[int, int]] = {}  # digest -> (size, mtime_ns) verified
         self._lock = threading.RLock()
-        self._counts = dict(hits=0, misses=0, disk_hits=0, evictions=0, spilled_files=0)
+        self._counts = dict(hits=0, misses=0, disk_hits=0, evictions=0)
 
     @property
     def dtype_name(self) -> str:
@@ -140,7 +125,7 @@ class ActivationCache:
     @property
     def spilling(self) -> bool:
         """Whether evicted or oversized entries go to disk (a folder, and no disk failure)."""
-        return self.spill_dir is not None and not self._spill_failed
+        return self._disk is not None and not self._disk.failed
 
     def __contains__(self, key: object) -> bool:
         """Whether ``key`` is in memory or has a spill file (the file is checked only on load)."""
@@ -148,7 +133,7 @@ class ActivationCache:
             return False
         digest = key.digest()
         with self._lock:
-            return digest in self._entries or self._on_disk(digest)
+            return digest in self._entries or (self._disk is not None and self._disk.holds(digest))
 
     def __repr__(self) -> str:
         return (
@@ -170,6 +155,7 @@ class ActivationCache:
         with self._lock:
             return {
                 **self._counts,
+                "spilled_files": self._disk.files_written if self._disk is not None else 0,
                 "bytes_in_memory": self.memory_bytes,
                 "peak_bytes": self._peaks[False],
                 "entries_in_memory": len(self._entries),
@@ -177,7 +163,7 @@ class ActivationCache:
                 "device_bytes_in_memory": self.device_memory_bytes,
                 "device_peak_bytes": self._peaks[True],
                 "device_budget_bytes": self.device_budget_bytes,
-                "disk_bytes": self._disk_bytes(),
+                "disk_bytes": self._disk.size_bytes() if self._disk is not None else 0,
             }
 
     def get_or_compute(
@@ -232,22 +218,10 @@ class ActivationCache:
         The sha256 is checked the first time this cache maps a file (and again if its size or
         modification time changes); a damaged file is deleted with a warning and None returned.
         """
-        digest = key.digest()
         with self._lock:
-            if self.spill_dir is None or not self._on_disk(digest):
-                return None
-            npy_path, meta_path = spill_paths(self.spill_dir, digest)
-            try:
-                stat = npy_path.stat()
-                stamp = (stat.st_size, stat.st_mtime_ns)
-                array = map_verified(
-                    npy_path, meta_path, key, hashed=self._hashed.get(digest) == stamp
-                )
-            except (OSError, ValueError, KeyError, TypeError, CacheError) as exc:
-                self._drop_file(npy_path, meta_path, exc)
-                return None
-            self._hashed[digest] = stamp
-            self._counts["disk_hits"] += 1
+            array = self._disk.map(key, key.digest()) if self._disk is not None else None
+            if array is not None:
+                self._counts["disk_hits"] += 1
             return array
 
     def count_miss(self) -> None:
@@ -296,24 +270,17 @@ class ActivationCache:
         exists already; a disk that is full now stops spilling with one warning.
         """
         with self._lock:
-            if not self.spilling or self.spill_dir is None or self._on_disk(key.digest()):
+            if self._disk is None:
                 return None
-            try:
-                np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-                return SpillWriter(self.spill_dir, key.digest(), FORMAT, key, shape, np_dtype)
-            except OSError as exc:
-                self._spill_failure(exc)
-                return None
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            return self._disk.writer(key, key.digest(), shape, np_dtype)
 
     def commit_spill(self, writer: SpillWriter) -> None:
         """Move a filled writer's file into place (a disk failure stops spilling)."""
         with self._lock:
-            try:
-                writer.commit()
-            except OSError as exc:
-                self._spill_failure(exc)
-                return
-            self._counts["spilled_files"] += 1
+            if self._disk is None:
+                raise CacheError("this cache has no spill folder to commit a spill file to")
+            self._disk.commit(writer)
 
     def clear_memory(self, spill: bool = False) -> None:
         """Drop every in-memory entry, first writing them to the spill folder if ``spill``.
@@ -367,53 +334,18 @@ class ActivationCache:
             self._counts["evictions"] += 1
             self._spill(old_key, victim, old_tensor)
 
-    def _on_disk(self, digest: str) -> bool:
-        if self.spill_dir is None:
-            return False
-        return all(path.is_file() for path in spill_paths(self.spill_dir, digest))
-
-    def _disk_bytes(self) -> int:
-        if self.spill_dir is None:
-            return 0
-        return sum(p.stat().st_size for p in self.spill_dir.glob("*.npy") if p.is_file())
-
-    def _spill_failure(self, exc: OSError) -> None:
-        if not self._spill_failed:
-            logger.warning(
-                "stopped spilling activations to %s (%s); evicted ones will be recomputed",
-                self.spill_dir,
-                exc,
-            )
-        self._spill_failed = True
-
     def _spill(self, key: ActivationKey, digest: str, tensor: torch.Tensor) -> None:
         """Write ``tensor`` to the spill folder unless it is there; warn and go on on failure."""
-        if not self.spilling or self.spill_dir is None or self._on_disk(digest):
+        if not self.spilling or self._disk is None:
             return
         try:
-            write_spill(self.spill_dir, digest, FORMAT, key, tensor.detach().cpu().numpy())
-        except OSError as exc:  # a full disk costs recomputations later, not the search
-            self._spill_failure(exc)
-            return
+            array = tensor.detach().cpu().numpy()
         except (TypeError, ValueError, RuntimeError) as exc:  # a dtype numpy lacks
             logger.warning("could not spill activation %s (%s)", digest, exc)
             return
-        self._counts["spilled_files"] += 1
-
-    def _drop_file(self, npy_path: Path, meta_path: Path, exc: Exception) -> None:
-        logger.warning("spill file %s is corrupt (%s); deleting and recomputing", npy_path, exc)
-        # another process may have just replaced the pair; at worst both recompute once
-        npy_path.unlink(missing_ok=True)
-        meta_path.unlink(missing_ok=True)
+        self._disk.write(key, digest, array)
 
     def _load(self, key: ActivationKey, digest: str) -> torch.Tensor | None:
-        """Return the verified spilled tensor, or None (deleting a bad file, with a warning)."""
-        if self.spill_dir is None or not self._on_disk(digest):
-            return None
-        npy_path, meta_path = spill_paths(self.spill_dir, digest)
-        try:
-            array = read_verified(npy_path, meta_path, key)
-        except (OSError, ValueError, KeyError, TypeError, CacheError) as exc:
-            self._drop_file(npy_path, meta_path, exc)
-            return None
-        return torch.from_numpy(array)
+        """The verified spilled tensor, or None (a bad file is deleted, with a warning)."""
+        array = self._disk.read(key, digest) if self._disk is not None else None
+        return None if array is None else torch.from_numpy(array)

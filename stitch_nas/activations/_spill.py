@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict
@@ -29,7 +30,16 @@ from stitch_nas.files import atomic_file, sha256_file
 if TYPE_CHECKING:
     from ._keys import ActivationKey
 
-__all__ = ["SpillWriter", "map_verified", "read_verified", "spill_paths", "write_spill"]
+__all__ = [
+    "SpillFolder",
+    "SpillWriter",
+    "map_verified",
+    "read_verified",
+    "spill_paths",
+    "write_spill",
+]
+
+logger = logging.getLogger(__name__)
 
 
 def spill_paths(folder: Path, digest: str) -> tuple[Path, Path]:
@@ -196,3 +206,116 @@ def read_verified(npy_path: Path, meta_path: Path, key: ActivationKey) -> np.nda
     # copy out of the map: a tensor over a read-only map would segfault on in-place writes, and
     # an owned copy is what the memory budget counts (the hash already paged the file in)
     return np.array(mapped, copy=True, order="C")
+
+
+class SpillFolder:
+    """The activation cache's spill folder: which entries it holds, writing and reading them
+    verified, and stopping with one warning once the disk refuses a write (entries are then
+    recomputed instead). Not thread-safe: the cache calls it under its lock.
+
+    Args:
+        path: The folder, created if missing.
+        fmt: The cache format number recorded in each sidecar.
+
+    Raises:
+        CacheError: If the folder cannot be created.
+    """
+
+    def __init__(self, path: Path, fmt: int) -> None:
+        self.path, self.fmt = path, fmt
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(
+                f"cannot create spill_dir {str(path)!r} ({exc}); "
+                "pass a writable folder or spill_dir=None"
+            ) from exc
+        self.failed = False  # set once the disk refused a write
+        self.files_written = 0
+        self._hashed: dict[str, tuple[int, int]] = {}  # digest -> (size, mtime_ns) verified
+
+    def holds(self, digest: str) -> bool:
+        """Whether both files of an entry are there (their contents are checked on reading)."""
+        return all(path.is_file() for path in spill_paths(self.path, digest))
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.glob("*.npy") if p.is_file())
+
+    def write(self, key: ActivationKey, digest: str, array: np.ndarray) -> None:
+        """Write ``array`` unless its entry is there; a disk failure stops spilling."""
+        if self.failed or self.holds(digest):
+            return
+        try:
+            write_spill(self.path, digest, self.fmt, key, array)
+        except OSError as exc:  # a full disk costs recomputations later, not the search
+            self._stop(exc)
+            return
+        self.files_written += 1
+
+    def writer(
+        self, key: ActivationKey, digest: str, shape: tuple[int, ...], dtype: np.dtype
+    ) -> SpillWriter | None:
+        """A :class:`SpillWriter` for ``key``, or None when spilling stopped or the entry is
+        there; a disk that is full now stops spilling."""
+        if self.failed or self.holds(digest):
+            return None
+        try:
+            return SpillWriter(self.path, digest, self.fmt, key, shape, dtype)
+        except OSError as exc:
+            self._stop(exc)
+            return None
+
+    def commit(self, writer: SpillWriter) -> None:
+        """Put a filled writer's file in place; a disk failure stops spilling."""
+        try:
+            writer.commit()
+        except OSError as exc:
+            self._stop(exc)
+            return
+        self.files_written += 1
+
+    def read(self, key: ActivationKey, digest: str) -> np.ndarray | None:
+        """The entry's verified array (an owned copy), or None if absent or bad (deleted)."""
+        if not self.holds(digest):
+            return None
+        npy_path, meta_path = spill_paths(self.path, digest)
+        try:
+            return read_verified(npy_path, meta_path, key)
+        except (OSError, ValueError, KeyError, TypeError, CacheError) as exc:
+            self._drop(npy_path, meta_path, exc)
+            return None
+
+    def map(self, key: ActivationKey, digest: str) -> np.ndarray | None:
+        """A read-only memory map of the entry, or None if absent or bad (deleted).
+
+        The sha256 is checked the first time this folder object maps a file (and again if its
+        size or modification time changes).
+        """
+        if not self.holds(digest):
+            return None
+        npy_path, meta_path = spill_paths(self.path, digest)
+        try:
+            stat = npy_path.stat()
+            stamp = (stat.st_size, stat.st_mtime_ns)
+            hashed = self._hashed.get(digest) == stamp
+            array = map_verified(npy_path, meta_path, key, hashed=hashed)
+        except (OSError, ValueError, KeyError, TypeError, CacheError) as exc:
+            self._drop(npy_path, meta_path, exc)
+            return None
+        self._hashed[digest] = stamp
+        return array
+
+    def _stop(self, exc: OSError) -> None:
+        if not self.failed:
+            logger.warning(
+                "stopped spilling activations to %s (%s); evicted ones will be recomputed",
+                self.path,
+                exc,
+            )
+        self.failed = True
+
+    def _drop(self, npy_path: Path, meta_path: Path, exc: Exception) -> None:
+        logger.warning("spill file %s is corrupt (%s); deleting and recomputing", npy_path, exc)
+        # another process may have just replaced the pair; at worst both recompute once
+        npy_path.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
