@@ -141,3 +141,23 @@ def test_a_search_with_the_probe_in_the_loop_scores_its_proposals_and_reuses_the
     # a trial whose candidate had a proxy point reads its kept score: only the others score
     assert calls["trials"] <= 6 - len(sampler._proxy)
     assert len(_proxy._KEPT._values(ctx)) <= 4  # the unchosen proposals' scores are dropped
+
+
+def test_a_config_proposed_again_is_not_scored_again(monkeypatch):
+    ctx = tiny_context()
+    objective = StitchObjective(ctx, probe_threshold=0.0)
+    sampler = proxy_sampler(objective, optuna.samplers.RandomSampler(seed=0), candidates=2)
+    scratch = optuna.create_study(directions=objective.directions)
+    values = None
+    while values is None:  # a zoo model on its own has no proxy point: ask again
+        first = scratch.ask()
+        values = sampler._score(first)
+    from stitch_nas.search import _proxy_sampler
+
+    probes = []
+    real = _proxy_sampler.probe_accuracy
+    monkeypatch.setattr(
+        _proxy_sampler, "probe_accuracy", lambda *a, **k: probes.append(1) or real(*a, **k)
+    )
+    scratch.enqueue_trial(first.params)
+    assert sampler._score(scratch.ask()) == values and not probes

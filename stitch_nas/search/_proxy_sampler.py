@@ -79,7 +79,7 @@ class ProxySampler(BaseSampler):
         self._recorded = recorded
         self._chosen: dict[int, dict[str, Any]] = {}  # trial number -> the params it takes
         self._proxy: dict[int, tuple[float, ...]] = {}  # trial number -> its proxy values
-        self.scored = 0  # proposals scored so far (the proxy's cost, in probe scores)
+        self.scored = 0  # proposals scored so far (a bound on the probe scores they cost)
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
@@ -192,17 +192,25 @@ def proxy_sampler(objective: StitchObjective, base: BaseSampler, candidates: int
     A candidate's proxy values: its probe accuracy for ``accuracy``, its MACs and parameters as
     measured; none (skipped) for a zoo model on its own, a config the probe threshold would
     prune, one over a budget, or when an objective has no proxy (latency: the base sampler
-    then proposes alone). The scores of the last ``candidates`` proposals are kept, so the
-    chosen one's trial does not score it again.
+    then proposes alone). The probe scores of the last ``candidates`` proposals are kept, so
+    the chosen one's trial does not score it again; every config's proxy values are kept (a
+    few numbers each), so a config proposed again is not scored again.
     """
     ctx = objective.ctx
     proxies = {"accuracy", "macs", "params"}
     kept: deque[StitchConfig] = deque()
+    values: dict[str, tuple[float, ...] | None] = {}  # config hash -> its proxy values
 
     def score(trial: optuna.Trial) -> tuple[float, ...] | None:
         if not proxies.issuperset(objective.names):
             return None
         config = objective.space(trial, ctx, **objective.space_options)
+        key = config.stable_hash()
+        if key not in values:
+            values[key] = measure(config)
+        return values[key]
+
+    def measure(config: StitchConfig) -> tuple[float, ...] | None:
         if not config.is_stitched:
             return None
         try:
