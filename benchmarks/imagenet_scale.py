@@ -1,8 +1,9 @@
 """A short search on an ImageNet-size zoo, locally and on Ray workers, as the validation grows.
 
     python benchmarks/imagenet_scale.py [--sizes 1000,2500,5000] [--probe 2000] [--trials 6]
-                                        [--executors local,ray] [--workers 2] [--threads 2]
+                                        [--executors local,ray] [--workers 1,2] [--threads 2]
                                         [--models resnet18,resnet50,...] [--folder DIR]
+                                        [--append]
 
 The zoo: five timm ImageNet architectures of different families (by default resnet18,
 resnet50, deit_tiny_patch16_224, efficientnet_b0 and convnext_atto), 1,000 classes, random
@@ -19,14 +20,17 @@ The data: a generated ImageNet-style folder (``train/<synset>/*.JPEG``, ``val/<s
 Each (executor, size) runs in its own process: the zoo's reference figures on the validation
 split, then ``--trials`` trials of the pairwise least-squares space (random sampler, seed 0,
 pruning off: random weights score at chance, and the cost at issue is a whole trial's; the
-default cache budget), locally or on ``--workers`` Ray workers of one CPU
-each (a local Ray started by the run). Every process the run starts is watched
+default cache budget), locally or on Ray workers of one CPU each (a local Ray started by the
+run; one run per count in ``--workers``). Every process the run starts is watched
 (:mod:`process_tree`): its peak resident set, and the growth of ``/dev/shm`` (the object
 store). Per run: seconds to the first finished trial, trials per hour over the trials'
 phase, and, for local runs, each trial over one plain forward pass of its own network over the
 same probe and validation images (median over the trials that met their first model's
-validation split first: ``trial_over_forward_cold``). With both executors and two or more Ray
-workers, ``ray_over_local`` is Ray's trials per hour over the local run's at each size.
+validation split first: ``trial_over_forward_cold``). ``ray_2_over_1`` is Ray's trials per hour
+at two workers over one at each size where both ran, and ``ray_over_local`` the most workers'
+over the local run's (which uses ``--threads`` threads). ``--append`` keeps the runs already in
+``--results`` (a rerun of the same executor, workers and size replaces its row) and recomputes
+the summaries over all of them.
 
 A GPU section (trials per second at 224 px on one GPU, bfloat16 autocast's speed-up and
 agreement) runs with ``--gpu`` where CUDA is available; otherwise ``"gpu"`` records why it did
@@ -148,11 +152,12 @@ def run_one(
     objective = StitchObjective(ctx, space="pairwise", probe_threshold=0.0, fidelity=0.0)
     study = create_study(objective, Path(args.out) / f"{executor}_{size}", sampler="random")
     runner = None
+    workers = int(args.workers)
     if executor == "ray":
         import ray
 
-        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
-        runner = RayExecutor(workers=args.workers, cpus_per_worker=1.0)
+        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        runner = RayExecutor(workers=workers, cpus_per_worker=1.0)
     run_search(objective, study, args.trials, executor=runner)
     done = [t for t in study.trials if t.datetime_complete is not None and t.state.is_finished()]
     done = [t for t in done if t.state != optuna.trial.TrialState.FAIL]
@@ -162,7 +167,7 @@ def run_one(
         "executor": executor,
         "device": str(ctx.device),
         "autocast": autocast,
-        "workers": args.workers if executor == "ray" else 1,
+        "workers": workers if executor == "ray" else 1,
         "val_images": len(data.val),
         "probe_images": len(data.probe),
         "trials": len(done),
@@ -241,7 +246,7 @@ def main() -> None:
     parser.add_argument("--probe", type=int, default=2000)
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--executors", default="local,ray")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", default="1,2", help="Ray worker counts, one run each")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument(
@@ -251,6 +256,7 @@ def main() -> None:
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--device", default="cpu", help="where the local runs go (cpu, auto)")
     parser.add_argument("--gpu", action="store_true", help="also run the GPU section")
+    parser.add_argument("--append", action="store_true", help="keep the runs in --results")
     parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--autocast", default="none", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -264,20 +270,17 @@ def main() -> None:
     write_folder(Path(args.folder), args.probe + 100, 2 * max(sizes))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     runs: list[dict[str, Any]] = []
+    jobs = [
+        (executor, workers)
+        for executor in args.executors.split(",")
+        for workers in (args.workers.split(",") if executor == "ray" else ["1"])
+    ]
     for size in sizes:
-        for executor in args.executors.split(","):
+        for executor, workers in jobs:
             command = [sys.executable, __file__, "--one", executor, str(size)]
-            for flag in (
-                "probe",
-                "trials",
-                "workers",
-                "threads",
-                "models",
-                "folder",
-                "out",
-                "device",
-            ):
+            for flag in ("probe", "trials", "threads", "models", "folder", "device"):
                 command += [f"--{flag}", str(getattr(args, flag))]
+            command += ["--workers", workers, "--out", str(Path(args.out) / f"w{workers}")]
             seconds, memory, output = run_measured(
                 command, env=env, stdout=subprocess.PIPE, text=True
             )
@@ -285,8 +288,13 @@ def main() -> None:
             row.pop("accuracy")
             runs.append({**row, "wall_seconds": round(seconds, 1), **memory})
             print(json.dumps(runs[-1]), flush=True)
-    by = {(r["executor"], r["val_images"]): r for r in runs}
+    if args.append and Path(args.results).exists():
+        new = {(r["executor"], r["workers"], r["val_images"]) for r in runs}
+        old = json.loads(Path(args.results).read_text())["runs"]
+        runs = [r for r in old if (r["executor"], r["workers"], r["val_images"]) not in new] + runs
+    by = {(r["executor"], r["workers"], r["val_images"]): r for r in runs}
     local = [r for r in runs if r["executor"] == "local"]
+    most = max((r["workers"] for r in runs if r["executor"] == "ray"), default=0)
     record: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
@@ -299,19 +307,30 @@ def main() -> None:
         "trials_per_run": args.trials,
         "threads": args.threads,
         "runs": runs,
-        "ray_over_local": {
-            str(v): round(r["trials_per_hour"] / by[("local", v)]["trials_per_hour"], 2)
-            for (e, v), r in by.items()
-            if e == "ray" and ("local", v) in by
+        "ray_2_over_1": {
+            str(v): round(r["trials_per_hour"] / by[("ray", 1, v)]["trials_per_hour"], 2)
+            for (e, w, v), r in sorted(by.items())
+            if e == "ray" and w == 2 and ("ray", 1, v) in by
         },
+        "ray_over_local": {
+            str(v): round(r["trials_per_hour"] / by[("local", 1, v)]["trials_per_hour"], 2)
+            for (e, w, v), r in sorted(by.items())
+            if e == "ray" and w == most and ("local", 1, v) in by
+        },
+        # the largest process's peak at each size over that at the smallest, per executor
         "peak_rss_growth": {
-            e: round(
+            e if e == "local" else f"{e}_{w}": round(
                 max(max(r["peak_rss_gb_per_process"]) for r in rows)
                 / max(rows[0]["peak_rss_gb_per_process"]),
                 3,
             )
-            for e in {r["executor"] for r in runs}
-            if (rows := [r for r in runs if r["executor"] == e])
+            for e, w in sorted({(r["executor"], r["workers"]) for r in runs})
+            if (
+                rows := sorted(
+                    (r for r in runs if (r["executor"], r["workers"]) == (e, w)),
+                    key=lambda r: r["val_images"],
+                )
+            )
         },
         "trial_over_forward_cold_max": max(
             (r["trial_over_forward_cold"] for r in local if r.get("trial_over_forward_cold")),
