@@ -267,7 +267,8 @@ def _study_folder(folder: Path, *, constraints: float | None = None) -> Path:
     config = StitchConfig((Fragment("resnet", None, None),)).to_dict()
     extra = {} if constraints is None else {"constraints": {"macs": constraints}}
     for values in ([0.9, 2e6], [0.8, 1e6]):
-        study.add_trial(create_trial(values=values, user_attrs={"config": config}, **extra))
+        attrs = {"config": config, "macs": values[1]}
+        study.add_trial(create_trial(values=values, user_attrs=attrs, **extra))
     study.add_trial(create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "boom"}))
     return folder
 
@@ -332,8 +333,11 @@ def test_a_search_no_trial_of_which_meets_the_budget_ends_in_one_line(tmp_path):
 
     folder = _study_folder(tmp_path / "run", constraints=5.0)
     study = optuna.load_study(study_name="run", storage=f"sqlite:///{folder / 'study.db'}")
-    with pytest.raises(BudgetError, match=r"none of the 2 completed trials meets macs=10: no "):
-        _check_budgets_met(study, {"macs": 10.0}, folder)
+    with pytest.raises(BudgetError, match=r"none of the 2 completed trials meets macs=10") as err:
+        _check_budgets_met(study, {"macs": 10.0}, folder, {"macs": (3.0, "a's stem and b's head")})
+    # what the search found and what the zoo allows, never that no network can meet it
+    assert "the cheapest: macs=" in str(err.value) and "cost at least 3 macs" in str(err.value)
+    assert "no network" not in str(err.value)
     _check_budgets_met(study, {}, folder)  # no budget: nothing to meet
     met = _study_folder(tmp_path / "met", constraints=-1.0)
     study = optuna.load_study(study_name="met", storage=f"sqlite:///{met / 'study.db'}")

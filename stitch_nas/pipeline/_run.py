@@ -22,6 +22,7 @@ from stitch_nas.search import (
     StitchObjective,
     check_study,
     completed_count,
+    cost_floor,
     create_study,
     proxy_sampler,
     refine_adapters,
@@ -224,7 +225,7 @@ def _search(
         if refined:  # the enqueued refinements run first, one trial each
             total = completed_count(study) + refined
             run_search(objective, study, total, progress=progress, executor=executor)
-    _check_budgets_met(study, search.budgets, out_dir)
+    _check_budgets_met(study, search.budgets, out_dir, cost_floor(objective))
     ran, total = completed_count(study) - finished, completed_count(study)
     if ran == 0:
         echo(f"no trial left to run: the study holds {total} finished of {search.trials}")
@@ -266,21 +267,36 @@ def _search(
     return summary
 
 
-def _check_budgets_met(study: Any, budgets: dict[str, float], out_dir: Path) -> None:
+def _check_budgets_met(
+    study: Any,
+    budgets: dict[str, float],
+    out_dir: Path,
+    floor: dict[str, tuple[float, str]] | None = None,
+) -> None:
     """A search none of whose trials meets its budgets ends in one line (exit 2), not with a
-    test pass, report and export of nothing."""
+    test pass, report and export of nothing. The line says what the trials cost and, from
+    ``floor`` (:func:`stitch_nas.search.cost_floor`), what the zoo's networks cost at least:
+    it cannot say that no network meets the budget, only that the search found none."""
     from optuna.trial import TrialState
 
     from stitch_nas.report import is_feasible
 
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if budgets and complete and not any(is_feasible(t) for t in complete):
-        given = ", ".join(f"{k}={v:g}" for k, v in budgets.items())
-        raise BudgetError(
-            f"none of the {len(complete)} completed trials meets {given}: no network of this "
-            f"space and zoo is that cheap; the study is kept in {out_dir}: raise the budget "
-            "(--budget) and search into another --out"
-        )
+    if not budgets or not complete or any(is_feasible(t) for t in complete):
+        return
+    given = ", ".join(f"{k}={v:g}" for k, v in budgets.items())
+    costs = {k: [t.user_attrs[k] for t in complete if k in t.user_attrs] for k in budgets}
+    cheapest = ", ".join(f"{k}={min(v):.4g}" for k, v in costs.items() if v)
+    bound = ", ".join(f"{v:.4g} {k}" for k, (v, _) in (floor or {}).items())
+    line = f"none of the {len(complete)} completed trials meets {given}"
+    if cheapest:
+        line += f" (the cheapest: {cheapest})"
+    if bound:
+        line += f"; the zoo's networks cost at least {bound}, but few or none are that cheap"
+    raise BudgetError(
+        f"{line}; the study is kept in {out_dir}: raise the budget (--budget) and search into "
+        "another --out"
+    )
 
 
 def _finetune(

@@ -20,7 +20,7 @@ from ._evaluate import (
     evaluate_plan,
 )
 from ._fidelity import Fidelity
-from ._loop import check_budget_reachable, run_search
+from ._loop import check_budget_reachable, cost_floor, run_search
 from ._proxy_sampler import ProxySampler, proxy_sampler
 from ._ray_executor import RAY_NODE, RayExecutor, StudyWorker
 from ._ray_resources import check_ray_address
@@ -77,6 +77,7 @@ __all__ = [
     "TrialPlan",
     "TrialWorker",
     "check_budget_reachable",
+    "cost_floor",
     "check_ray_address",
     "check_study",
     "completed_count",

@@ -30,6 +30,7 @@ from ._studies import completed_count
 __all__ = [
     "Executor",
     "check_budget_reachable",
+    "cost_floor",
     "measure_references",
     "run_search",
 ]
@@ -52,8 +53,8 @@ def measure_references(
     return rows
 
 
-def check_budget_reachable(objective: StitchObjective) -> None:
-    """Refuse a budget below the cheapest network the zoo can make, before any trial.
+def cost_floor(objective: StitchObjective) -> dict[str, tuple[float, str]]:
+    """A lower bound on what any network of the zoo costs, per budget key, and its parts.
 
     Every network starts with some model's prefix and ends with some model's suffix (its head),
     and the two never overlap, so the cheapest first-cut prefix plus the cheapest last-cut suffix
@@ -68,7 +69,8 @@ def check_budget_reachable(objective: StitchObjective) -> None:
 
     cut = [n for n in ctx.zoo.names() if ctx.cuts(n)]
     whole = [n for n in ctx.zoo.names() if not ctx.cuts(n)]  # used only on its own
-    for key, limit in objective.budgets.items():
+    floors = {}
+    for key in objective.budgets:
         bounds = [(cost(key, n, None, None), f"{n} on its own") for n in whole]
         if cut:
             # a deeper prefix holds the shallower one, so each model's first cut is its
@@ -82,7 +84,15 @@ def check_budget_reachable(objective: StitchObjective) -> None:
                     f"{suffix[0]:.4g}",
                 )
             )
-        cheapest, parts = min(bounds)
+        floors[key] = min(bounds)
+    return floors
+
+
+def check_budget_reachable(objective: StitchObjective) -> None:
+    """Refuse a budget below the cheapest network the zoo can make (:func:`cost_floor`),
+    before any trial."""
+    for key, (cheapest, parts) in cost_floor(objective).items():
+        limit = objective.budgets[key]
         if limit < cheapest:
             raise BudgetError(
                 f"{key} budget {limit:.4g} is below the cheapest network the zoo can make (at "
