@@ -25,6 +25,7 @@ __all__ = [
     "DEVICE_CHOICES",
     "DEVICE_PATTERN",
     "EXECUTORS",
+    "DEFAULT_EXPORT_FORMATS",
     "EXPORT_FORMATS",
     "PROBE_AUTO",
     "PROBE_SIZE_RANGE",
@@ -56,7 +57,9 @@ RAY_MODES = ("auto", "driver", "workers")
 #: the costs a budget may cap
 BUDGET_KEYS = ("macs", "params")
 #: the files an export may write beside its weights
-EXPORT_FORMATS = ("safetensors", "onnx", "torchscript")
+EXPORT_FORMATS = ("safetensors", "pt2", "onnx", "torchscript")
+#: what ``stitch-nas export`` writes unless told (TorchScript, deprecated by torch: when asked)
+DEFAULT_EXPORT_FORMATS = ("safetensors", "pt2", "onnx")
 #: devices a run may name (``auto``: CUDA when present, else the CPU)
 DEVICE_PATTERN = re.compile(r"(auto|cpu|cuda(:\d+)?|mps)")
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N or mps"

@@ -1,10 +1,11 @@
 """The optional extras of ``pyproject.toml`` and the one way the code imports them.
 
 The base install (``pip install -e .``) runs the whole main job: search, report, export to
-safetensors and TorchScript. Each extra adds one feature, and its packages are imported only
-where that feature is used, through :func:`require`: a user who reaches for a feature whose
-extra is missing gets one line naming the extra to install (a :class:`MissingDependencyError`,
-exit code 2 from the CLI) instead of a failing ``import stitch_nas``.
+safetensors and ``torch.export`` programs. Each extra adds one feature, and its packages are
+imported only where that feature is used, through :func:`require`: a user who reaches for a
+feature whose extra is missing gets one line naming the extra to install (a
+:class:`MissingDependencyError`, exit code 2 from the CLI) instead of a failing
+``import stitch_nas``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ __all__ = ["EXTRAS", "require"]
 #: ``tests/test_extras.py`` holds this equal to ``pyproject.toml``'s extras.
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ray": ("Ray workers (--executor ray) and the Ray Tune helpers", ("ray",)),
-    "onnx": ("ONNX export (--format onnx)", ("onnx", "onnxruntime")),
+    "onnx": (
+        "ONNX export (--format onnx), checked in onnxruntime",
+        ("onnx", "onnxruntime", "onnxscript"),
+    ),
     "postgres": ("PostgreSQL storages (--storage postgresql://...)", ("psycopg", "psycopg2")),
     "dashboard": ("optuna-dashboard, to browse a study (never imported by stitch_nas)", ()),
 }

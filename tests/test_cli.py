@@ -208,7 +208,7 @@ def test_search_with_snnet_joint_training_exports_from_a_fresh_context(
     assert code == 0, err
     assert "-snnet->" in stdout
     # the export re-measures each network and refuses one that differs from the trial's
-    code, stdout, err = _run(capsys, "export", str(out), "--no-progress")
+    code, stdout, err = _run(capsys, "export", str(out), "--no-progress", "--format", "safetensors")
     assert code == 0, err
     assert (out / "models").is_dir() and "exported" in stdout
     # what it exported: the Pareto front of pareto.json, one folder each, each loading as the

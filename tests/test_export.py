@@ -93,7 +93,7 @@ def items(ctx):
 @pytest.fixture(scope="module")
 def exported(ctx, items, tmp_path_factory):
     dest = tmp_path_factory.mktemp("exports")
-    formats = ["safetensors", "onnx", "torchscript"]
+    formats = ["safetensors", "pt2", "onnx"]
     return {name: export_network(ctx, item, dest, formats=formats) for name, item in items.items()}
 
 
@@ -124,7 +124,7 @@ def test_loaded_network_equals_the_measured_one(ctx, items, exported, name):
     val_acc = val_correct / len(val.x)
     assert meta["metrics"]["accuracy"] == items[name].metrics["accuracy"]
     assert reproduces(ctx, val_acc, meta["metrics"]["accuracy"]), (val_acc, meta["metrics"])
-    assert set(meta["files"]) >= {"model.safetensors", "stitch.json", "model.onnx", "model.pt"}
+    assert set(meta["files"]) >= {"model.safetensors", "stitch.json", "model.onnx", "model.pt2"}
     # the held-out figure is the loaded network's own accuracy on the whole test split
     test = ctx.split("test")
     with torch.no_grad():
@@ -140,17 +140,51 @@ def test_loaded_network_equals_the_measured_one(ctx, items, exported, name):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_onnx_and_torchscript_match(ctx, exported, name):
+def test_the_program_and_onnx_match_the_network_at_any_batch(ctx, exported, name):
     ort = pytest.importorskip("onnxruntime")
     folder = exported[name]
-    x = ctx.split("val").x[:8]
+    program = torch.export.load(str(folder / "model.pt2")).module()
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    for batch in (1, 7):  # exported from a batch of two: the batch dimension is dynamic
+        x = ctx.split("val").x[:batch]
+        with torch.no_grad():
+            expected = load(folder)(x)
+            assert (program(x) - expected).abs().max() <= 1e-5
+        (onnx_out,) = session.run(None, {"images": x.numpy()})
+        assert abs(onnx_out - expected.numpy()).max() <= 1e-4
+    notes = json.loads((folder / "meta.json").read_text())["format_notes"]
+    assert notes["onnx"].startswith("dynamo exporter") and "onnxruntime agrees" in notes["onnx"]
+
+
+def test_torchscript_is_written_only_when_asked_for(ctx, items, exported, tmp_path):
+    assert not (exported["grid"] / "model.pt").exists()
+    folder = export_network(ctx, items["grid"], tmp_path, formats=["torchscript"])
+    x = ctx.split("val").x[:5]
     with torch.no_grad():
         expected = load(folder)(x)
+    assert (torch.jit.load(str(folder / "model.pt"))(x) - expected).abs().max() <= 1e-5
+
+
+def test_onnx_falls_back_to_the_torchscript_exporter_where_torch_export_refuses(
+    ctx, items, tmp_path, monkeypatch
+):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("data-dependent control flow")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    folder = export_network(ctx, items["grid"], tmp_path, formats=["pt2", "onnx"])
+    meta = json.loads((folder / "meta.json").read_text())
+    assert "pt2" in meta["formats_failed"] and not (folder / "model.pt2").exists()
+    note = meta["format_notes"]["onnx"]
+    assert note.startswith("TorchScript-based exporter") and "data-dependent" in note
     session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    (onnx_out,) = session.run(None, {"images": x.numpy()})
-    assert abs(onnx_out - expected.numpy()).max() <= 1e-4
-    script = torch.jit.load(str(folder / "model.pt"))
-    assert (script(x) - expected).abs().max() <= 1e-5
+    x = ctx.split("val").x[:3]
+    with torch.no_grad():
+        expected = load(folder)(x).numpy()
+    assert abs(session.run(None, {"images": x.numpy()})[0] - expected).max() <= 1e-4
 
 
 def test_loaded_accuracy_is_the_recorded_accuracy(ctx, items, exported):
@@ -263,18 +297,18 @@ def test_a_part_that_cannot_be_traced_is_named_and_the_rest_exported(
 
     real = traced_formats._WRITERS["onnx"]
 
-    def refuse_stitches(module, x, path):
+    def refuse_stitches(module, x, path, programs):
         if isinstance(module, LinearStitch) or any(
             isinstance(m, LinearStitch) for m in module.modules()
         ):
             raise RuntimeError("unsupported operator")
-        real(module, x, path)
+        return real(module, x, path, programs)
 
     monkeypatch.setitem(traced_formats._WRITERS, "onnx", refuse_stitches)
-    folder = export_network(ctx, items["grid"], tmp_path, formats=["onnx", "torchscript"])
+    folder = export_network(ctx, items["grid"], tmp_path, formats=["onnx", "pt2"])
     meta = json.loads((folder / "meta.json").read_text())
     assert "part 1 (stitch" in meta["formats_failed"]["onnx"]
-    assert not (folder / "model.onnx").exists() and (folder / "model.pt").is_file()
+    assert not (folder / "model.onnx").exists() and (folder / "model.pt2").is_file()
     assert not list(folder.glob(".probe-*"))
 
 
@@ -494,10 +528,10 @@ def test_without_the_onnx_package_the_other_formats_are_written(tmp_path, monkey
     monkeypatch.setitem(sys.modules, "onnx", None)  # what a missing package looks like
     monkeypatch.setattr(_traced, "_warned_no_onnx", [])
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 2)).eval()
-    x = torch.zeros(1, 3, 2, 2)
+    x = torch.zeros(2, 3, 2, 2)
     for folder in (tmp_path / "a", tmp_path / "b"):
         folder.mkdir()
-        written, failed = _traced.write_traced(net, x, folder, ["onnx", "torchscript"])  # type: ignore[arg-type]
-        assert written == {"torchscript": "model.pt"} and not (folder / "model.onnx").exists()
+        written, failed, _ = _traced.write_traced(net, x, folder, ["onnx", "pt2"])  # type: ignore[arg-type]
+        assert written == {"pt2": "model.pt2"} and not (folder / "model.onnx").exists()
         assert "pip install -e '.[onnx]'" in failed["onnx"]
     assert sum("not writing model.onnx" in r.message for r in caplog.records) == 1  # once

@@ -41,6 +41,7 @@ BAD = {
     "search.autocast": "float16",
     "search.cache_memory_gb": -1.0,
     "search.cache_device_memory_gb": -1.0,
+    "search.export_formats": ["safetensors", "tflite"],
     "search.executor": "slurm",
     "search.workers": 0,
     "search.cpus_per_worker": 0.0,

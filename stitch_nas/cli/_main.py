@@ -80,10 +80,12 @@ def _quiet_optuna(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from stitch_nas.choices import DEFAULT_EXPORT_FORMATS
     from stitch_nas.pipeline import check_artifacts, check_destination, check_folder, check_formats
 
     trials = trial_numbers(args.trials)
-    formats = check_formats(args.format)
+    # formats asked for are checked now; by default ONNX is skipped, saying so, without its extra
+    formats = list(DEFAULT_EXPORT_FORMATS) if args.format is None else check_formats(args.format)
     check_folder(Path(args.dir), args.storage)
     check_destination(Path(args.out or Path(args.dir) / "models"), "the networks")
     if args.artifacts is not None:

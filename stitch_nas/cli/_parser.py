@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--format",
-        default="safetensors,onnx,torchscript",
-        help="comma-separated: safetensors (always written), onnx, torchscript",
+        default=None,
+        help="comma-separated: safetensors (always written), pt2 (torch.export), onnx, "
+        "torchscript (default: safetensors,pt2,onnx, ONNX where the onnx extra is installed)",
     )
     export.add_argument("--elastic", action="store_true", help="also write one elastic package")
     _artifacts(export)

@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
+from stitch_nas.choices import DEFAULT_EXPORT_FORMATS
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError, ExportError
 from stitch_nas.report import (
@@ -165,7 +166,7 @@ def export_study(
     dest: Path,
     *,
     trials: str | Sequence[int] = "pareto",
-    formats: Sequence[str] = FORMATS,
+    formats: Sequence[str] = DEFAULT_EXPORT_FORMATS,
     elastic: bool = False,
     fuse: bool = False,
     progress: bool = False,

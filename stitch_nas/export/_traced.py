@@ -1,10 +1,14 @@
-"""ONNX and TorchScript copies of an exported network, where the network traces.
+"""Graph copies of an exported network: a ``torch.export`` program, ONNX and TorchScript.
 
-Both are traced on CPU from a batch of evaluation images with a dynamic batch dimension. ONNX uses
-torch's TorchScript-based exporter (``dynamo=False``): it needs no extra package and handles
-the fx GraphModules that fragments are made of. When a format fails, each part of the network
-(preprocessing, every fragment and adapter, the head) is traced on its own to name the first one
-that cannot be, and the export goes on without that format.
+Each is made on CPU from a batch of evaluation images with a dynamic batch dimension. The
+program (``model.pt2``) comes from ``torch.export``; ONNX (``model.onnx``) from torch's dynamo
+exporter, which translates that same program (``onnxscript``, the ``onnx`` extra), and is
+checked against the network in onnxruntime where it is installed. Where ``torch.export``
+refuses a network, ONNX falls back to torch's TorchScript-based exporter and the manifest says
+so (``meta.json["format_notes"]``); ``model.pt`` (TorchScript, ``torch.jit.trace``) is written
+only when asked for. When a format fails, each part of the network (preprocessing, every
+fragment and adapter, the head) is exported on its own to name the first one that cannot be,
+and the export goes on without that format.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import torch
 from torch import nn
 
 from stitch_nas.choices import EXPORT_FORMATS
-from stitch_nas.errors import MissingDependencyError
+from stitch_nas.errors import ExportError, MissingDependencyError
 from stitch_nas.extras import require
 
 from ._load import ExportedNet
@@ -29,35 +33,96 @@ __all__ = ["FORMATS", "write_traced"]
 logger = logging.getLogger(__name__)
 
 FORMATS = EXPORT_FORMATS
-_FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+_FILES = {"pt2": "model.pt2", "onnx": "model.onnx", "torchscript": "model.pt"}
+#: onnxruntime's scores may differ from torch's by float32 rounding, not more
+ONNX_TOLERANCE = 1e-4
 
 
-def _onnx(module: nn.Module, x: torch.Tensor, path: Path) -> None:
+Programs = dict[int, torch.export.ExportedProgram]  # id(module) -> its program, made once
+
+
+def _program(
+    module: nn.Module, x: torch.Tensor, programs: Programs
+) -> torch.export.ExportedProgram:
+    """``module`` as a ``torch.export`` program whose batch dimension is dynamic."""
+    if id(module) in programs:
+        return programs[id(module)]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notes
-        torch.onnx.export(
-            module,
-            (x,),
-            str(path),
-            dynamo=False,
-            input_names=["images"],
-            output_names=["scores"],
-            dynamic_axes={"images": {0: "batch"}, "scores": {0: "batch"}},
-            opset_version=17,
+        warnings.simplefilter("ignore")  # tracer notes about the fx modules fragments are made of
+        program = torch.export.export(
+            module, (x,), dynamic_shapes=({0: torch.export.Dim("batch")},), strict=False
         )
+    programs[id(module)] = program
+    return program
 
 
-def _torchscript(module: nn.Module, x: torch.Tensor, path: Path) -> None:
+def _pt2(module: nn.Module, x: torch.Tensor, path: Path, programs: Programs) -> str:
+    program = _program(module, x, programs)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.jit is deprecated but still what C++ loads
+        warnings.simplefilter("ignore")  # notes on weights that share storage
+        torch.export.save(program, str(path))
+    return "torch.export program, dynamic batch"
+
+
+def _onnx(module: nn.Module, x: torch.Tensor, path: Path, programs: Programs) -> str:
+    names = {"input_names": ["images"], "output_names": ["scores"]}
+    try:
+        program = _program(module, x, programs)
+    except Exception as exc:  # noqa: BLE001 - any refusal: the documented fallback below
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the legacy exporter's deprecation notes
+            torch.onnx.export(
+                module,
+                (x,),
+                str(path),
+                dynamo=False,
+                dynamic_axes={"images": {0: "batch"}, "scores": {0: "batch"}},
+                opset_version=17,
+                **names,  # type: ignore[arg-type]
+            )
+        return f"TorchScript-based exporter, opset 17: torch.export refused the network ({reason})"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onnx_program = torch.onnx.export(program, (x,), dynamo=True, **names)  # type: ignore[arg-type]
+    if onnx_program is None:  # it returns the program when no file is given
+        raise ExportError("torch.onnx.export returned no program")
+    onnx_program.save(str(path))
+    return "dynamo exporter (torch.export program), dynamic batch"
+
+
+def _torchscript(module: nn.Module, x: torch.Tensor, path: Path, programs: Programs) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is deprecated; written only when asked for
         traced = torch.jit.trace(module, x, check_trace=False)
         torch.jit.save(traced, str(path))
+    return "torch.jit.trace (deprecated by torch; asked for)"
 
 
-_WRITERS: dict[str, Callable[[nn.Module, torch.Tensor, Path], None]] = {
+_WRITERS: dict[str, Callable[[nn.Module, torch.Tensor, Path, Programs], str]] = {
+    "pt2": _pt2,
     "onnx": _onnx,
     "torchscript": _torchscript,
 }
+
+
+def _check_onnx(module: nn.Module, x: torch.Tensor, path: Path) -> str:
+    """How far onnxruntime's scores are from the network's, or why that was not checked.
+
+    Raises:
+        ExportError: beyond :data:`ONNX_TOLERANCE`.
+    """
+    try:
+        import onnxruntime
+    except ImportError:
+        return "not checked: onnxruntime is not installed"
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        gap = float(abs(got - module(x).numpy()).max())
+    if not gap <= ONNX_TOLERANCE:
+        raise ExportError(f"onnxruntime's scores differ from the network's by {gap:.3g}")
+    return f"onnxruntime agrees to {gap:.1e} at batch {len(x)}"
 
 
 def _parts(module: ExportedNet) -> list[tuple[str, nn.Module]]:
@@ -74,12 +139,12 @@ def _parts(module: ExportedNet) -> list[tuple[str, nn.Module]]:
 def _failing_part(writer: Callable, module: ExportedNet, x: torch.Tensor, path: Path) -> str:
     for name, part in _parts(module):
         try:
-            writer(part, x, path)
+            writer(part, x, path, {})
         except Exception as exc:  # noqa: BLE001 - any exporter failure names the part
             return f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
         with torch.no_grad():
             x = part(x)
-    return "every part traces on its own; the failure comes from joining them"
+    return "every part exports on its own; the failure comes from joining them"
 
 
 _warned_no_onnx: list[bool] = []  # once per process
@@ -87,37 +152,50 @@ _warned_no_onnx: list[bool] = []  # once per process
 
 def write_traced(
     module: ExportedNet, x: torch.Tensor, folder: Path, formats: Sequence[str]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """Write the traced formats among ``formats`` into ``folder``.
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Write the graph formats among ``formats`` into ``folder``.
+
+    ``x`` needs at least two images: ``torch.export`` takes a batch of one for a constant.
 
     Returns:
-        (format -> file name written, format -> why it could not be written).
+        (format -> file name written, format -> why it could not be written, format -> how it
+        was written and checked).
     """
     wanted = [f for f in formats if f in _WRITERS]
     if not wanted:
-        return {}, {}
+        return {}, {}, {}
     # a copy: exporters switch train/eval modes recursively, and the parts share zoo modules
     cpu = copy.deepcopy(module).cpu().eval()
     x = x.cpu()
-    written, failed = {}, {}
+    written, failed, notes = {}, {}, {}
     if "onnx" in wanted:
-        try:  # torch's exporter needs the onnx package
+        try:  # the dynamo exporter translates with onnxscript, which needs onnx
             require("onnx", "onnx", "ONNX export")
+            require("onnx", "onnxscript", "ONNX export")
         except MissingDependencyError as exc:  # say so once, not once per network
             wanted.remove("onnx")
             failed["onnx"] = str(exc)
             if not _warned_no_onnx:
                 logger.warning("not writing model.onnx: %s", exc)
                 _warned_no_onnx.append(True)
+    programs: Programs = {}  # the program model.pt2 holds is the one ONNX translates
     for fmt in wanted:
         path = folder / _FILES[fmt]
         try:
-            _WRITERS[fmt](cpu, x, path)
-            written[fmt] = _FILES[fmt]
+            note = _WRITERS[fmt](cpu, x, path, programs)
         except Exception:  # noqa: BLE001 - diagnosed part by part below
             path.unlink(missing_ok=True)
             scratch = folder / f".probe-{_FILES[fmt]}"
             failed[fmt] = _failing_part(_WRITERS[fmt], cpu, x, scratch)
             scratch.unlink(missing_ok=True)
             logger.warning("could not export %s: %s", fmt, failed[fmt])
-    return written, failed
+            continue
+        try:
+            notes[fmt] = note + ("; " + _check_onnx(cpu, x, path) if fmt == "onnx" else "")
+        except ExportError as exc:  # written, but not what the network computes
+            path.unlink()
+            failed[fmt] = str(exc)
+            logger.warning("could not export %s: %s", fmt, exc)
+            continue
+        written[fmt] = _FILES[fmt]
+    return written, failed, notes

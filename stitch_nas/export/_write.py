@@ -283,7 +283,7 @@ def export_network(
     x = ctx.split("val").read(torch.arange(2))
     target = Path(dest) / item.name
     with _export_folder(target) as folder:
-        written, failed = write_traced(exported, x, folder, wanted)
+        written, failed, notes = write_traced(exported, x, folder, wanted)
         meta = {
             "name": item.name,
             "trial": item.trial,
@@ -293,6 +293,7 @@ def export_network(
             "sources": sources,
             "formats": written,
             "formats_failed": failed,
+            "format_notes": notes,
             "versions": _versions(),
         }
         stitch = {"format": FORMAT_VERSION, "sources": meta["sources"], **_recipe(ctx, exported)}

@@ -215,7 +215,7 @@ def check_folder(out_dir: Path, storage: str | None = None) -> None:
 
 
 def check_formats(text: str) -> list[str]:
-    """``--format onnx,torchscript`` as a list of known export formats."""
+    """``--format pt2,onnx`` as a list of known export formats."""
     formats = [f.strip() for f in text.split(",") if f.strip()]
     unknown = [f for f in formats if f not in EXPORT_FORMATS]
     if unknown:
@@ -223,10 +223,11 @@ def check_formats(text: str) -> list[str]:
             f"--format: unknown export format {unknown[0]!r}; "
             f"use any of {', '.join(EXPORT_FORMATS)}"
         )
-    if "onnx" in formats:  # torch's ONNX exporter needs the onnx package: say so up front
+    if "onnx" in formats:  # torch's dynamo exporter needs onnx and onnxscript: say so up front
         from stitch_nas.extras import require
 
         require("onnx", "onnx", "--format onnx")
+        require("onnx", "onnxscript", "--format onnx")
     return formats
 
 

@@ -255,6 +255,7 @@ def _search(
                 study,
                 ctx,
                 models,
+                formats=search.export_formats,
                 elastic=True,
                 fuse=search.fuse,
                 progress=progress,

@@ -111,6 +111,9 @@ class SearchSettings:
     cache_device_memory_gb: float | None = None
     cache_dir: str | None = None  #: folder activations spill to, shared by processes (None: none)
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
+    #: files each exported network gets besides model.safetensors: pt2, onnx, torchscript
+    #: (``stitch-nas export DIR`` writes pt2 and onnx unless told; each costs seconds a network)
+    export_formats: list = field(default_factory=lambda: ["safetensors"])
     #: also upload each exported network's folder, as one tar archive, to an Optuna artifact
     #: store in this folder (an artifact of the study; None: no upload)
     artifacts: str | None = None

@@ -19,6 +19,7 @@ from typing import Any
 
 from stitch_nas.choices import (
     EXECUTORS,
+    EXPORT_FORMATS,
     RAY_MODES,
     check_at_least,
     check_autocast_device,
@@ -75,6 +76,12 @@ def _memory_gb(value: float | None, where: str) -> float | None:
     return value if value is None else check_memory_gb(value, where)
 
 
+def _formats(value: list, where: str) -> list:
+    for fmt in value:
+        check_one_of(fmt, where, EXPORT_FORMATS)
+    return value
+
+
 def _study_name(value: str | None, where: str) -> str | None:
     if value is not None and (not value.strip() or value != value.strip()):
         raise ConfigError(
@@ -102,6 +109,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.autocast": _autocast,
     "search.cache_memory_gb": _memory_gb,
     "search.cache_device_memory_gb": _memory_gb,
+    "search.export_formats": _formats,
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
     "search.cpus_per_worker": _positive(),
