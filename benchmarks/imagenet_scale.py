@@ -30,7 +30,8 @@ validation split first: ``trial_over_forward_cold``). ``ray_2_over_1`` is Ray's 
 at two workers over one at each size where both ran, and ``ray_over_local`` the most workers'
 over the local run's (which uses ``--threads`` threads). ``--append`` keeps the runs already in
 ``--results`` (a rerun of the same executor, workers and size replaces its row) and recomputes
-the summaries over all of them.
+the summaries over all of them; the file is written after every run, and ``--rows LOG`` takes
+the rows a run printed before it was stopped (marked ``from_printed_rows``).
 
 A GPU section (trials per second at 224 px on one GPU, bfloat16 autocast's speed-up and
 agreement) runs with ``--gpu`` where CUDA is available; otherwise ``"gpu"`` records why it did
@@ -257,6 +258,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the local runs go (cpu, auto)")
     parser.add_argument("--gpu", action="store_true", help="also run the GPU section")
     parser.add_argument("--append", action="store_true", help="keep the runs in --results")
+    parser.add_argument("--rows", default=None, help="also keep the rows a stopped run printed")
+    parser.add_argument("--rows-commit", default=None, help="the commit that printed --rows")
     parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--autocast", default="none", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -266,10 +269,18 @@ def main() -> None:
         return
     if Path(args.out).exists():
         raise SystemExit(f"{args.out} exists: choose another --out or move it away")
-    sizes = [int(s) for s in args.sizes.split(",")]
-    write_folder(Path(args.folder), args.probe + 100, 2 * max(sizes))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    if sizes:
+        write_folder(Path(args.folder), args.probe + 100, 2 * max(sizes))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     runs: list[dict[str, Any]] = []
+    if args.append and Path(args.results).exists():
+        runs = json.loads(Path(args.results).read_text())["runs"]
+    if args.rows:  # rows an earlier run printed before it was stopped
+        lines = Path(args.rows).read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.startswith('{"executor"')]
+        marks = {"from_printed_rows": Path(args.rows).name, "commit": args.rows_commit}
+        runs = _merge(runs, [{**r, **marks} for r in rows])
     jobs = [
         (executor, workers)
         for executor in args.executors.split(",")
@@ -286,21 +297,40 @@ def main() -> None:
             )
             row = json.loads(output.strip().splitlines()[-1])
             row.pop("accuracy")
-            runs.append({**row, "wall_seconds": round(seconds, 1), **memory})
-            print(json.dumps(runs[-1]), flush=True)
-    if args.append and Path(args.results).exists():
-        new = {(r["executor"], r["workers"], r["val_images"]) for r in runs}
-        old = json.loads(Path(args.results).read_text())["runs"]
-        runs = [r for r in old if (r["executor"], r["workers"], r["val_images"]) not in new] + runs
+            row = {**row, "wall_seconds": round(seconds, 1), **memory, "commit": _commit()}
+            runs = _merge(runs, [row])
+            print(json.dumps(row), flush=True)
+            _write(args, runs, {"ran": False, "why": "the runs have not finished"})
+    record = _write(
+        args,
+        runs,
+        _gpu_section(args, env) if args.gpu else {"ran": False, "why": "--gpu not given"},
+    )
+    print(json.dumps({k: v for k, v in record.items() if k != "runs"}, indent=1))
+
+
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+
+
+def _merge(runs: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``runs`` with ``new`` in place of any of the same executor, workers and size."""
+    keys = {(r["executor"], r["workers"], r["val_images"]) for r in new}
+    return [r for r in runs if (r["executor"], r["workers"], r["val_images"]) not in keys] + new
+
+
+def _write(args: argparse.Namespace, runs: list[dict[str, Any]], gpu: dict) -> dict[str, Any]:
+    """The record of ``runs`` and its summaries, written to ``--results`` (after every run, so
+    a stopped run keeps what it measured)."""
     by = {(r["executor"], r["workers"], r["val_images"]): r for r in runs}
     local = [r for r in runs if r["executor"] == "local"]
     most = max((r["workers"] for r in runs if r["executor"] == "ray"), default=0)
     record: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        "commit": _commit(),  # that wrote the file; each row names the one that measured it
         "classes": CLASSES,
         "models": args.models.split(","),
         "probe_images": args.probe,
@@ -336,10 +366,10 @@ def main() -> None:
             (r["trial_over_forward_cold"] for r in local if r.get("trial_over_forward_cold")),
             default=None,
         ),
-        "gpu": _gpu_section(args, env) if args.gpu else {"ran": False, "why": "--gpu not given"},
+        "gpu": gpu,
     }
     Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k != "runs"}, indent=1))
+    return record
 
 
 if __name__ == "__main__":
