@@ -147,7 +147,15 @@ def run_one(
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     data = load_split_folders(size_folder(Path(args.folder), size), size=224, probe_size=args.probe)
-    ctx = StitchContext(_zoo(args.models.split(",")), data, device=args.device, autocast=autocast)
+    cache = None  # the default budget, no spill folder, as the command line's default
+    if args.cache_gb is not None or args.cache_dir is not None:
+        from stitch_nas.activations import ActivationCache
+
+        cache = ActivationCache(
+            memory_gb=args.cache_gb, spill_dir=args.cache_dir, device=args.device
+        )
+    zoo = _zoo(args.models.split(","))
+    ctx = StitchContext(zoo, data, device=args.device, autocast=autocast, cache=cache)
     # random weights score at chance: with pruning on, nearly every trial would stop at the
     # probe or the gate's slice; off, each is measured on the whole split, the cost at issue
     objective = StitchObjective(ctx, space="pairwise", probe_threshold=0.0, fidelity=0.0)
@@ -169,6 +177,8 @@ def run_one(
         "device": str(ctx.device),
         "autocast": autocast,
         "workers": workers if executor == "ray" else 1,
+        "cache_budget_gb": round(ctx.cache.budget_bytes / 2**30, 3),
+        "spill_folder": args.cache_dir is not None,
         "val_images": len(data.val),
         "probe_images": len(data.probe),
         "trials": len(done),
@@ -258,6 +268,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="where the local runs go (cpu, auto)")
     parser.add_argument("--gpu", action="store_true", help="also run the GPU section")
     parser.add_argument("--append", action="store_true", help="keep the runs in --results")
+    parser.add_argument("--cache-gb", type=float, default=None, help="host cache budget (GiB)")
+    parser.add_argument("--cache-dir", default=None, help="spill folder of the cache")
     parser.add_argument("--rows", default=None, help="also keep the rows a stopped run printed")
     parser.add_argument("--rows-commit", default=None, help="the commit that printed --rows")
     parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -291,6 +303,9 @@ def main() -> None:
             command = [sys.executable, __file__, "--one", executor, str(size)]
             for flag in ("probe", "trials", "threads", "models", "folder", "device"):
                 command += [f"--{flag}", str(getattr(args, flag))]
+            for flag in ("cache_gb", "cache_dir"):
+                if getattr(args, flag) is not None:
+                    command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             command += ["--workers", workers, "--out", str(Path(args.out) / f"w{workers}")]
             seconds, memory, output = run_measured(
                 command, env=env, stdout=subprocess.PIPE, text=True
