@@ -287,3 +287,20 @@ def test_rows_the_cache_lacks_are_computed_for_those_images_only():
     # from a cached earlier cut, as the stream would start
     later = torch.cat(list(ctx.activation_rows("resnet", "layer3.0", "val", index, store=False)))
     assert torch.equal(later, ctx.activation("resnet", "layer3.0", "val")[index])
+
+
+def test_the_probe_is_filled_cut_by_cut_where_every_cut_would_not_fit():
+    """A whole model's probe activations larger than half the budget (224-px images) are not
+    filled in one pass that would evict them again: only the cut asked for is computed."""
+    roomy = _pair_context(ActivationCache(dtype="float32"))
+    cuts = [c.name for c in roomy.cuts("resnet")]
+    roomy.activation("resnet", cuts[1], "probe")
+    assert all(roomy.activation_key("resnet", c, "probe") in roomy.cache for c in cuts)
+    n = len(roomy.split("probe"))
+    sizes = [math.prod(c.shape) * n * 4 for c in roomy.cuts("resnet")]
+    budget = (sum(sizes) - 1) / 2**30  # every cut once would not fit in half of it
+    tight = _pair_context(ActivationCache(memory_gb=budget, dtype="float32"))
+    value = tight.activation("resnet", cuts[1], "probe")
+    assert torch.equal(value, roomy.activation("resnet", cuts[1], "probe"))
+    held = [c for c in cuts if tight.activation_key("resnet", c, "probe") in tight.cache]
+    assert held == [cuts[1]], held

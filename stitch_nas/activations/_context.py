@@ -58,8 +58,9 @@ class StitchContext(CutSimilarity):
         cost_tables: memoise MACs per fragment and per stitch shape (False: count the whole
             built network every trial, the slow reference path).
         fill: on a probe-split miss, store every cut of that model in one chained pass, batch
-            by batch ("model", the default), or only the requested cut ("cut"). Other splits
-            are always filled one cut at a time, on first use.
+            by batch ("model", the default, where those cuts fit in half the cache's memory:
+            else as "cut"), or only the requested cut ("cut"). Other splits are always filled
+            one cut at a time, on first use.
         channels_last: store convolutional zoo models (three or more Conv2d layers) and their
             inputs channels-last on the CPU, where it runs them 1.3-1.9x faster (measured on
             the mini zoo; a ViT gains nothing, so it is left alone). The zoo's models are
@@ -260,7 +261,12 @@ class StitchContext(CutSimilarity):
         self.check_budget(model)
         key = self.activation_key(model, cut, split)
         values = _stream.stored(self, key)
-        if values is None and split == "probe" and self.fill == "model":
+        if (
+            values is None
+            and split == "probe"
+            and self.fill == "model"
+            and _stream.fill_fits(self, model, split)
+        ):
             _stream.fill_every_cut(self, model, split)
             values = _stream.stored(self, key)
         if values is not None:

@@ -19,6 +19,7 @@ Every batch handed out, fresh or cached, is that rounded value in float32.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import pairwise
@@ -272,6 +273,24 @@ def compute_batches(
     finally:
         if sink is not None:
             sink.close(complete=done == n)
+
+
+def fill_fits(ctx: ContextView, model: str, split: str) -> bool:
+    """Whether :func:`fill_every_cut` would keep what it computes: every cut of ``model`` on
+    ``split`` not cached yet fits in half the memory the cache may hold (host and device).
+
+    Otherwise (224-px activations of a large probe) the pass would evict what it had just
+    stored, and the entries a stitch needs from the other model, and then store no more; each
+    cut is then computed when asked for, from the nearest cached earlier one.
+    """
+    element = torch.empty(0, dtype=ctx.cache.dtype).element_size()
+    n = len(ctx.split(split))
+    wanted = [
+        math.prod(cut.shape) * n * element
+        for cut in ctx.cuts(model)
+        if stored(ctx, ctx.activation_key(model, cut.name, split)) is None
+    ]
+    return sum(wanted) <= (ctx.cache.budget_bytes + ctx.cache.device_budget_bytes) / 2
 
 
 def fill_every_cut(ctx: ContextView, model: str, split: str) -> None:
