@@ -322,7 +322,7 @@ def load(
         raise IntegrityError(
             f"{folder}/meta.json lists no sha256 for stitch.json or model.safetensors"
         )
-    # a verified signature vouches for every file meta.json lists (model.onnx, model.pt too)
+    # a verified signature vouches for every file meta.json lists (the graph formats too)
     verify_checksums(folder, files if signed else cast(dict[str, str], needed))
     recipe = _read_json(folder / "stitch.json")
     if recipe.get("format") != FORMAT_VERSION:
