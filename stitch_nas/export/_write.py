@@ -3,8 +3,8 @@
 A network folder ``<dest>/<name>/`` holds ``model.safetensors`` (every weight the network needs),
 ``stitch.json`` (the recipe :func:`stitch_nas.load` rebuilds it from), ``meta.json`` (what the
 search measured, provenance, the sha256 of every file) and the graph formats asked for
-(``model.pt2``, ``model.onnx``, ``model.pt``: :mod:`._traced`). The network is rebuilt from the same zoo and probe
-data as in the search and refused if it does not measure what its trial recorded: loaded from
+(``model.pt2``, ``model.onnx``, ``model.pt``: :mod:`._traced`). The network is rebuilt from
+the same zoo and probe data as in the search and refused if it does not measure what its trial recorded: loaded from
 the weights its trial kept (trained adapters, or a fine-tuned network) and checked on the fixed
 sample of validation images the trial counted (``Measurement.sample_correct``), else built
 again (trained adapters train again from their seed, saying so) and checked on that sample
