@@ -4,14 +4,14 @@ A network folder ``<dest>/<name>/`` holds ``model.safetensors`` (every weight th
 ``stitch.json`` (the recipe :func:`stitch_nas.load` rebuilds it from), ``meta.json`` (what the
 search measured, provenance, the sha256 of every file) and the graph formats asked for
 (``model.pt2``, ``model.onnx``, ``model.pt``: :mod:`._traced`). The network is rebuilt from
-the same zoo and probe data as in the search and refused if it does not measure what its trial recorded: loaded from
-the weights its trial kept (trained adapters, or a fine-tuned network) and checked on the fixed
-sample of validation images the trial counted (``Measurement.sample_correct``), else built
-again (trained adapters train again from their seed, saying so) and checked on that sample
-too; a trial of an older study that counted no sample is re-measured on the whole validation
-split. Its test figure is the test pass's where the study has one. Before the folder
-is moved into place it is loaded back and compared with the network in memory. An elastic
-package stores several networks with shared fragments once.
+the same zoo and probe data as in the search and refused if it does not measure what its
+trial recorded: loaded from the weights its trial kept (trained adapters, or a fine-tuned
+network) and checked on the fixed sample of validation images the trial counted
+(``Measurement.sample_correct``), else built again (trained adapters train again from their
+seed, saying so) and checked on that sample too; a trial of an older study that counted no
+sample is re-measured on the whole validation split. Its test figure is the test pass's where
+the study has one. Before the folder is moved into place it is loaded back and compared with
+the network in memory. An elastic package stores several networks with shared fragments once.
 
 With a key in ``STITCH_NAS_EXPORT_KEY`` each folder is also signed (``signature.json``, see
 ``_signing``). Each export first removes the temporary folders that killed exports left beside
