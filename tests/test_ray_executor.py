@@ -69,8 +69,10 @@ def _states(study: optuna.Study) -> list[str]:
 def test_ray_workers_fill_their_own_caches_and_record_what_the_local_executor_does(
     ray_session, tmp_path, monkeypatch
 ):
-    # a small budget and a spill folder the two workers share, as search.cache_dir gives them
-    ctx = tiny_context(cache=ActivationCache(memory_gb=0.006, spill_dir=tmp_path / "spill"))
+    # no memory budget and a spill folder the two workers share, as search.cache_dir gives them:
+    # every activation goes to the folder (a small budget spilled only when the probe's
+    # one-pass fill overflowed it, which it no longer does)
+    ctx = tiny_context(cache=ActivationCache(memory_gb=0, spill_dir=tmp_path / "spill"))
     measure_all = {"fidelity": 0, "cka_threshold": 0.0, "probe_threshold": 0.0}  # untrained zoo
     put, stored = ray.put, []
 
