@@ -92,6 +92,12 @@ class Repeat:
     reason: str
 
 
+def exception_line(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (a reason or error that stays one line)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
 @dataclass(frozen=True)
 class TrialOutcome:
     """What evaluating one config gave; it crosses process boundaries (Ray pickles it, Ray
@@ -120,6 +126,11 @@ class TrialOutcome:
     def to_dict(self) -> dict[str, Any]:
         """The outcome as plain values (the measurement as ``Measurement.to_dict()``)."""
         return asdict(self)
+
+    @classmethod
+    def failed(cls, exc: BaseException, context: str = "") -> TrialOutcome:
+        """A failed outcome whose reason is ``context`` and the exception's first line."""
+        return cls("fail", reason=f"{context}{exception_line(exc)}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialOutcome:

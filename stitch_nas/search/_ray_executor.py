@@ -316,7 +316,7 @@ class RayExecutor:
                     try:  # a joint network trains here, once, not on every worker
                         networks = shipper.refs(plan.config)
                     except Exception as exc:  # noqa: BLE001 - the trial fails, as it would locally
-                        unsent.append((_Pending(trial, plan.config, -1), _failed(exc)))
+                        unsent.append((_Pending(trial, plan.config, -1), TrialOutcome.failed(exc)))
                         continue
                     except BaseException:  # interrupted while training: not left RUNNING
                         study.tell(trial, state=_TrialState.FAIL)
@@ -381,11 +381,6 @@ class RayExecutor:
                 logger.warning("trial %d failed: %s", pending.trial.number, outcome.reason)
             study.tell(pending.trial, state=state)
         return state
-
-
-def _failed(exc: Exception) -> TrialOutcome:
-    text = str(exc).strip().splitlines()
-    return TrialOutcome("fail", reason=f"{type(exc).__name__}: {text[0] if text else ''}")
 
 
 def _ask(study: optuna.Study) -> optuna.Trial:

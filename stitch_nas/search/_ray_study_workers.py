@@ -45,8 +45,9 @@ import optuna
 from stitch_nas import attrs
 from stitch_nas.errors import StitchNASError
 
+from ._evaluate import exception_line
 from ._ray_shared import import_ray
-from ._ray_workers import TrialWorker, _first_line, _Pool
+from ._ray_workers import TrialWorker, _Pool
 from ._runner import ObjectiveSettings, StitchObjective
 from ._storage import fail_running, open_storage, remember_storage
 from ._studies import completed_count, is_repeat
@@ -257,7 +258,7 @@ class StudyWorkerRun:
             cause = getattr(exc, "cause", None) or exc
             if isinstance(cause, StitchNASError):  # the storage cannot be opened there, say
                 raise cause from exc
-            first = _first_line(cause)
+            first = exception_line(cause)
             raise StitchNASError(f"a Ray worker could not open the study: {first}") from exc
 
     def drive(self, n_trials: int, progress: bool) -> dict[str, Any]:
@@ -292,7 +293,7 @@ class StudyWorkerRun:
                         if isinstance(exc.cause, StitchNASError):  # too many failed trials
                             raise exc.cause from exc
                         raise StitchNASError(
-                            f"a Ray worker raised {_first_line(exc.cause or exc)}"
+                            f"a Ray worker raised {exception_line(exc.cause or exc)}"
                         ) from exc
                     except ray.exceptions.RayError as exc:  # it died (killed, out of memory...)
                         reason = f"worker died: {type(exc).__name__}"
@@ -302,7 +303,7 @@ class StudyWorkerRun:
                         if died > limit:
                             raise StitchNASError(
                                 f"{died} Ray workers died in this search (latest: "
-                                f"{_first_line(exc)}); see the Ray logs for the cause"
+                                f"{exception_line(exc)}); see the Ray logs for the cause"
                             ) from exc
                         tickets.release.remote(self._ids[slot])  # before _open renames it
                         self.pool.replace(slot)

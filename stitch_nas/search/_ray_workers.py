@@ -21,7 +21,13 @@ from stitch_nas.errors import StitchNASError
 from stitch_nas.machine import reuse_freed_memory
 from stitch_nas.stitching import fragment_macs
 
-from ._evaluate import EvaluationOptions, TrialOutcome, TrialPlan, evaluate_plan
+from ._evaluate import (
+    EvaluationOptions,
+    TrialOutcome,
+    TrialPlan,
+    evaluate_plan,
+    exception_line,
+)
 from ._ray_shared import SharedContext, import_ray, install_shipped
 
 __all__ = ["START_TIMEOUT_S", "TrialWorker"]
@@ -121,7 +127,7 @@ class _Pool:
                 f"lack {n} x {self.resources} free; lower --workers or add resources"
             ) from exc
         except self.ray.exceptions.RayError as exc:
-            raise StitchNASError(f"Ray workers could not start: {_first_line(exc)}") from exc
+            raise StitchNASError(f"Ray workers could not start: {exception_line(exc)}") from exc
 
     def submit(
         self,
@@ -140,13 +146,13 @@ class _Pool:
             pending.node = result.pop("node", None)
             return TrialOutcome.from_dict(result)
         except exceptions.RayTaskError as exc:  # the trial raised; the worker lives on
-            return TrialOutcome("fail", reason=f"worker raised: {_first_line(exc.cause or exc)}")
+            return TrialOutcome.failed(exc.cause or exc, "worker raised: ")
         except exceptions.RayError as exc:  # the worker died (killed, out of memory...)
             logger.warning(
                 "worker %d died in trial %d: %s",
                 pending.worker,
                 pending.trial.number,
-                _first_line(exc),
+                exception_line(exc),
             )
             self.replace(pending.worker)
             return TrialOutcome("fail", reason=f"worker died: {type(exc).__name__}")
@@ -174,8 +180,3 @@ class _Pool:
             except Exception as exc:  # noqa: BLE001 - best effort on the way out
                 logger.debug("stopping a worker: %s", exc)
         self.actors = []
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
