@@ -21,6 +21,7 @@ from stitch_nas.errors import ConfigError
 __all__ = [
     "AUTOCAST_DEVICES",
     "AUTOCAST_DTYPES",
+    "BUDGET_FIGURES",
     "BUDGET_KEYS",
     "DEVICE_CHOICES",
     "DEVICE_PATTERN",
@@ -54,8 +55,9 @@ __all__ = [
 EXECUTORS = ("local", "ray")
 #: how Ray workers get their trials (``stitch_nas.search.RayExecutor``'s ``mode``)
 RAY_MODES = ("auto", "driver", "workers")
-#: the costs a budget may cap
-BUDGET_KEYS = ("macs", "params")
+#: the costs a budget may cap -> the measurement's figure (a trial's user attribute) it caps
+BUDGET_FIGURES = {"macs": "macs", "params": "params", "latency": "latency_ms"}
+BUDGET_KEYS = tuple(BUDGET_FIGURES)
 #: the files an export may write beside its weights
 EXPORT_FORMATS = ("safetensors", "pt2", "onnx", "torchscript")
 #: what ``stitch-nas export`` writes unless told (TorchScript, deprecated by torch: when asked)
@@ -85,6 +87,9 @@ def _number(value: Any) -> bool:
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
+_UNITS = {"macs": "MACs", "params": "parameters", "latency": "milliseconds"}
+
+
 def check_budgets(budgets: Any, where: str = "budgets") -> dict[str, float]:
     """``{"macs": 2e6}`` checked: known keys, positive finite numbers (YAML's "2e6" string too)."""
     if not isinstance(budgets, Mapping):
@@ -104,7 +109,7 @@ def check_budgets(budgets: Any, where: str = "budgets") -> dict[str, float]:
                 pass
         if not _number(number) or not (math.isfinite(number) and number > 0):
             raise ConfigError(
-                f"{where}: {key}={value!r} must be a positive number of {key} "
+                f"{where}: {key}={value!r} must be a positive number of {_UNITS[key]} "
                 "(plain digits or 2.0e6, no unit suffix)"
             )
         out[key] = float(number)

@@ -300,7 +300,7 @@ BAD_FLAGS = [
     (["--objectives", "macs,macs"], "--objectives names 'macs' twice"),
     (["--objectives", ","], "--objectives=[]: give a list of names"),
     (["--budget", "flops=3"], "--budget: unknown budget 'flops'; budgets exist for macs, params"),
-    (["--budget", "macs=2M"], "--budget: macs='2M' must be a positive number of macs"),
+    (["--budget", "macs=2M"], "--budget: macs='2M' must be a positive number of MACs"),
     (["--budget", "macs=-1"], "--budget: macs='-1' must be a positive number"),
     (["--budget", "macs=1", "--budget", "macs=2"], "--budget macs is given twice"),
     (["--budget", "macs"], "--budget 'macs': use KEY=VALUE"),

@@ -172,14 +172,3 @@ def test_nan_objective_is_marked_failed_with_reason(ctx):
 
     values = objective.record(trial, Measurement(math.nan, 10, 10, 0.5))
     assert math.isnan(values[0]) and "non-finite" in trial.user_attrs["fail_reason"]
-
-
-def test_latency_objective_is_measured(ctx):
-    objective = StitchObjective(ctx, objectives=["accuracy", "latency"])
-    study = optuna.create_study(
-        directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=2)
-    )
-    study.optimize(objective, n_trials=2)
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert done and all(t.values[1] > 0 for t in done)
-    assert all(t.user_attrs["latency_ms"] == t.values[1] for t in done)

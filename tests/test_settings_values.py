@@ -42,6 +42,7 @@ BAD = {
     "search.cache_memory_gb": -1.0,
     "search.cache_device_memory_gb": -1.0,
     "search.export_formats": ["safetensors", "tflite"],
+    "search.latency": {"backend": "tpu"},
     "search.executor": "slurm",
     "search.workers": 0,
     "search.cpus_per_worker": 0.0,

@@ -60,8 +60,13 @@ def check_run(settings: Any, out_dir: Path, *, resume: bool, join: bool) -> None
     check_sampler(settings.search.sampler, settings.search.sampler_options)  # may import it
     from stitch_nas.plugins import OBJECTIVES  # torch-free; finds plug-in objectives too
 
-    for name in settings.search.objectives:
-        OBJECTIVES.get(name)  # an unknown name is a one-line error listing the known ones
+    # an unknown name is a one-line error listing the known ones
+    objectives = [OBJECTIVES.get(name) for name in settings.search.objectives]
+    if any(o.needs_latency for o in objectives) or "latency" in settings.search.budgets:
+        from stitch_nas.stitching import LatencySpec  # torch-free
+
+        # onnxruntime installed, the table readable, the function importable
+        LatencySpec.from_options(settings.search.latency).check([])
     tables = declared_tables()  # None: a third-party plug-in, checked by check_plugins
     if tables is not None:
         check_plugin_settings(settings.search, tables)

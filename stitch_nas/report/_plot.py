@@ -43,8 +43,8 @@ AXIS_LABELS = {
     "macs": "MACs per image",
     "params": "parameters",
     "accuracy": "accuracy",
-    "latency": "latency (ms per image)",
-    "latency_ms": "latency (ms per image)",
+    "latency": "latency (ms)",
+    "latency_ms": "latency (ms)",
 }
 
 

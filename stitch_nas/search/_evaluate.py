@@ -20,6 +20,7 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import LayoutError, StitchNASError
 from stitch_nas.stitching import (
+    LatencySpec,
     Measurement,
     ProbeScore,
     config_cka,
@@ -54,14 +55,14 @@ class EvaluationOptions:
         probe_threshold: prune stitched configs whose least-squares probe accuracy is below
             this multiple of chance.
         fuse: fold least-squares stitches into the next layer where possible.
-        latency: time each network (an objective needs it).
+        latency: how each network is timed (an objective or a budget needs it; None: not).
         fidelity: the multi-fidelity rule (None: every config is scored on the whole split).
     """
 
     cka_threshold: float = 0.0
     probe_threshold: float = 0.0
     fuse: bool = False
-    latency: bool = False
+    latency: LatencySpec | None = None
     fidelity: Fidelity | None = None
 
 
@@ -147,7 +148,7 @@ def evaluate_config(
     cka_threshold: float = 0.0,
     probe_threshold: float = 0.0,
     fuse: bool = False,
-    latency: bool = False,
+    latency: LatencySpec | None = None,
     fidelity: Fidelity | None = None,
     front: Sequence[Sequence[float]] | None = None,
     gate_training: bool = True,

@@ -166,7 +166,7 @@ class FidelityGate:
 
         low, high = wilson_interval(correct / images, images)
         best = optimistic(self.objectives, costs, low, high)
-        over = [k for k, limit in self.budgets.items() if getattr(costs, k) > limit]
+        over = [k for k, limit in self.budgets.items() if costs.budget_value(k) > limit]
         above = next((p for p in self.front if dominates(p, best, self.objectives)), None)
         if not self.front or (above is None and not over):
             return
@@ -250,7 +250,7 @@ def objective_values(
     m: Measurement, objectives: Sequence[str], budgets: Mapping[str, float]
 ) -> list[float] | None:
     """``m``'s objective vector, or None when it is over a budget or lacks an objective."""
-    if any(getattr(m, k) > limit for k, limit in budgets.items()):
+    if any(m.budget_value(k) > limit for k, limit in budgets.items()):
         return None
     values = [float(OBJECTIVES.get(n).value(m)) for n in objectives]
     return values if all(math.isfinite(v) for v in values) else None

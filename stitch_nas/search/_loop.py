@@ -22,7 +22,7 @@ from stitch_nas.choices import check_at_least
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import BudgetError, StitchNASError
 from stitch_nas.fragments import count_params
-from stitch_nas.stitching import fragment_macs, measure
+from stitch_nas.stitching import LatencySpec, fragment_macs, measure
 
 from ._runner import StitchObjective
 from ._studies import completed_count
@@ -39,7 +39,10 @@ logger = logging.getLogger(__name__)
 
 
 def measure_references(
-    ctx: StitchContext, models: Sequence[str] | None = None, *, latency: bool = False
+    ctx: StitchContext,
+    models: Sequence[str] | None = None,
+    *,
+    latency: LatencySpec | None = None,
 ) -> list[dict]:
     """Each zoo model on its own, measured like a trial: the reference stars of the report.
 
@@ -59,6 +62,7 @@ def cost_floor(objective: StitchObjective) -> dict[str, tuple[float, str]]:
     Every network starts with some model's prefix and ends with some model's suffix (its head),
     and the two never overlap, so the cheapest first-cut prefix plus the cheapest last-cut suffix
     (MACs or parameters) is a lower bound on any config's cost, a zoo model on its own included.
+    A latency budget has none (the figure is timed, or the user's own).
     """
     ctx = objective.ctx
 
@@ -70,7 +74,7 @@ def cost_floor(objective: StitchObjective) -> dict[str, tuple[float, str]]:
     cut = [n for n in ctx.zoo.names() if ctx.cuts(n)]
     whole = [n for n in ctx.zoo.names() if not ctx.cuts(n)]  # used only on its own
     floors = {}
-    for key in objective.budgets:
+    for key in (k for k in objective.budgets if k != "latency"):  # no floor before timing
         bounds = [(cost(key, n, None, None), f"{n} on its own") for n in whole]
         if cut:
             # a deeper prefix holds the shallower one, so each model's first cut is its

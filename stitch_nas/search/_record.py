@@ -68,7 +68,7 @@ def record_measurement(
     for key, value in result.to_dict().items():
         trial.set_user_attr(key, value)
     for key, limit in budgets.items():
-        trial.set_constraint(key, float(getattr(result, key)) - limit)
+        trial.set_constraint(key, result.budget_value(key) - limit)
     values = tuple(float(o.value(result)) for o in objectives)
     if any(math.isnan(v) or math.isinf(v) for v in values):
         trial.set_user_attr(attrs.FAIL_REASON, f"non-finite objective values {values}")

@@ -32,7 +32,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES, SPACES
 from stitch_nas.registry import keyword_options
-from stitch_nas.stitching import STITCHED, Measurement, network_kind
+from stitch_nas.stitching import STITCHED, LatencySpec, Measurement, network_kind
 
 from ._evaluate import EvaluationOptions, Repeat, TrialOutcome, TrialPlan, evaluate_plan
 from ._fidelity import (
@@ -76,6 +76,7 @@ class ObjectiveSettings:
     fidelity: float
     min_slice: int
     max_repeats: int
+    latency: LatencySpec
     folder: Path | None
 
 
@@ -101,6 +102,7 @@ class StitchObjective:
         fidelity: float = DEFAULT_FIDELITY,
         min_slice: int = MIN_SLICE_IMAGES,
         max_repeats: int = DEFAULT_MAX_REPEATS,
+        latency: LatencySpec | Mapping[str, Any] | None = None,
     ) -> None:
         self.ctx = ctx
         self.space = SPACES.get(space)
@@ -128,7 +130,13 @@ class StitchObjective:
         self.gated = self.fidelity > 0 and (
             slice_size(len(ctx.labels("val")), self.fidelity) >= min_slice
         )
-        self.latency = any(o.needs_latency for o in self.objectives)
+        #: how a network is timed (``search.latency``); ``latency``: that, where an objective
+        #: or a budget needs the figure, else None (nothing is timed)
+        self.latency_spec = LatencySpec.from_options(latency)
+        timed = any(o.needs_latency for o in self.objectives) or "latency" in self.budgets
+        self.latency = self.latency_spec if timed else None
+        if self.latency is not None:  # onnxruntime missing, a table without a zoo model...
+            self.latency.check(ctx.zoo.names())
         self.max_repeats = check_at_least(max_repeats, "max_repeats", 1)
         self.repeats = 0  # proposals in a row that repeated an evaluated config
         #: user attributes every trial records with its config (a Ray worker's node and id)
@@ -156,6 +164,7 @@ class StitchObjective:
             fidelity=self.fidelity,
             min_slice=self.min_slice,
             max_repeats=self.max_repeats,
+            latency=self.latency_spec,
             folder=self.folder,
         )
 
@@ -175,6 +184,7 @@ class StitchObjective:
             fidelity=settings.fidelity,
             min_slice=settings.min_slice,
             max_repeats=settings.max_repeats,
+            latency=settings.latency,
         )
         objective.folder = settings.folder
         return objective

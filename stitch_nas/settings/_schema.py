@@ -114,6 +114,11 @@ class SearchSettings:
     #: files each exported network gets besides model.safetensors: pt2, onnx, torchscript
     #: (``stitch-nas export DIR`` writes pt2 and onnx unless told; each costs seconds a network)
     export_formats: list = field(default_factory=lambda: ["safetensors"])
+    #: how the latency objective (or a latency budget) times a network: {backend: onnxruntime
+    #: (default; the onnx extra) or torch, threads: 1, batch: 1, warmup: 3, repeats: 20}, or
+    #: the target device's figures: {table: FILE.yaml} (relative: to this file) or {function:
+    #: package.module:fn} (stitch_nas.stitching.LatencySpec)
+    latency: dict = field(default_factory=dict)
     #: also upload each exported network's folder, as one tar archive, to an Optuna artifact
     #: store in this folder (an artifact of the study; None: no upload)
     artifacts: str | None = None
@@ -271,6 +276,9 @@ def settings_from_dict(raw: Any, base: Path | None = None) -> Settings:
     if repeated:
         raise ConfigError(f"zoo.models has two models named {repeated[0]!r}; give each a name")
     check_settings(settings)  # each value's limits, before the data kind reads its files
+    table = settings.search.latency.get("table")
+    if isinstance(table, str) and base is not None:  # relative to the YAML file, as data.root
+        settings.search.latency["table"] = str(base / Path(table).expanduser())
     given = set(raw.get("data") or {})
     check_data(settings.data, given, base)
     return settings

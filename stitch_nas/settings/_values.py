@@ -90,6 +90,16 @@ def _study_name(value: str | None, where: str) -> str | None:
     return value
 
 
+def _latency(value: dict, where: str) -> dict:
+    from stitch_nas.stitching import LatencySpec  # torch-free
+
+    try:
+        LatencySpec.from_options(value)
+    except ConfigError as exc:  # the spec's own names are latency.KEY
+        raise ConfigError(str(exc).replace("latency", where, 1)) from exc
+    return value
+
+
 #: "section.key" -> the one check of that value (after its type, which the schema checks)
 FIELD_CHECKS: dict[str, Check] = {
     "data.size": lambda v, where: v if v is None else check_image_size(v, where),
@@ -110,6 +120,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.cache_memory_gb": _memory_gb,
     "search.cache_device_memory_gb": _memory_gb,
     "search.export_formats": _formats,
+    "search.latency": _latency,
     "search.executor": _one_of(EXECUTORS),
     "search.workers": _at_least(1),
     "search.cpus_per_worker": _positive(),

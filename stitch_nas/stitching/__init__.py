@@ -33,6 +33,11 @@ _HOMES = {
     "fragment_macs": "._costs",
     "model_macs": "._costs",
     "network_macs": "._costs",
+    "LATENCY_BACKENDS": "._latency",
+    "LatencyFigure": "._latency",
+    "LatencySpec": "._latency",
+    "LatencyTable": "._latency",
+    "time_network": "._latency",
     "Measurement": "._measure",
     "SAMPLE_IMAGES": "._measure",
     "count_correct": "._measure",
@@ -76,6 +81,10 @@ __all__ = [
     "keep_probe_score",
     "KINDS",
     "KNNHead",
+    "LATENCY_BACKENDS",
+    "LatencyFigure",
+    "LatencySpec",
+    "LatencyTable",
     "least_squares_version",
     "LinearProbeHead",
     "load_tuned",
@@ -103,6 +112,7 @@ __all__ = [
     "trained_bytes",
     "TRAINED_DIR",
     "trained_tensors",
+    "time_network",
 ]
 
 if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports lazily
@@ -120,6 +130,7 @@ if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports l
         register_head,
     )
     from ._kinds import KINDS, STITCHED, network_kind, piece_roles
+    from ._latency import LATENCY_BACKENDS, LatencyFigure, LatencySpec, LatencyTable, time_network
     from ._measure import (
         SAMPLE_IMAGES,
         Measurement,

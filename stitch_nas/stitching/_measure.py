@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from stitch_nas.activations import StitchContext
+from stitch_nas.choices import BUDGET_FIGURES
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import count_params_of
@@ -32,6 +32,7 @@ from ._build import StitchedNet, build
 from ._costs import config_cka, network_macs
 from ._heads import fit_head
 from ._kinds import network_kind
+from ._latency import LatencySpec, time_network
 
 __all__ = [
     "Measurement",
@@ -64,7 +65,11 @@ class Measurement:
     params: int  #: parameters the network uses, shared ones counted once
     cka: float  #: product of joint CKA scores on the probe set (1.0 for a single model)
     split: str = "val"
-    latency_ms: float | None = None  #: median wall time of one batch-1 forward, milliseconds
+    #: the network's latency in milliseconds (:mod:`._latency`): the median of timed runs of
+    #: ``LatencySpec.batch`` images, or the user's table's or function's figure
+    latency_ms: float | None = None
+    latency_interval_ms: list[float] | None = None  #: 95 % interval of that median (timed)
+    latency_how: str | None = None  #: where and how ``latency_ms`` was had
     fit_seconds: float = 0.0  #: time to fit the stitches
     eval_seconds: float = 0.0  #: time of the accuracy pass
     #: the network's kind (:func:`~stitch_nas.stitching.network_kind`); None: not known
@@ -75,6 +80,12 @@ class Measurement:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def budget_value(self, key: str) -> float:
+        """The figure a budget named ``key`` caps (``choices.BUDGET_FIGURES``); NaN when it
+        was not measured (latency, where nothing asked for it)."""
+        value = getattr(self, BUDGET_FIGURES[key])
+        return math.nan if value is None else float(value)
 
 
 def head_accuracy(
@@ -252,28 +263,13 @@ def fit_net_head(ctx: StitchContext, net: StitchedNet) -> torch.nn.Module | None
     return fit_head(net.config.head, probe, ctx.labels("probe"), ctx.num_classes)
 
 
-def _latency_ms(ctx: StitchContext, net: StitchedNet, repeats: int = 5) -> float:
-    x = ctx.split("val").read(torch.arange(1)).to(ctx.device)
-    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)  # CUDA runs asynchronously
-    with torch.inference_mode():
-        net(x)  # warm-up
-        times = []
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            net(x)
-            sync()
-            times.append(time.perf_counter() - start)
-    return 1000 * float(np.median(times))
-
-
 def measure(
     ctx: StitchContext,
     config: StitchConfig,
     *,
     split: str = "val",
     fuse: bool = False,
-    latency: bool = False,
+    latency: LatencySpec | None = None,
     cka: float | None = None,
     screen: Screen | None = None,
     net: StitchedNet | None = None,
@@ -286,6 +282,7 @@ def measure(
     measurement (it raises) before each further one: the same correct images as one pass.
     ``net``: ``config`` already built (by the probe-accuracy proxy), which took ``fit_seconds``.
     ``sample``: how many of the split's first images ``sample_correct`` counts (0: none).
+    ``latency``: how the network is timed (None: it is not).
     """
     start = time.perf_counter() - fit_seconds
     if net is None or net.config != config or fuse:
@@ -298,10 +295,14 @@ def measure(
         params=count_params_of([net]),
         cka=config_cka(ctx, config) if cka is None else cka,
         split=split,
-        latency_ms=_latency_ms(ctx, net) if latency else None,
         fit_seconds=fitted - start,
         kind=network_kind(ctx, config),
     )
+    if latency is not None:
+        images = ctx.split("val").read(torch.arange(1)).to(ctx.device)
+        timed = time_network(net, config, images, latency)
+        result.latency_ms, result.latency_how = timed.ms, timed.how
+        result.latency_interval_ms = None if timed.interval is None else list(timed.interval)
     counted = time.perf_counter()
     head = fit_net_head(ctx, net)
     first = min(sample, len(ctx.labels(split)))
