@@ -244,3 +244,73 @@ def test_a_network_the_fidelity_gate_pruned_is_measured_whole_then_fine_tuned(
     assert record.user_attrs["split"] == "val"  # its measurement, as a completed trial records it
     assert record.user_attrs["accuracy"] == tuned.after
     assert (tmp_path / record.user_attrs[attrs.WEIGHTS]).is_file()
+
+
+def _fresh_copy(study: optuna.Study) -> optuna.Study:
+    """``study`` as it was before its fine-tune stage: the search's trials and attributes."""
+    copy = optuna.create_study(directions=study.directions)
+    for key, value in study.user_attrs.items():
+        if key != attrs.FINETUNE_CONTROL:
+            copy.set_user_attr(key, value)
+    for trial in study.get_trials():
+        if attrs.FINETUNES not in trial.user_attrs:
+            copy.add_trial(trial)
+    return copy
+
+
+def test_ray_workers_fine_tune_each_network_as_this_process_does(
+    searched, mini_zoo, digits, tmp_path, monkeypatch
+) -> None:
+    """Two Ray workers train the stage's networks (and the control) one each, each network
+    ending with the weights and figures it has when trained here with the same seed."""
+    from safetensors.torch import load_file
+
+    from stitch_nas.activations import StitchContext
+    from stitch_nas.finetune import finetune_front
+    from stitch_nas.search import RayExecutor
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    recipe = FinetuneRecipe(**RECIPE)
+    stages, studies = {}, {}
+    for where, workers in (("here", None), ("ray", RayExecutor(workers=2))):
+        studies[where] = _fresh_copy(searched.study)
+        ctx = StitchContext(mini_zoo, digits)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as each worker runs (cpus_per_worker 1): the same sums
+        try:
+            stages[where] = finetune_front(
+                studies[where],
+                ctx,
+                recipe,
+                tmp_path / where,
+                networks=3,
+                control=True,
+                workers=workers,
+            )
+        finally:
+            torch.set_num_threads(threads)
+    here, ray = stages["here"], stages["ray"]
+    assert len(here.networks) + len(here.control) >= 2  # several jobs: Ray ran them
+    assert [(t.source, t.before, t.after) for t in ray.networks] == [
+        (t.source, t.before, t.after) for t in here.networks
+    ]
+    assert [(t.source, t.after) for t in ray.control] == [(t.source, t.after) for t in here.control]
+    files = sorted(
+        p.relative_to(tmp_path / "here") for p in (tmp_path / "here").rglob("*.safetensors")
+    )
+    assert files and files == sorted(
+        p.relative_to(tmp_path / "ray") for p in (tmp_path / "ray").rglob("*.safetensors")
+    )
+    for name in files:
+        a, b = load_file(tmp_path / "here" / name), load_file(tmp_path / "ray" / name)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (name, key)
+
+    def control(study: optuna.Study) -> dict:  # what the control recorded, less its time
+        recorded = json.loads(json.dumps(study.user_attrs[attrs.FINETUNE_CONTROL]))
+        for entry in recorded.values():
+            del entry["finetuned"]["report"]["seconds"]
+        return recorded
+
+    assert control(studies["here"]) == control(studies["ray"])

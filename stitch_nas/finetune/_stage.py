@@ -23,11 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -38,35 +39,36 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.plugins import OBJECTIVES
 from stitch_nas.report import (
-    accuracy_on,
     objective_names,
-    rebuild,
-    rebuild_checked,
     reference_values,
     trial_config,
     trial_weights,
     zoo_references,
 )
-from stitch_nas.stitching import (
-    SAMPLE_IMAGES,
-    STITCHED,
-    StitchedNet,
-    fit_net_head,
-    sample_correct,
-    save_tuned,
-)
+from stitch_nas.stitching import STITCHED, Measurement
 
 from ._choose import FLOOR_BELOW_BEST, candidates, choose
+from ._jobs import Job, JobResult, StageSetup, run_in_worker, run_job
 from ._recipe import FinetuneRecipe
 from ._summary import FinetuneStage, Tuned
-from ._teacher import Teacher, make_teacher
-from ._train import FinetuneReport, finetune, trained_parts
+from ._teacher import make_teacher
+from ._train import FinetuneReport
 
-__all__ = ["check_stage", "finetune_front"]
+__all__ = ["Workers", "check_stage", "finetune_front"]
 
 logger = logging.getLogger(__name__)
 
 WEIGHTS_DIR = "finetuned"
+
+
+class Workers(Protocol):
+    """Where several jobs run at once: ``stitch_nas.search.RayExecutor``."""
+
+    workers: int
+
+    def map(
+        self, ctx: StitchContext, fn: Callable[[StitchContext, Any], Any], items: Sequence[Any]
+    ) -> list[Any]: ...
 
 
 def _digest(recipe: FinetuneRecipe) -> str:
@@ -107,24 +109,6 @@ def _zoo_front(study: optuna.Study) -> list[dict[str, Any]]:
     return [r for r, loss in refs if not dominated(loss)]
 
 
-def _train(
-    ctx: StitchContext,
-    net: StitchedNet,
-    teacher: Teacher,
-    recipe: FinetuneRecipe,
-    file: Path,
-    what: str,
-    progress: bool,
-    echo: Callable[[str], Any],
-) -> tuple[StitchedNet, FinetuneReport]:
-    if progress:
-        echo(f"fine-tuning {what}")
-    tuned, report = finetune(ctx, net, teacher, recipe, progress=echo if progress else None)
-    if report.best_epoch > 0:  # else it is the network it started from: nothing new to keep
-        save_tuned(tuned, file)
-    return tuned, report
-
-
 def finetune_front(
     study: optuna.Study,
     ctx: StitchContext,
@@ -138,6 +122,7 @@ def finetune_front(
     fuse: bool = False,
     progress: bool = False,
     echo: Callable[[str], Any] = logger.info,
+    workers: Workers | None = None,
 ) -> FinetuneStage:
     """Fine-tune up to ``networks`` stitched networks (module docstring).
 
@@ -152,6 +137,9 @@ def finetune_front(
         budgets: The search's budgets (a network the gate pruned for one is not chosen).
         control: Also fine-tune the zoo's front models with the same recipe.
         fuse: The search's ``fuse`` setting (the networks are rebuilt as it measured them).
+        workers: Train the networks there, several at once (``RayExecutor``: one network per
+            worker), each with the result it has when trained here; None: one after the
+            other in this process.
     """
     start = time.perf_counter()
     names = objective_names(study)
@@ -180,64 +168,105 @@ def finetune_front(
             f"them pruned by the fidelity gate on a slice), validation >= {floor:.4f}, the "
             "most accurate per band of cost"
         )
+    jobs: list[Job] = []
+    sources: dict[int, FrozenTrial] = {}  # job index -> the trial it trains further
     for candidate in chosen:
         source = candidate.trial
         if source.number in done:
             stage.already += 1
             continue
-        config = StitchConfig.from_dict(trial_config(source))
-        if candidate.whole:
-            checked = rebuild_checked(
-                ctx,
-                config,
-                source.user_attrs,
-                f"trial {source.number}",
-                "fine-tune with the zoo, data and fuse setting of the search",
-                fuse=fuse,
-                weights=trial_weights(source, folder),
+        sources[len(jobs)] = source
+        weights = trial_weights(source, folder) if candidate.whole else None
+        jobs.append(
+            Job(
+                name=f"trial {source.number}",
+                what=f"trial #{source.number}: {source.user_attrs.get(attrs.DESCRIBE, '')}",
+                config=trial_config(source),
+                file=str(folder / f"{WEIGHTS_DIR}/trial_{source.number}_{digest}.safetensors"),
+                recorded=dict(source.user_attrs) if candidate.whole else None,
+                weights=None if weights is None else str(weights),
             )
-            net, before, values = checked.net, checked.accuracy, list(source.values)
-            constraints, measurement = dict(source.constraints), {}
-        else:  # measured on a slice only: built and measured on the whole split now
-            net, measured = rebuild(ctx, config, fuse=fuse)
-            before = measured.accuracy
-            values = [float(OBJECTIVES.get(n).value(measured)) for n in names]
-            # as the search records a budget: value - limit, feasible when <= 0
-            constraints = {k: float(getattr(measured, k)) - v for k, v in (budgets or {}).items()}
-            # what a completed trial records of its measurement, less the figures it replaces
-            measurement = {
-                k: v
-                for k, v in measured.to_dict().items()
-                if k not in ("accuracy", "sample_correct", "sample_images")
-            }
-        relative = f"{WEIGHTS_DIR}/trial_{source.number}_{digest}.safetensors"
-        what = f"trial #{source.number}: {config.describe()}"
-        tuned, report = _train(ctx, net, teacher, recipe, folder / relative, what, progress, echo)
-        after = accuracy_on(ctx, tuned, "val") if report.best_epoch else before
-        values[names.index("accuracy")] = after
-        kept = (
-            {**measurement, **_sample(ctx, tuned), attrs.KIND: STITCHED}
-            if report.best_epoch
-            else None
         )
-        number = _record(study, source, values, constraints, recipe, report, relative, kept)
-        stage.networks.append(Tuned(source.number, before, after, report, number))
     if control:
+        recorded = study.user_attrs.get(attrs.FINETUNE_CONTROL) or {}
         for ref in _zoo_front(study):
             name = str(ref["name"])
-            tuned_ref = _control(ctx, study, name, teacher, recipe, folder, digest, progress, echo)
-            if tuned_ref is not None:
-                stage.control.append(tuned_ref)
+            if (recorded.get(name) or {}).get("finetuned", {}).get("recipe") == recipe.to_dict():
+                continue  # trained with this recipe before (--resume)
+            safe = re.sub(r"[^\w.-]", "_", name)
+            file = folder / f"{WEIGHTS_DIR}/zoo_{safe}_{digest}.safetensors"
+            jobs.append(
+                Job(
+                    name=f"zoo model {name}",
+                    what=f"zoo model {name} (control)",
+                    config=StitchConfig.single(name).to_dict(),
+                    file=str(file),
+                    control=True,
+                )
+            )
+    setup = StageSetup(recipe, val, fuse, progress)
+
+    def record(index: int, result: JobResult) -> None:
+        job = jobs[index]
+        if job.control:
+            tuned = _record_control(study, job, result, recipe, folder)
+            stage.control += [tuned] if tuned is not None else []
+            return
+        tuned = _record_network(study, sources[index], job, result, names, budgets, recipe, folder)
+        stage.networks += [tuned] if tuned is not None else []
+
+    if workers is None or len(jobs) < 2:  # each recorded once trained: --resume skips it
+        for index, job in enumerate(jobs):
+            record(index, run_job(ctx, job, setup, echo))
+    else:  # one network per worker (Ray's progress lines come marked with the worker)
+        if progress:
+            echo(f"fine-tune: {len(jobs)} networks on up to {workers.workers} Ray workers")
+        for index, result in enumerate(workers.map(ctx, run_in_worker, [(j, setup) for j in jobs])):
+            record(index, result)
     stage.seconds = time.perf_counter() - start
     return stage
 
 
-def _sample(ctx: StitchContext, net: StitchedNet) -> dict[str, int]:
-    """The fixed sample of validation images the export checks ``net`` on, as a trial records
-    it (``Measurement.sample_correct`` of ``sample_images``)."""
-    images = min(SAMPLE_IMAGES, len(ctx.labels("val")))
-    correct = sample_correct(ctx, net, fit_net_head(ctx, net), images)
-    return {"sample_correct": correct, "sample_images": images}
+def _record_network(
+    study: optuna.Study,
+    source: FrozenTrial,
+    job: Job,
+    result: JobResult,
+    names: list[str],
+    budgets: Mapping[str, float] | None,
+    recipe: FinetuneRecipe,
+    folder: Path,
+) -> Tuned | None:
+    """Record what ``job`` made of ``source`` as a trial of ``study`` (:func:`_record`)."""
+    if result.report is None:
+        logger.info("fine-tune: %s", result.skipped)
+        return None
+    if result.measured is None:  # checked to reproduce its trial: the trial's figures stand
+        values, constraints, measurement = list(source.values), dict(source.constraints), {}
+    else:  # measured on a slice only: measured on the whole split before it trained
+        measured = Measurement(**result.measured)
+        values = [float(OBJECTIVES.get(n).value(measured)) for n in names]
+        # as the search records a budget: value - limit, feasible when <= 0
+        # (latency is not timed again: the trial's own figure, where it has one)
+        constraints = {
+            k: measured.budget_value(k) - v
+            if k != "latency"
+            else source.constraints.get(k, math.nan)
+            for k, v in (budgets or {}).items()
+        }
+        # what a completed trial records of its measurement, less the figures it replaces
+        measurement = {
+            k: v
+            for k, v in result.measured.items()
+            if k not in ("accuracy", "sample_correct", "sample_images")
+        }
+    values[names.index("accuracy")] = result.after
+    kept = None
+    if result.sample is not None:  # new weights (else the start was kept)
+        kept = {**measurement, **result.sample, attrs.KIND: STITCHED}
+    relative = Path(job.file).relative_to(folder).as_posix()
+    number = _record(study, source, values, constraints, recipe, result.report, relative, kept)
+    return Tuned(source.number, result.before, result.after, result.report, number)
 
 
 def _record(
@@ -306,40 +335,21 @@ def _record(
     )
 
 
-def _control(
-    ctx: StitchContext,
-    study: optuna.Study,
-    name: str,
-    teacher: Teacher,
-    recipe: FinetuneRecipe,
-    folder: Path,
-    digest: str,
-    progress: bool,
-    echo: Callable[[str], Any],
+def _record_control(
+    study: optuna.Study, job: Job, result: JobResult, recipe: FinetuneRecipe, folder: Path
 ) -> Tuned | None:
-    """The zoo model ``name`` fine-tuned with ``recipe``, measured on validation and test."""
+    """Record the zoo model ``job`` fine-tuned as the control (``attrs.FINETUNE_CONTROL``)."""
+    if result.report is None:
+        logger.info("control: %s", result.skipped)
+        return None
+    name = StitchConfig.from_dict(job.config).models[0]
     recorded = dict(study.user_attrs.get(attrs.FINETUNE_CONTROL) or {})
-    earlier = recorded.get(name)
-    if earlier is not None and earlier.get("finetuned", {}).get("recipe") == recipe.to_dict():
-        return None
-    config = StitchConfig.single(name)
-    net, measured = rebuild(ctx, config, fuse=False)
-    if not any(p.numel() for part in trained_parts(net, recipe.train) for p in part.parameters()):
-        logger.info(
-            "control: %s has no %s weights to train; it is its own control", name, recipe.train
-        )
-        return None
-    safe = re.sub(r"[^\w.-]", "_", name)
-    relative = f"{WEIGHTS_DIR}/zoo_{safe}_{digest}.safetensors"
-    tuned, report = _train(
-        ctx, net, teacher, recipe, folder / relative, f"zoo model {name} (control)", progress, echo
-    )
-    after = accuracy_on(ctx, tuned, "val")
+    kept = Path(job.file).relative_to(folder).as_posix() if result.report.best_epoch else None
     recorded[name] = {
-        "accuracy": after,
-        attrs.TEST_ACCURACY: accuracy_on(ctx, tuned, "test"),  # no choice depends on it
-        "finetuned": {"recipe": recipe.to_dict(), "report": report.to_dict()},
-        attrs.WEIGHTS: relative if report.best_epoch else None,  # None: kept its own weights
+        "accuracy": result.after,
+        attrs.TEST_ACCURACY: result.test,  # no choice depends on it
+        "finetuned": {"recipe": recipe.to_dict(), "report": result.report.to_dict()},
+        attrs.WEIGHTS: kept,  # None: kept its own weights
     }
     study.set_user_attr(attrs.FINETUNE_CONTROL, recorded)
-    return Tuned(name, measured.accuracy, after, report)
+    return Tuned(name, result.before, result.after, result.report)

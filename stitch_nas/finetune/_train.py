@@ -172,6 +172,20 @@ def finetune(
             transform: ``(images, generator) -> images``).
         progress: Called with one line per epoch.
     """
+    cuda = [ctx.device] if ctx.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):  # the caller's random state is left as it was
+        torch.manual_seed(recipe.seed)  # dropout, drop-path: the same draws in any process
+        return _train_copy(ctx, net, teacher, recipe, augment, progress)
+
+
+def _train_copy(
+    ctx: StitchContext,
+    net: StitchedNet,
+    teacher: Teacher,
+    recipe: FinetuneRecipe,
+    augment: Augment | None,
+    progress: Callable[[str], Any] | None,
+) -> tuple[StitchedNet, FinetuneReport]:
     student = copy.deepcopy(net).to(ctx.device)
     if recipe.train == "all":  # its first fragment is its own copy now, not the cached one
         student.cached_prefix = False

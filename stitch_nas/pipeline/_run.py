@@ -177,6 +177,7 @@ def _prepare(
         budgets=search.budgets,
         space_options=search.space_options,
         fuse=search.fuse,
+        latency=search.latency,
     )
     check_budget_reachable(objective)  # needs the zoo; before the study exists
     if settings.finetune.enabled:
@@ -234,7 +235,8 @@ def _search(
         echo(f"{ran} trials in {time.perf_counter() - start:.1f} s{held}")
     if settings.finetune.enabled:  # the front is chosen; its networks train on the train split
         with clock.phase("fine-tune"):
-            echo(_finetune(settings, out_dir, ctx, study, progress, echo).describe())
+            stage = _finetune(settings, out_dir, ctx, study, executor, progress, echo)
+            echo(stage.describe())
     # the front is chosen on validation: its networks and the zoo's are measured once more on
     # the test split, which no choice used, before anything is reported
     with clock.phase("test pass"):
@@ -280,13 +282,17 @@ def _check_budgets_met(
     it cannot say that no network meets the budget, only that the search found none."""
     from optuna.trial import TrialState
 
+    from stitch_nas.choices import BUDGET_FIGURES
     from stitch_nas.report import is_feasible
 
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not budgets or not complete or any(is_feasible(t) for t in complete):
         return
     given = ", ".join(f"{k}={v:g}" for k, v in budgets.items())
-    costs = {k: [t.user_attrs[k] for t in complete if k in t.user_attrs] for k in budgets}
+    figures = {k: BUDGET_FIGURES[k] for k in budgets}  # latency is recorded as latency_ms
+    costs = {
+        k: [t.user_attrs[a] for t in complete if a in t.user_attrs] for k, a in figures.items()
+    }
     cheapest = ", ".join(f"{k}={min(v):.4g}" for k, v in costs.items() if v)
     bound = ", ".join(f"{v:.4g} {k}" for k, (v, _) in (floor or {}).items())
     line = f"none of the {len(complete)} completed trials meets {given}"
@@ -305,10 +311,12 @@ def _finetune(
     out_dir: Path,
     ctx: StitchContext,
     study: Any,
+    executor: Any,
     progress: bool,
     echo: Callable[[str], Any],
 ):
-    """The fine-tune stage (:func:`stitch_nas.finetune.finetune_front`) as settings say."""
+    """The fine-tune stage (:func:`stitch_nas.finetune.finetune_front`) as settings say: on
+    the search's Ray workers, one network each, when it ran on them."""
     from stitch_nas.finetune import finetune_front
 
     stage = settings.finetune
@@ -324,6 +332,7 @@ def _finetune(
         fuse=settings.search.fuse,
         progress=progress,
         echo=echo,
+        workers=executor,
     )
 
 

@@ -41,6 +41,7 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -48,6 +49,7 @@ import optuna
 import torch
 
 from stitch_nas import attrs
+from stitch_nas.activations import StitchContext
 from stitch_nas.choices import (
     RAY_MODES,
     check_at_least,
@@ -60,6 +62,7 @@ from stitch_nas.machine import available_memory_bytes
 from stitch_nas.stitching import NETWORKS
 
 from ._evaluate import Repeat, TrialOutcome
+from ._ray_map import map_on_workers
 from ._ray_resources import (
     WORKER_BASE_BYTES,
     check_ray_address,
@@ -170,14 +173,7 @@ class RayExecutor:
         """Run until ``study`` holds ``n_trials`` finished (complete or pruned) networks."""
         mode = self.mode_for(objective, study)  # a bad mode fails before Ray starts
         ray = import_ray()
-        left = max(1, n_trials - completed_count(study))
-        here = self.address is None and not ray.is_initialized()  # a Ray of our own
-        if here:  # sized before it starts: it gets as many CPUs as workers need
-            self.running = self._fit(objective, left, local_cpus(), available_memory_bytes())
-        started = self._init_ray(ray)
-        if not here:  # a cluster (or a Ray already running): what it has
-            have = ray.cluster_resources()
-            self.running = self._fit(objective, left, have.get("CPU", 1), have.get("memory", 0))
+        started = self._start(ray, objective.ctx, max(1, n_trials - completed_count(study)))
         pool: _Pool | None = None
         try:
             start = time.perf_counter()
@@ -186,7 +182,7 @@ class RayExecutor:
                 ray,
                 shared,
                 objective.evaluation_options(),
-                self._resources(objective),
+                self._resources(objective.ctx),
                 self.worker_class,
             )
             pool.start(self.running)
@@ -215,6 +211,32 @@ class RayExecutor:
                 ray.shutdown()
         return study
 
+    def map(
+        self, ctx: StitchContext, fn: Callable[[StitchContext, Any], Any], items: Sequence[Any]
+    ) -> list[Any]:
+        """``fn(context, item)`` for each of ``items`` on ``workers`` Ray workers at once, each
+        on its own copy of ``ctx`` (:func:`._ray_map.map_on_workers`); the results in order."""
+        ray = import_ray()
+        started = self._start(ray, ctx, len(items))
+        try:
+            shared = share_context(ctx)
+            return map_on_workers(shared, fn, items, self.running, self._resources(ctx))
+        finally:
+            if started:
+                ray.shutdown()
+
+    def _start(self, ray: Any, ctx: StitchContext, left: int) -> bool:
+        """Size :attr:`running` for ``left`` trials or jobs and start or join Ray; True if
+        we started it."""
+        here = self.address is None and not ray.is_initialized()  # a Ray of our own
+        if here:  # sized before it starts: it gets as many CPUs as workers need
+            self.running = self._fit(ctx, left, local_cpus(), available_memory_bytes())
+        started = self._init_ray(ray)
+        if not here:  # a cluster (or a Ray already running): what it has
+            have = ray.cluster_resources()
+            self.running = self._fit(ctx, left, have.get("CPU", 1), have.get("memory", 0))
+        return started
+
     def _init_ray(self, ray: Any) -> bool:
         """Start or join Ray unless it is running in this process; True if we started it."""
         if ray.is_initialized():
@@ -231,19 +253,19 @@ class RayExecutor:
             raise ConfigError(f"could not start {where}: {first}; check --ray-address") from exc
         return True
 
-    def _fit(self, objective: StitchObjective, left: int, cpus: float, memory: float) -> int:
-        """:func:`fit_workers` for this search, with a one-line warning when it caps them."""
+    def _fit(self, ctx: StitchContext, left: int, cpus: float, memory: float) -> int:
+        """:func:`fit_workers` for ``left`` jobs, with a one-line warning when it caps them."""
         # each worker holds a copy of the zoo and the data, and a cache as large as the driver's
-        each = WORKER_BASE_BYTES + context_bytes(objective.ctx) + objective.ctx.cache.budget_bytes
+        each = WORKER_BASE_BYTES + context_bytes(ctx) + ctx.cache.budget_bytes
         n, why = fit_workers(self.workers, left, cpus, self.cpus_per_worker, memory, each)
         if why:
             logger.warning("starting %d Ray worker(s), not %d: %s", n, self.workers, "; ".join(why))
         return n
 
-    def _resources(self, objective: StitchObjective) -> dict[str, float]:
+    def _resources(self, ctx: StitchContext) -> dict[str, float]:
         gpus = self.gpus_per_worker
         if gpus is None:
-            cuda = objective.ctx.device.type == "cuda" and torch.cuda.is_available()
+            cuda = ctx.device.type == "cuda" and torch.cuda.is_available()
             gpus = min(1.0, torch.cuda.device_count() / self.running) if cuda else 0.0
         return {"num_cpus": self.cpus_per_worker, "num_gpus": gpus}
 
