@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--strong", type=float, default=0.90, help="zoo models paired")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--opt", default="sgd", help="a timm optimizer")
     parser.add_argument("--train", default="all")
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--ce-weight", type=float, default=0.0)
@@ -143,7 +143,7 @@ def main() -> None:
         k=args.k,
         epochs=args.epochs,
         lr=args.lr,
-        optimizer=args.optimizer,
+        opt=args.opt,
         ce_weight=args.ce_weight,
         batch_size=args.batch_size,
         patience=args.patience,

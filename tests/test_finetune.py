@@ -17,6 +17,7 @@ from stitch_nas.finetune import (
     Teacher,
     Tuned,
     best_models,
+    check_stage,
     distillation_loss,
     finetune,
     holdout_flatters,
@@ -53,7 +54,16 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         ("k", 0),
         ("temperature", 0),
         ("epochs", 0),
-        ("optimizer", "adam"),
+        ("opt", ""),
+        ("min_lr", 0.5),
+        ("warmup_epochs", -1),
+        ("grad_accum_steps", 0),
+        ("mixup", -0.2),
+        ("cutmix", True),
+        ("smoothing", 1.0),
+        ("model_ema", "yes"),
+        ("model_ema_decay", 1.0),
+        ("amp", 1),
         ("lr", -1.0),
         ("holdout", 1.0),
         ("momentum", 1.0),
@@ -65,6 +75,12 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_a_bad_recipe_value_is_one_line_naming_it(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"finetune\.recipe\.{field}="):
         FinetuneRecipe(**{field: value})  # type: ignore[arg-type]
+
+
+def test_an_optimizer_timm_lacks_is_one_line_before_any_work() -> None:
+    with pytest.raises(ConfigError, match=r"finetune.recipe.opt='adamx' is not one of timm's"):
+        check_stage(["resnet"], FinetuneRecipe(opt="adamx", teacher="resnet"))
+    check_stage(["resnet"], FinetuneRecipe(opt="lamb", teacher="resnet"))
 
 
 def test_recipe_round_trips_and_refuses_unknown_keys() -> None:
@@ -287,3 +303,68 @@ def test_finetune_lifts_a_least_squares_stitch_of_the_trained_mini_zoo(mini_zoo,
     out, report = finetune(ctx, net, teacher, recipe)
     assert report.best_epoch > 0, report
     assert accuracy_on(ctx, out, "val") > accuracy_on(ctx, net, "val") + 0.05
+
+
+def test_the_schedule_is_timms_cosine_per_step_after_a_linear_warm_up() -> None:
+    from stitch_nas.finetune._train import lr_schedule
+
+    recipe = FinetuneRecipe(lr=0.1, min_lr=0.01, warmup_epochs=0.5, warmup_lr=0.02)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=recipe.lr)
+    schedule = lr_schedule(recipe, optimizer, total=20, per_epoch=8)  # 4 warm-up steps
+    lrs = [optimizer.param_groups[0]["lr"]]
+    for step in range(1, 21):
+        schedule.step_update(step)
+        lrs.append(optimizer.param_groups[0]["lr"])
+    assert lrs[0] == pytest.approx(0.02) and lrs[4] < 0.1  # climbing from warmup_lr ...
+    assert lrs[:5] == sorted(lrs[:5])
+    assert lrs[5:] == sorted(lrs[5:], reverse=True) and lrs[20] == pytest.approx(0.01, abs=1e-3)
+
+
+def test_the_timm_recipe_mixes_averages_and_accumulates_reproducibly(ctx, monkeypatch) -> None:
+    """Warm-up, AdamW, mixup and CutMix with smoothed labels, EMA and two batches a step: the
+    steps counted are optimizer steps, the mixing runs on each even batch, the same seed gives
+    the same weights, the weights kept are the average's, and the caller's random state is
+    left as it was."""
+    import numpy as np
+
+    from stitch_nas.finetune import _train
+
+    mixed = []
+    make = _train._mixup
+
+    def counting(recipe, classes):
+        mixup = make(recipe, classes)
+
+        def call(x, y):
+            mixed.append(len(x))
+            return mixup(x, y)
+
+        return call
+
+    monkeypatch.setattr(_train, "_mixup", counting)
+    recipe = FinetuneRecipe(  # type: ignore[arg-type]
+        **{**QUICK, "steps": 4},
+        opt="adamw",
+        lr=0.003,
+        warmup_epochs=0.2,
+        mixup=0.8,
+        cutmix=1.0,
+        smoothing=0.1,
+        ce_weight=0.5,
+        model_ema=True,
+        model_ema_decay=0.5,
+        grad_accum_steps=2,
+        keep="last",
+    )
+    teacher = Teacher(ctx.zoo, ["vit"], 2.0)
+    numpy_state, torch_state = np.random.get_state()[1].copy(), torch.get_rng_state()
+    a, report = finetune(ctx, build(ctx, STITCH), teacher, recipe)
+    assert np.array_equal(np.random.get_state()[1], numpy_state)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert report.steps == 4 and len(mixed) == 8 and all(n % 2 == 0 for n in mixed)
+    b, _ = finetune(ctx, build(ctx, STITCH), teacher, recipe)
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    plain, _ = finetune(
+        ctx, build(ctx, STITCH), teacher, dataclasses.replace(recipe, model_ema=False)
+    )
+    assert any(not torch.equal(v, plain.state_dict()[k]) for k, v in a.state_dict().items())

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from stitch_nas.lazy import lazy_face
 
-from ._recipe import OPTIMIZERS, TRAINS, FinetuneRecipe
+from ._recipe import TRAINS, FinetuneRecipe
 
 if TYPE_CHECKING:
     from ._augment import Augment, pad_crop_flip
@@ -61,7 +61,6 @@ __all__ = [
     "FinetuneRecipe",
     "FinetuneReport",
     "FinetuneStage",
-    "OPTIMIZERS",
     "TRAINS",
     "Teacher",
     "Tuned",

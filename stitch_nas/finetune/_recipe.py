@@ -2,7 +2,11 @@
 
 One frozen dataclass, checked once when it is built, recorded with every network it trained
 (``to_dict``), so a stitched network and a zoo model fine-tuned as the control can be shown to
-have had the identical recipe.
+have had the identical recipe. The training keys are named as timm's ``train.py`` names them
+(``opt``, ``lr``, ``min_lr``, ``warmup_epochs``, ``warmup_lr``, ``mixup``, ``cutmix``,
+``smoothing``, ``model_ema``, ``model_ema_decay``, ``grad_accum_steps``, ``amp``,
+``channels_last``), and timm's own pieces run them (:mod:`._train`); the defaults are the
+CPU recipe the stage has always run (SGD with Nesterov momentum, cosine to 0, float32).
 """
 
 from __future__ import annotations
@@ -13,13 +17,12 @@ from typing import Any
 
 from stitch_nas.errors import ConfigError
 
-__all__ = ["FinetuneRecipe", "KEEPS", "OPTIMIZERS", "TRAINS"]
+__all__ = ["FinetuneRecipe", "KEEPS", "TRAINS"]
 
 #: what trains: the stitching layers only (ReStNet), everything after the first joint, or
 #: every weight of the network (SN-Net's fine-tune; the zoo's shared models are never touched:
 #: the network trains on its own copy of them)
 TRAINS = ("adapter", "suffix", "all")
-OPTIMIZERS = ("sgd", "adamw")
 #: which weights a fine-tune returns: the best on the held-out slice (the start included), or
 #: those after the last epoch
 KEEPS = ("best", "last")
@@ -27,6 +30,10 @@ KEEPS = ("best", "last")
 
 def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _at_least_zero(value: Any) -> bool:
+    return not isinstance(value, bool) and (value == 0 or _positive(value))
 
 
 def _whole(value: Any, low: int) -> bool:
@@ -49,11 +56,28 @@ class FinetuneRecipe:
         epochs: Passes over the training images (the held-out slice excluded).
         steps: Optimiser steps at most (None: no limit beside ``epochs``).
         seconds: Wall time at most per network (None: no limit).
-        optimizer: ``sgd`` or ``adamw``; the learning rate follows a cosine schedule to 0.
+        opt: Any optimizer of ``timm.optim.create_optimizer_v2`` (``timm.optim.
+            list_optimizers()``): ``sgd`` (Nesterov momentum), ``adamw``, ``lamb``, ``lion``...
+            The learning rate follows timm's cosine schedule, per step, to ``min_lr``.
         lr: Peak learning rate.
+        min_lr: Learning rate at the last step.
+        warmup_epochs: Epochs (fractions allowed) of linear warm-up from ``warmup_lr`` to
+            ``lr`` at the start of the schedule.
+        warmup_lr: Learning rate the warm-up starts from.
         weight_decay: Weight decay.
-        momentum: SGD's momentum.
-        batch_size: Images per step; the only images in memory at once.
+        momentum: The optimizer's momentum (SGD's; 0: plain SGD).
+        batch_size: Images per batch; the only images in memory at once.
+        grad_accum_steps: Batches whose gradients add up to one optimizer step.
+        mixup: timm's ``Mixup`` alpha (0: off): training batches mixed pairwise, the student
+            and the teacher seeing the same mixed images, and the labels' cross-entropy
+            (``ce_weight``) taken against the mixed labels.
+        cutmix: timm's CutMix alpha (0: off); with both, each batch is one or the other.
+        smoothing: Label smoothing of the labels' cross-entropy.
+        model_ema: Keep timm's exponential moving average of the weights
+            (``ModelEmaV3``); the held-out slice scores, and the stage keeps, the average.
+        model_ema_decay: Its decay per step.
+        amp: Forward passes under bfloat16 autocast (for a GPU; no loss scaling is needed).
+        channels_last: Train in channels-last memory format (faster convolutions on a GPU).
         augment: Padded random crop (4 pixels) and horizontal flip of training batches, on the
             device; never applied to the held-out slice, validation or test. It suits natural
             images; turn it off where a mirror image means something else (digits, text).
@@ -76,11 +100,22 @@ class FinetuneRecipe:
     epochs: int = 10
     steps: int | None = None
     seconds: float | None = None
-    optimizer: str = "sgd"
+    opt: str = "sgd"
     lr: float = 0.01
+    min_lr: float = 0.0
+    warmup_epochs: float = 0.0
+    warmup_lr: float = 0.0
     weight_decay: float = 5e-4
     momentum: float = 0.9
     batch_size: int = 128
+    grad_accum_steps: int = 1
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    smoothing: float = 0.0
+    model_ema: bool = False
+    model_ema_decay: float = 0.9998
+    amp: bool = False
+    channels_last: bool = False
     augment: bool = True
     holdout: float = 0.1
     patience: int = 3
@@ -103,8 +138,17 @@ class FinetuneRecipe:
             "epochs": (_whole(self.epochs, 1), "an integer >= 1"),
             "steps": (self.steps is None or _whole(self.steps, 1), "an integer >= 1, or null"),
             "seconds": (self.seconds is None or _positive(self.seconds), "a number > 0, or null"),
-            "optimizer": (self.optimizer in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+            "opt": (
+                isinstance(self.opt, str) and bool(self.opt),
+                "a timm optimizer's name (timm.optim.list_optimizers())",
+            ),
             "lr": (_positive(self.lr), "a number > 0"),
+            "min_lr": (
+                _at_least_zero(self.min_lr) and self.min_lr < self.lr,
+                "a number in [0, lr)",
+            ),
+            "warmup_epochs": (_at_least_zero(self.warmup_epochs), "a number >= 0"),
+            "warmup_lr": (_at_least_zero(self.warmup_lr), "a number >= 0"),
             "weight_decay": (
                 self.weight_decay == 0 or _positive(self.weight_decay),
                 "a number >= 0",
@@ -114,6 +158,20 @@ class FinetuneRecipe:
                 "a number in [0, 1)",
             ),
             "batch_size": (_whole(self.batch_size, 1), "an integer >= 1"),
+            "grad_accum_steps": (_whole(self.grad_accum_steps, 1), "an integer >= 1"),
+            "mixup": (_at_least_zero(self.mixup), "an alpha >= 0 (0: off)"),
+            "cutmix": (_at_least_zero(self.cutmix), "an alpha >= 0 (0: off)"),
+            "smoothing": (
+                isinstance(self.smoothing, (int, float)) and 0 <= self.smoothing < 1,
+                "a fraction in [0, 1)",
+            ),
+            "model_ema": (isinstance(self.model_ema, bool), "true or false"),
+            "model_ema_decay": (
+                isinstance(self.model_ema_decay, (int, float)) and 0 < self.model_ema_decay < 1,
+                "a number in (0, 1)",
+            ),
+            "amp": (isinstance(self.amp, bool), "true or false"),
+            "channels_last": (isinstance(self.channels_last, bool), "true or false"),
             "augment": (isinstance(self.augment, bool), "true or false"),
             "holdout": (
                 isinstance(self.holdout, (int, float)) and 0 < self.holdout < 1,

@@ -83,6 +83,13 @@ def check_stage(zoo_names: list[str], recipe: FinetuneRecipe) -> None:
             f"finetune.teacher={recipe.teacher!r} is not a zoo model; use 'ensemble' or one "
             f"of {', '.join(zoo_names)}"
         )
+    from timm.optim import list_optimizers
+
+    if recipe.opt not in list_optimizers():
+        raise ConfigError(
+            f"finetune.recipe.opt={recipe.opt!r} is not one of timm's optimizers; use sgd, "
+            "adamw, lamb, lion... (timm.optim.list_optimizers())"
+        )
     if recipe.teacher == "ensemble" and recipe.k > len(zoo_names):
         raise ConfigError(
             f"finetune.k={recipe.k} but the zoo has {len(zoo_names)} model(s); use k <= "

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,12 +113,15 @@ def distillation_loss(
     labels: torch.Tensor,
     temperature: float,
     ce_weight: float,
+    smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """``T^2 * KL(teacher || student)`` on outputs softened by ``T``, plus weighted CE."""
+    """``T^2 * KL(teacher || student)`` on outputs softened by ``T``, plus weighted CE with
+    ``labels``: class indices (smoothed by ``smoothing``), or one row of class weights per
+    image (mixup's mixed labels, smoothed already)."""
     log_student = F.log_softmax(logits / temperature, dim=1)
     loss = F.kl_div(log_student, soft_targets, reduction="batchmean") * temperature**2
     if ce_weight:
-        loss = loss + ce_weight * F.cross_entropy(logits, labels)
+        loss = loss + ce_weight * F.cross_entropy(logits, labels, label_smoothing=smoothing)
     return loss
 
 
@@ -141,15 +145,46 @@ def _accuracy(ctx: StitchContext, net: nn.Module, rows: torch.Tensor, batch_size
 
 
 def _optimizer(recipe: FinetuneRecipe, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    if recipe.optimizer == "sgd":
-        return torch.optim.SGD(
-            params,
-            lr=recipe.lr,
-            momentum=recipe.momentum,
-            weight_decay=recipe.weight_decay,
-            nesterov=recipe.momentum > 0,
-        )
-    return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    """timm's optimizer ``recipe.opt`` (its ``sgd`` has Nesterov momentum, which needs some:
+    without, plain SGD, timm's ``momentum`` at 0)."""
+    from timm.optim import create_optimizer_v2
+
+    name = "momentum" if recipe.opt == "sgd" and recipe.momentum == 0 else recipe.opt
+    return create_optimizer_v2(
+        params, opt=name, lr=recipe.lr, weight_decay=recipe.weight_decay, momentum=recipe.momentum
+    )
+
+
+def lr_schedule(
+    recipe: FinetuneRecipe, optimizer: torch.optim.Optimizer, total: int, per_epoch: int
+) -> Any:
+    """timm's cosine schedule over ``total`` optimizer steps to ``recipe.min_lr``, after a
+    linear warm-up of ``recipe.warmup_epochs`` epochs (``per_epoch`` steps each); stepped with
+    ``step_update(steps done)``."""
+    from timm.scheduler import CosineLRScheduler
+
+    return CosineLRScheduler(
+        optimizer,
+        t_initial=total,
+        lr_min=recipe.min_lr,
+        warmup_t=round(recipe.warmup_epochs * per_epoch),
+        warmup_lr_init=recipe.warmup_lr,
+        t_in_epochs=False,
+    )
+
+
+def _mixup(recipe: FinetuneRecipe, classes: int) -> Any:
+    """timm's ``Mixup`` (mixup / CutMix, labels smoothed), or None when both are off."""
+    if not (recipe.mixup or recipe.cutmix):
+        return None
+    from timm.data import Mixup
+
+    return Mixup(
+        mixup_alpha=recipe.mixup,
+        cutmix_alpha=recipe.cutmix,
+        label_smoothing=recipe.smoothing,
+        num_classes=classes,
+    )
 
 
 def finetune(
@@ -173,9 +208,14 @@ def finetune(
         progress: Called with one line per epoch.
     """
     cuda = [ctx.device] if ctx.device.type == "cuda" else []
+    numpy_state = np.random.get_state()  # timm's Mixup draws from NumPy's global generator
     with torch.random.fork_rng(devices=cuda):  # the caller's random state is left as it was
         torch.manual_seed(recipe.seed)  # dropout, drop-path: the same draws in any process
-        return _train_copy(ctx, net, teacher, recipe, augment, progress)
+        np.random.seed(recipe.seed)
+        try:
+            return _train_copy(ctx, net, teacher, recipe, augment, progress)
+        finally:
+            np.random.set_state(numpy_state)
 
 
 def _train_copy(
@@ -199,19 +239,27 @@ def _train_copy(
 
     n = len(ctx.split("train"))
     train_rows, held_rows = holdout_rows(n, recipe.holdout, recipe.seed)
-    per_epoch = math.ceil(len(train_rows) / recipe.batch_size)
+    batches = math.ceil(len(train_rows) / recipe.batch_size)
+    per_epoch = max(1, batches // recipe.grad_accum_steps)  # optimizer steps an epoch
     total = (
         per_epoch * recipe.epochs
         if recipe.steps is None
         else min(recipe.steps, per_epoch * recipe.epochs)
     )
     optimizer = _optimizer(recipe, params)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total) / total))
-    )
+    schedule = lr_schedule(recipe, optimizer, total, per_epoch)
+    mixing = _mixup(recipe, ctx.num_classes)
     shuffle = torch.Generator().manual_seed(recipe.seed)
     crops = torch.Generator().manual_seed(recipe.seed + 1)
     transform = augment or pad_crop_flip
+    if recipe.channels_last:  # else each part keeps the layout the context gave its model
+        student = student.to(memory_format=torch.channels_last)
+    ema = None
+    if recipe.model_ema:
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(student, decay=recipe.model_ema_decay)
+    scored = student if ema is None else ema.module  # what the held-out slice scores, and kept
 
     student.eval()
     initial = best = _accuracy(ctx, student, held_rows, recipe.batch_size)
@@ -222,13 +270,26 @@ def _train_copy(
     for epoch in range(1, recipe.epochs + 1):
         for part in training:  # the rest stays in eval mode (module docstring)
             part.train()
-        for images, labels in _batches(ctx, train_rows, recipe.batch_size, shuffle):
+        optimizer.zero_grad(set_to_none=True)
+        for batch, (images, labels) in enumerate(
+            _batches(ctx, train_rows, recipe.batch_size, shuffle)
+        ):
             if recipe.augment:
                 images = transform(images, crops)
-            targets = teacher.soft_targets(images)
-            loss = distillation_loss(
-                student(images), targets, labels, recipe.temperature, recipe.ce_weight
-            )
+            if mixing is not None and len(images) % 2 == 0:  # timm mixes pairs of images
+                images, labels = mixing(images, labels)  # labels: mixed and smoothed rows
+            if recipe.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=recipe.amp):
+                targets = teacher.soft_targets(images).float()
+                loss = distillation_loss(
+                    student(images).float(),
+                    targets,
+                    labels,
+                    recipe.temperature,
+                    recipe.ce_weight,
+                    0.0 if labels.is_floating_point() else recipe.smoothing,
+                )
             if not bool(torch.isfinite(loss.detach())):  # diverged: keep the best so far
                 logger.warning(
                     "fine-tuning %s stopped at step %d: the loss is not finite (lower "
@@ -239,11 +300,15 @@ def _train_copy(
                 )
                 stopped = "diverged"
                 break
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss / recipe.grad_accum_steps).backward()
+            if (batch + 1) % recipe.grad_accum_steps:
+                continue  # gradients add up over grad_accum_steps batches
             optimizer.step()
-            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
             steps += 1
+            schedule.step_update(steps)
+            if ema is not None:
+                ema.update(student, step=steps)
             if steps >= total:
                 stopped = "steps" if recipe.steps is not None else stopped
                 break
@@ -251,7 +316,7 @@ def _train_copy(
                 stopped = "seconds"
                 break
         student.eval()
-        accuracy = _accuracy(ctx, student, held_rows, recipe.batch_size)
+        accuracy = _accuracy(ctx, scored, held_rows, recipe.batch_size)
         if progress is not None:
             progress(
                 f"  epoch {epoch}: held-out accuracy {accuracy:.4f} (start {initial:.4f}), "
@@ -259,7 +324,7 @@ def _train_copy(
             )
         if accuracy > best or (recipe.keep == "last" and stopped != "diverged"):
             best, best_epoch, since_best = accuracy, epoch, 0
-            best_state = copy.deepcopy(student.state_dict())
+            best_state = copy.deepcopy(scored.state_dict())
         else:
             since_best += 1
         if stopped in ("steps", "seconds", "diverged") or steps >= total:
