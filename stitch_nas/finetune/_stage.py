@@ -54,7 +54,7 @@ from ._summary import FinetuneStage, Tuned
 from ._teacher import make_teacher
 from ._train import FinetuneReport
 
-__all__ = ["Workers", "check_stage", "finetune_front"]
+__all__ = ["check_stage", "finetune_front"]
 
 logger = logging.getLogger(__name__)
 

@@ -66,9 +66,20 @@ def map_on_workers(
     return results
 
 
+#: the context this worker process rebuilt last, by the shared bundle and device: Ray runs a
+#: map's tasks in the same few processes, so a worker's second job finds the zoo, the data and
+#: the activations its first one cached (one context a process, as an actor holds)
+_held: dict[tuple[str, str], Any] = {}
+
+
 def _run(shared: SharedContext, fn: Callable[[Any, Any], Any], item: Any, threads: int) -> Any:
-    """In a Ray task: the context rebuilt on this worker's device, then the job."""
+    """In a Ray task: the context rebuilt on this worker's device (or the one this process
+    rebuilt for an earlier job of the same map), then the job."""
     ray = import_ray()
     torch.set_num_threads(threads)
     device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
-    return fn(shared.materialize(device), item)
+    key = (shared.bundle.hex(), device)
+    if key not in _held:
+        _held.clear()
+        _held[key] = shared.materialize(device)
+    return fn(_held[key], item)
