@@ -187,3 +187,23 @@ def test_a_table_path_is_relative_to_the_settings_file(tmp_path):
         {"search": {"latency": {"table": "tables/device.yaml"}}}, base=tmp_path
     )
     assert settings.search.latency["table"] == str(tmp_path / "tables" / "device.yaml")
+
+
+def test_the_command_line_times_with_onnxruntime_and_keeps_a_latency_budget(tmp_path, mini_zoo_dir):
+    from stitch_nas.cli import main
+    from stitch_nas.search import load_folder_study
+
+    config = tmp_path / "s.yaml"
+    config.write_text(
+        f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
+        "search: {trials: 3, seed_trials: 0, latency: {repeats: 5}}\n"
+    )
+    out = tmp_path / "out"
+    argv = ["search", str(config), "--out", str(out), "--objectives", "accuracy,latency"]
+    assert main([*argv, "--budget", "latency=1000", "--no-export", "-q"]) == 0
+    done = _complete(load_folder_study(out))
+    assert done
+    for t in done:
+        assert t.user_attrs["latency_how"].startswith("onnxruntime CPU, 1 thread(s), batch 1")
+        assert t.values[1] == t.user_attrs["latency_ms"] > 0
+        assert t.constraints["latency"] == pytest.approx(t.values[1] - 1000)
