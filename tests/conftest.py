@@ -14,6 +14,11 @@ import pytest
 from stitch_nas.data import DataSplits, load_digits_splits
 from stitch_nas.zoo import Zoo, load_mini_zoo
 
+# Ray's local clusters here run without token authentication, as .ci/run says: set once for
+# the session, since a Ray process caches the mode it started with (a test that set it and
+# undid it left the next test's Ray head expecting a token the client never sends)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 
 @pytest.fixture(scope="session")
 def digits() -> DataSplits:

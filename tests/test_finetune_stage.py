@@ -259,7 +259,7 @@ def _fresh_copy(study: optuna.Study) -> optuna.Study:
 
 
 def test_ray_workers_fine_tune_each_network_as_this_process_does(
-    searched, mini_zoo, digits, tmp_path, monkeypatch
+    searched, mini_zoo, digits, tmp_path
 ) -> None:
     """Two Ray workers train the stage's networks (and the control) one each, each network
     ending with the weights and figures it has when trained here with the same seed."""
@@ -269,7 +269,6 @@ def test_ray_workers_fine_tune_each_network_as_this_process_does(
     from stitch_nas.finetune import finetune_front
     from stitch_nas.search import RayExecutor
 
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     recipe = FinetuneRecipe(**RECIPE)
     stages, studies = {}, {}
     for where, workers in (("here", None), ("ray", RayExecutor(workers=2))):
