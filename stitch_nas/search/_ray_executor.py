@@ -8,7 +8,8 @@ the zoo (put in the object store once) and their own bounded activation cache, f
 as the local executor's is (:mod:`._ray_shared`); a worker evaluates the plan
 (:func:`~stitch_nas.search.evaluate_plan`: CKA-prunes, fits and measures the config) and sends
 back a :class:`~stitch_nas.search.TrialOutcome`. The driver records it with
-the same bookkeeping as the local executor (:meth:`StitchObjective.finish`) and tells the study.
+the same bookkeeping as the local executor (:meth:`StitchObjective.finish`) and tells the study
+(:mod:`._ray_driver`).
 TPE's constant liar handles the trials still in flight. A config evaluated before or in flight
 (here or in another driver on the study) is told PRUNED at once as a repeat and does not count
 (:meth:`StitchObjective.duplicate`); the driver knows its own trials at once and reads other
@@ -40,7 +41,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -57,11 +57,11 @@ from stitch_nas.choices import (
     check_one_of,
     check_positive,
 )
-from stitch_nas.errors import ConfigError, StitchNASError
+from stitch_nas.errors import ConfigError
 from stitch_nas.machine import available_memory_bytes
 from stitch_nas.stitching import NETWORKS
 
-from ._evaluate import Repeat, TrialOutcome
+from ._ray_driver import drive_trials
 from ._ray_map import map_on_workers
 from ._ray_resources import (
     WORKER_BASE_BYTES,
@@ -70,9 +70,9 @@ from ._ray_resources import (
     fit_workers,
     local_cpus,
 )
-from ._ray_shared import NetworkShipper, import_ray, share_context
+from ._ray_shared import import_ray, share_context
 from ._ray_study_workers import StudyWorker, StudyWorkerRun
-from ._ray_workers import TrialWorker, _Pending, _Pool
+from ._ray_workers import TrialWorker, _Pool
 from ._runner import StitchObjective
 from ._storage import (
     DEFAULT_HEARTBEAT_S,
@@ -81,7 +81,6 @@ from ._storage import (
     storage_url_of,
 )
 from ._studies import completed_count
-from ._user_attrs import BufferedTrial
 
 __all__ = ["RAY_MODES", "RAY_NODE", "RayExecutor", "StudyWorker", "TrialWorker"]
 
@@ -89,10 +88,6 @@ logger = logging.getLogger(__name__)
 
 #: trial user attribute: the Ray node id the trial ran on
 RAY_NODE = attrs.RAY_NODE
-_TrialState = optuna.trial.TrialState
-# the driver reads what other drivers sent at most this often: with cheap trials it asks many
-# times a second, and each read is an Optuna query over every running trial (see ._seen)
-_SEEN_MAX_AGE_S = 1.0
 
 
 @dataclass
@@ -191,7 +186,19 @@ class RayExecutor:
                 session = self._session(ray, objective, study, pool)
                 session.open()
             ready, cpu = time.perf_counter(), time.process_time()
-            counts = self._drive(ray, objective, study, n_trials, pool, progress, session)
+            if session is not None:
+                counts = session.drive(n_trials, progress)
+            else:
+                counts = drive_trials(
+                    ray,
+                    objective,
+                    study,
+                    n_trials,
+                    pool,
+                    progress,
+                    workers=self.running,
+                    limit=self._limit(),
+                )
             end = time.perf_counter()
             self.last_run = {
                 **counts,
@@ -285,134 +292,3 @@ class RayExecutor:
             heartbeat_s=DEFAULT_HEARTBEAT_S if beat is None else round(beat.interval),
             max_failures_in_a_row=self._limit(),
         )
-
-    def _drive(
-        self,
-        ray: Any,
-        objective: StitchObjective,
-        study: optuna.Study,
-        n_trials: int,
-        pool: _Pool,
-        progress: bool,
-        session: StudyWorkerRun | None = None,
-    ) -> dict[str, Any]:
-        """Run the search's trials on ``pool`` (in the workers mode: ``session``'s); what ran,
-        by outcome and by node."""
-        if session is not None:
-            return session.drive(n_trials, progress)
-        from tqdm.auto import tqdm
-
-        limit = self._limit()
-        counts: dict[str, Any] = {"complete": 0, "pruned": 0, "failed": 0, "duplicates": 0}
-        nodes: dict[str, int] = {}
-        in_flight: dict[Any, _Pending] = {}
-        idle = list(range(self.running))
-        heartbeat = heartbeat_of(study)
-        wait_s = None if heartbeat is None else heartbeat.interval / 2
-        done, failed_in_a_row, told = completed_count(study), 0, 0
-        shipper = NetworkShipper(objective.ctx, ray.put)
-        unsent: list[tuple[_Pending, TrialOutcome]] = []  # failed before reaching a worker
-        bar = tqdm(total=n_trials, initial=min(done, n_trials), desc="trials", disable=not progress)
-        try:
-            while True:
-                # a trial failed before reaching a worker is settled before asking for more
-                while (
-                    idle
-                    and not unsent
-                    and done + len(in_flight) < n_trials
-                    and not objective.exhausted()
-                ):
-                    trial = _ask(study)
-                    buffered = BufferedTrial(trial)
-                    view = cast(optuna.Trial, buffered)  # a Trial to the objective
-                    try:
-                        plan = objective.plan(view, max_age_s=_SEEN_MAX_AGE_S)
-                    except BaseException:  # a broken space is the user's error, as locally
-                        study.tell(trial, state=_TrialState.FAIL)
-                        raise
-                    buffered.flush()
-                    if isinstance(plan, Repeat):  # evaluated before: no worker, does not count
-                        study.tell(trial, state=_TrialState.PRUNED)
-                        counts["duplicates"] += 1
-                        continue
-                    try:  # a joint network trains here, once, not on every worker
-                        networks = shipper.refs(plan.config)
-                    except Exception as exc:  # noqa: BLE001 - the trial fails, as it would locally
-                        unsent.append((_Pending(trial, plan.config, -1), TrialOutcome.failed(exc)))
-                        continue
-                    except BaseException:  # interrupted while training: not left RUNNING
-                        study.tell(trial, state=_TrialState.FAIL)
-                        raise
-                    worker = idle.pop()
-                    ref = pool.submit(worker, trial.number, plan, networks)
-                    in_flight[ref] = _Pending(trial, plan.config, worker)
-                if not in_flight and not unsent:
-                    break
-                ready = []
-                if in_flight:
-                    ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=wait_s)
-                if heartbeat is not None and heartbeat.due():
-                    heartbeat.beat(p.trial.number for p in in_flight.values())
-                settled = [*unsent, *((in_flight[r], pool.result(r, in_flight[r])) for r in ready)]
-                unsent = []
-                for ref in ready:
-                    in_flight.pop(ref)
-                for pending, outcome in settled:
-                    if pending.worker >= 0:
-                        idle.append(pending.worker)
-                    state = self._tell(objective, study, pending, outcome)
-                    counts[_COUNT_KEY[state]] += 1
-                    if pending.node is not None:
-                        nodes[pending.node] = nodes.get(pending.node, 0) + 1
-                    if state == _TrialState.FAIL:
-                        failed_in_a_row += 1
-                    else:
-                        failed_in_a_row, done = 0, done + 1
-                        bar.update(1)
-                    if failed_in_a_row >= limit:
-                        raise StitchNASError(
-                            f"the last {failed_in_a_row} trials all failed (latest: "
-                            f"{outcome.reason}); see fail_reason in trials.csv for the cause"
-                        )
-                told += len(settled)
-                if settled and (told % 10 == 0 or done + len(in_flight) >= n_trials):
-                    done = completed_count(study)  # other drivers may share the study
-        finally:
-            bar.close()
-            for pending in [*in_flight.values(), *(p for p, _ in unsent)]:  # not left RUNNING
-                pending.trial.set_user_attr(attrs.FAIL_REASON, "driver stopped mid-trial")
-                study.tell(pending.trial, state=_TrialState.FAIL)
-        if objective.exhausted():
-            logger.warning(objective.exhausted_message(study, n_trials))
-        counts["trials_per_node"] = nodes
-        return counts
-
-    @staticmethod
-    def _tell(
-        objective: StitchObjective, study: optuna.Study, pending: _Pending, outcome: TrialOutcome
-    ) -> optuna.trial.TrialState:
-        buffered = BufferedTrial(pending.trial)
-        if pending.node is not None:
-            buffered.set_user_attr(RAY_NODE, pending.node)
-        state, values = objective.finish(cast(optuna.Trial, buffered), pending.config, outcome)
-        buffered.flush()
-        if state == _TrialState.COMPLETE:
-            study.tell(pending.trial, values)
-        else:
-            if state == _TrialState.FAIL:
-                logger.warning("trial %d failed: %s", pending.trial.number, outcome.reason)
-            study.tell(pending.trial, state=state)
-        return state
-
-
-def _ask(study: optuna.Study) -> optuna.Trial:
-    with warnings.catch_warnings():  # the driver sends the heartbeats optimize() would
-        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-        return study.ask()
-
-
-_COUNT_KEY = {
-    _TrialState.COMPLETE: "complete",
-    _TrialState.PRUNED: "pruned",
-    _TrialState.FAIL: "failed",
-}
