@@ -13,10 +13,11 @@ which :func:`time_network` fills as :class:`LatencySpec` says:
 - ``function: package.module:name`` (or a callable, from Python): ``fn(network, config)``
   returns milliseconds, e.g. from a device farm or a learned predictor.
 
-The ONNX copy timed here comes from torch's TorchScript-based exporter, not the dynamo one the
-export writes (:mod:`stitch_nas.export`): both give the same operators to onnxruntime, and the
-dynamo exporter took 3-6 s a network on a 2-core machine against 0.1-0.3 s, per trial. Where
-torch no longer has the older exporter (or it refuses a network), the dynamo one is used.
+The ONNX copy timed here comes from torch's dynamo exporter, as the export's does
+(:mod:`stitch_nas.export`); only where ``torch.export`` refuses a network does the older
+TorchScript-based exporter stand in, the export's documented fallback too. The dynamo exporter
+takes seconds a network (3-6 s for the tiny test zoo's models on two cores): a latency search
+pays that once per new config, on top of the timed runs; ``backend: torch`` does not.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class LatencySpec:
         elif self.function is not None:
             self.callable()
         elif self.backend == "onnxruntime":
-            for module in ("onnxruntime", "onnx"):
+            for module in ("onnxruntime", "onnx", "onnxscript"):
                 require("onnx", module, "the latency objective (latency.backend onnxruntime)")
 
     def callable(self) -> Callable[[nn.Module, StitchConfig], float]:
@@ -126,14 +127,15 @@ class LatencySpec:
             raise ConfigError(f"latency.function={self.function!r} is not callable")
         return fn
 
-    def describe(self) -> str:
-        """Where and how a figure was had, as a trial records it beside the figure."""
+    def describe(self, device: str = "CPU") -> str:
+        """Where and how a figure was had, as a trial records it beside the figure
+        (``device``: where ``backend: torch`` ran)."""
         if self.table is not None:
             return f"table {self.table}"
         if self.function is not None:
             name = self.function if isinstance(self.function, str) else _name(self.function)
             return f"function {name}"
-        where = "CPU" if self.backend == "onnxruntime" else "{device}"
+        where = "CPU" if self.backend == "onnxruntime" else device
         return (
             f"{self.backend} {where}, {self.threads} thread(s), batch {self.batch}, "
             f"median of {self.repeats} runs after {self.warmup}"
@@ -251,10 +253,9 @@ def time_network(
     x = images[:1].expand(spec.batch, *images.shape[1:]).contiguous()
     if spec.backend == "onnxruntime":
         run = _onnxruntime_run(net, x.cpu(), spec.threads)
-        how = spec.describe()
     else:
         run = _torch_run(net, x)
-        how = spec.describe().format(device=x.device.type.upper())
+    how = spec.describe(x.device.type.upper())
     with _threads(spec.threads if spec.backend == "torch" and not x.is_cuda else None):
         for _ in range(spec.warmup):
             run()
@@ -310,10 +311,12 @@ def _onnx_bytes(model: nn.Module, x: torch.Tensor) -> bytes:
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
         warnings.simplefilter("ignore")  # deprecation and tracer notes
         path = Path(folder) / "model.onnx"
-        try:  # the older exporter: ~20x faster a network (see the module docstring)
+        try:  # torch.export's program, translated by the dynamo exporter (onnxscript)
+            torch.onnx.export(
+                model, (x,), str(path), dynamo=True, external_data=False, verbose=False
+            )
+        except Exception:  # noqa: BLE001 - torch.export refused it: the documented fallback
             torch.onnx.export(model, (x,), str(path), dynamo=False)
-        except Exception:  # noqa: BLE001 - gone from torch, or refused this network
-            torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False)
         return path.read_bytes()
 
 
