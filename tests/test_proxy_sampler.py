@@ -76,6 +76,34 @@ def test_a_proposal_that_repeats_a_trial_is_not_chosen_while_another_is_new():
     assert [t.params["x"] for t in study.trials] == [5, 60]
 
 
+def test_a_base_sampler_that_only_repeats_gives_way_to_random_candidates():
+    class Converged(optuna.samplers.RandomSampler):
+        def sample_independent(self, study, trial, name, distribution):
+            return 5
+
+    sampler = ProxySampler(
+        Converged(), lambda t: _true(t.suggest_int("x", 0, 99)), candidates=4, seed=0
+    )
+    study = _study(sampler)
+    study.enqueue_trial({"x": 5})
+    study.optimize(lambda t: _true(t.suggest_int("x", 0, 99)), n_trials=6)
+    xs = [t.params["x"] for t in study.trials]
+    assert xs[0] == 5 and len(set(xs)) == 6  # every trial after the first a new config
+    assert sampler.scored == 5 * (4 + 4)  # the base's four repeats, then four random
+
+
+def test_the_scratch_study_holds_each_finished_trial_once():
+    sampler = ProxySampler(
+        optuna.samplers.RandomSampler(seed=0), lambda t: _true(t.suggest_int("x", 0, 99))
+    )
+    study = _study(sampler)
+    study.optimize(lambda t: _true(t.suggest_int("x", 0, 99)), n_trials=5)
+    scratch = sampler._scratch.get_trials(deepcopy=False)
+    complete = [t for t in scratch if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 4  # the trials finished before the last one asked
+    assert all(t.state == optuna.trial.TrialState.FAIL for t in scratch if t not in complete)
+
+
 def test_enqueued_trials_keep_their_params_and_cost_no_proposals():
     sampler = ProxySampler(
         optuna.samplers.RandomSampler(seed=0), lambda t: _true(t.suggest_int("x", 0, 99))

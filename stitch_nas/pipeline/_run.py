@@ -217,7 +217,9 @@ def _search(
             progress=progress,
         )
     if search.proxy_candidates > 1:  # the probe in the loop: scored proposals, the best measured
-        study.sampler = proxy_sampler(objective, study.sampler, search.proxy_candidates)
+        study.sampler = proxy_sampler(
+            objective, study.sampler, search.proxy_candidates, seed=search.seed
+        )
     with clock.phase("trials"):
         run_search(objective, study, search.trials, progress=progress, executor=executor)
     with clock.phase("refining"):

@@ -11,7 +11,10 @@ point adds most hypervolume to the front of the finished trials' own proxy point
 (it is fitted on the probe), so candidates are compared with trials in the proxy's space,
 never with measured values. When no candidate adds to that front, the trial takes the base
 sampler's first proposal that no trial has tried: the search then explores as the base sampler
-would. A proposal that repeats a trial's params is never chosen while another is new.
+would. A proposal that repeats a trial's params is never chosen while another is new; when
+every proposal repeats one (TPE converges on a small space, and would propose the same few
+configs for thousands of asks), the candidates are drawn at random instead, and the proxy
+ranks those.
 
 Optuna's ``BaseSampler`` API is used as it is meant: no relative search space, every
 parameter answered in :meth:`sample_independent` from the chosen candidate, and the base
@@ -63,6 +66,8 @@ class ProxySampler(BaseSampler):
         recorded: A finished trial's proxy values, or None where it has none (by default the
             values ``score`` gave the trials this sampler proposed).
         candidates: Proposals scored per trial (1: the base sampler alone).
+        seed: Seeds the random proposals scored instead of the base sampler's when all of
+            its proposals repeat trials.
     """
 
     def __init__(
@@ -72,17 +77,23 @@ class ProxySampler(BaseSampler):
         *,
         recorded: Callable[[FrozenTrial], Sequence[float] | None] | None = None,
         candidates: int = 8,
+        seed: int | None = None,
     ) -> None:
         self.base = base
+        self._explore = optuna.samplers.RandomSampler(seed=seed)  # when the base only repeats
         self.candidates = check_at_least(candidates, "proxy_candidates", 1)
         self._score = score
         self._recorded = recorded
         self._chosen: dict[int, dict[str, Any]] = {}  # trial number -> the params it takes
         self._proxy: dict[int, tuple[float, ...]] = {}  # trial number -> its proxy values
         self.scored = 0  # proposals scored so far (a bound on the probe scores they cost)
+        self._scratch: optuna.Study | None = None  # where the base sampler proposes
+        self._scratch_of = ""  # the name of the study it mirrors
+        self._mirrored: set[int] = set()  # numbers of the trials it holds
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
+        self._explore.reseed_rng()
 
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
@@ -98,21 +109,20 @@ class ProxySampler(BaseSampler):
         if "fixed_params" in trial.system_attrs or self.candidates == 1:
             return  # an enqueued trial keeps its params; one candidate is the base alone
         trials = study.get_trials(deepcopy=False)  # read once: a storage may be remote
-        scratch = optuna.create_study(directions=study.directions, sampler=self.base)
-        scratch.add_trials([t for t in trials if t.state == TrialState.COMPLETE])
+        scratch = self._mirror(study, trials)
         # a proposal that repeats a trial adds nothing and would not count: never chosen
         # while another is new (a sampler that has converged proposes repeats often)
         tried = {_key(t.params) for t in trials if t.params}
-        proposals: list[tuple[dict[str, Any], tuple[float, ...] | None]] = []
-        for _ in range(self.candidates):
-            candidate = scratch.ask()  # left running: TPE's constant liar spreads the next
-            values = self._score(candidate)
-            self.scored += 1
-            if _key(candidate.params) in tried:
-                values = None
-            proposals.append((candidate.params, None if values is None else tuple(values)))
-        front = [p for p in map(self._values_of, trials) if p]
+        proposals = self._propose(scratch, tried)
         new = [i for i, (params, _) in enumerate(proposals) if _key(params) not in tried]
+        if not new:  # the base sampler only repeats (it has converged): random ones instead
+            scratch.sampler = self._explore
+            try:
+                proposals = self._propose(scratch, tried)
+            finally:
+                scratch.sampler = self.base
+            new = [i for i, (params, _) in enumerate(proposals) if _key(params) not in tried]
+        front = [p for p in map(self._values_of, trials) if p]
         best, gain = (new or [0])[0], 0.0  # by default the base sampler's first new proposal
         scored = [v for _, v in proposals if v is not None]
         if scored:
@@ -127,6 +137,41 @@ class ProxySampler(BaseSampler):
         self._chosen[trial.number] = params
         if values is not None:
             self._proxy[trial.number] = values
+
+    def _propose(
+        self, scratch: optuna.Study, tried: set[frozenset]
+    ) -> list[tuple[dict[str, Any], tuple[float, ...] | None]]:
+        """``candidates`` proposals of ``scratch``'s sampler, each with its proxy values (None:
+        skipped, or it repeats a trial)."""
+        proposals: list[tuple[dict[str, Any], tuple[float, ...] | None]] = []
+        asked = []
+        for _ in range(self.candidates):
+            candidate = scratch.ask()  # left running: TPE's constant liar spreads the next
+            asked.append(candidate)
+            values = self._score(candidate)
+            self.scored += 1
+            if _key(candidate.params) in tried:
+                values = None
+            proposals.append((candidate.params, None if values is None else tuple(values)))
+        for candidate in asked:  # then failed, so later batches see only measured trials
+            scratch.tell(candidate, state=TrialState.FAIL)
+        return proposals
+
+    def _mirror(self, study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Study:
+        """The scratch study the base sampler proposes in, holding ``study``'s complete trials.
+
+        Kept from trial to trial, each trial added once: a scratch study built anew every
+        trial copies every finished trial again, so a search's cost grew with the square of
+        its trials (100 trials took 88 s of sampling a seed on the realzoo table)."""
+        if self._scratch is None or self._scratch_of != study.study_name:
+            self._scratch = optuna.create_study(directions=study.directions, sampler=self.base)
+            self._scratch_of, self._mirrored = study.study_name, set()
+        new = [
+            t for t in trials if t.state == TrialState.COMPLETE and t.number not in self._mirrored
+        ]
+        self._scratch.add_trials(new)
+        self._mirrored.update(t.number for t in new)
+        return self._scratch
 
     def sample_independent(
         self,
@@ -186,7 +231,9 @@ def _reference(points: list[tuple[float, ...]], directions: Sequence[Any]) -> li
     return ref
 
 
-def proxy_sampler(objective: StitchObjective, base: BaseSampler, candidates: int) -> ProxySampler:
+def proxy_sampler(
+    objective: StitchObjective, base: BaseSampler, candidates: int, seed: int | None = None
+) -> ProxySampler:
     """``base`` with ``objective``'s least-squares probe in the loop (``search.proxy_candidates``).
 
     A candidate's proxy values: its probe accuracy for ``accuracy``, its MACs and parameters as
@@ -239,4 +286,4 @@ def proxy_sampler(objective: StitchObjective, base: BaseSampler, candidates: int
             for n, v in zip(objective.names, trial.values, strict=True)
         )
 
-    return ProxySampler(base, score, recorded=recorded, candidates=candidates)
+    return ProxySampler(base, score, recorded=recorded, candidates=candidates, seed=seed)
