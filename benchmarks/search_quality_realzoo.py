@@ -1,7 +1,7 @@
 """How close each search gets to the front of the real CIFAR-10 zoo's whole pairwise space.
 
     python benchmarks/search_quality_realzoo.py [--val 1000] [--workers 2] [--seeds 5]
-        [--trials 50,100,200] [--methods random,tpe,...] [--candidates 8]
+        [--trials 50,100,200] [--methods random,tpe,...] [--candidates 8] [--from-table]
 
 The space: ``pairwise`` with least-squares stitches over the ten models of ``../shared/realzoo``
 (``examples/realzoo.yaml``: two different models, one cut each, both directions; 16,290
@@ -12,7 +12,9 @@ Stage 1, the table (once, resumable, ``--workers`` processes of one thread each,
 share of the configs): each config measured as a trial measures it (accuracy, MACs,
 parameters) and its probe accuracy (the least-squares version is the config itself, so the
 trial's network is the probe's). Written as JSON lines under ``--work`` and, whole,
-gzipped to ``results/search_quality_realzoo_table.json.gz`` so anyone can re-check the rest.
+gzipped to ``results/search_quality_realzoo_table.json.gz`` so anyone can re-check the rest
+(``--from-table`` reads it back instead of measuring, and the seconds it took from
+``results/search_quality_realzoo.json``).
 
 Stage 2: every method at each ``--trials`` count over ``--seeds`` seeds. A trial reads the
 table instead of measuring (least squares is deterministic: the same figures, none of the
@@ -32,8 +34,10 @@ one whose probe accuracy is below 1.5 x chance is pruned (it counts; it is not o
 
 Reported: the hypervolume of each found front (accuracy up, MACs down; reference point
 (reference accuracy, 1.1 x the largest MACs in the space)) as a fraction of the whole space's,
-at reference accuracies 0.0, 0.8 and 0.9, median and range over seeds. The zoo models on their
-own are not in it: the fractions are about what the search finds. Writes
+at reference accuracies 0.0, 0.8 and 0.9: each seed's, the median and range, and Mann-Whitney
+U's one-sided p-value that a method's seeds lie above random sampling's (random runs first).
+The zoo models on their own are not in it: the fractions are about what the search finds.
+Writes
 ``results/search_quality_realzoo.json``.
 """
 
@@ -236,7 +240,7 @@ class TableSearch:
             for k, v in saved.items():
                 setattr(_seeding, k, v)
 
-    def proxy(self, base: optuna.samplers.BaseSampler, candidates: int):
+    def proxy(self, base: optuna.samplers.BaseSampler, candidates: int, seed: int):
         """:func:`stitch_nas.search.proxy_sampler`'s rules on the table."""
         from stitch_nas.search import ProxySampler
 
@@ -250,7 +254,7 @@ class TableSearch:
             probe = trial.user_attrs.get("probe_accuracy")
             return None if probe is None else (probe, trial.values[1])
 
-        return ProxySampler(base, score, recorded=recorded, candidates=candidates)
+        return ProxySampler(base, score, recorded=recorded, candidates=candidates, seed=seed)
 
 
 def run_method(search: TableSearch, method: str, n: int, seed: int, candidates: int):
@@ -266,7 +270,7 @@ def run_method(search: TableSearch, method: str, n: int, seed: int, candidates: 
         sampler = make_sampler("tpe" if method in ("default", "proxy") else method, seed)
     proxy = None
     if method == "proxy":
-        sampler = proxy = search.proxy(sampler, candidates)
+        sampler = proxy = search.proxy(sampler, candidates, seed)
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
     if method in ("default", "proxy"):
         search.seed(study, min(8, n), 32, seed)
@@ -285,6 +289,9 @@ def main() -> None:
     parser.add_argument("--models", default="", help="comma-separated zoo models (default: all)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "search_quality_realzoo"))
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--from-table", action="store_true", help=f"read stage 1 from results/{TABLE.name}"
+    )
     parser.add_argument("--share", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.share:
@@ -296,9 +303,17 @@ def main() -> None:
     if set(methods) - set(METHODS):
         parser.error(f"--methods: use some of {', '.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    table, table_seconds = build_table(args)
-    with gzip.open(TABLE, "wt") as f:
-        json.dump({"val_images": args.val, "configs": table}, f)
+    if args.from_table:  # stage 2 alone, on the stored table
+        with gzip.open(TABLE, "rt") as f:
+            stored = json.load(f)
+        if stored["val_images"] != args.val:
+            parser.error(f"--from-table: {TABLE.name} holds --val {stored['val_images']}")
+        table = stored["configs"]
+        table_seconds = json.loads(RESULTS.read_text())["table_seconds"]
+    else:
+        table, table_seconds = build_table(args)
+        with gzip.open(TABLE, "wt") as f:
+            json.dump({"val_images": args.val, "configs": table}, f)
 
     from stitch_nas.report import hypervolume
 
@@ -329,6 +344,16 @@ def main() -> None:
                 fracs = [
                     hypervolume(p, DIRECTIONS, [a, top]) / full[a] if p else 0.0 for p in found
                 ]
+                random_row = next(
+                    (
+                        r
+                        for r in results
+                        if r["method"] == "random"
+                        and r["trials"] == n
+                        and r["reference_accuracy"] == a
+                    ),
+                    None,
+                )
                 results.append(
                     {
                         "method": method,
@@ -338,6 +363,9 @@ def main() -> None:
                         "hv_fraction_median": statistics.median(fracs),
                         "hv_fraction_min": min(fracs),
                         "hv_fraction_max": max(fracs),
+                        "hv_fractions": fracs,
+                        # one-sided: are this method's seeds' fractions above random's?
+                        "mannwhitney_p_above_random": _above(fracs, random_row),
                         "proxy_scores_per_trial": statistics.median(scored),
                         "seconds": round(time.perf_counter() - start, 1),
                     }
@@ -354,6 +382,19 @@ def main() -> None:
                 flush=True,
             )
             _write(out_path, args, ctx, rows, search, top, full, front, table_seconds, results)
+
+
+def _above(fracs: list[float], random_row: dict | None) -> float | None:
+    """Mann-Whitney U's one-sided p-value that ``fracs`` lie above random sampling's seeds."""
+    if (
+        random_row is None
+        or "hv_fractions" not in random_row
+        or random_row["hv_fractions"] is fracs
+    ):
+        return None
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(fracs, random_row["hv_fractions"], alternative="greater").pvalue)
 
 
 def _write(out_path, args, ctx, rows, search, top, full, front, table_seconds, results) -> None:
