@@ -22,6 +22,7 @@ from stitch_nas.finetune import (
     finetune,
     holdout_flatters,
     holdout_rows,
+    judging_rows,
     make_teacher,
     pad_crop_flip,
     trained_parts,
@@ -65,7 +66,9 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         ("model_ema_decay", 1.0),
         ("amp", 1),
         ("lr", -1.0),
-        ("holdout", 1.0),
+        ("holdout", 1.5),
+        ("judge", "test"),
+        ("stop_unmoved", "yes"),
         ("momentum", 1.0),
         ("augment", "yes"),
         ("steps", 0),
@@ -258,7 +261,9 @@ def test_finetune_streams_batches_and_augments_only_training_batches(ctx, monkey
         augmented.append(len(images))
         return images
 
-    recipe = FinetuneRecipe(epochs=2, batch_size=40, holdout=0.1, patience=5)
+    recipe = FinetuneRecipe(
+        epochs=2, batch_size=40, judge="train", holdout=0.1, patience=5, stop_unmoved=False
+    )
     train_rows, held_rows = holdout_rows(len(split), 0.1, 0)
     _, report = finetune(
         ctx, build(ctx, STITCH), Teacher(ctx.zoo, ["vit"], 1.0), recipe, augment=augment
@@ -267,6 +272,60 @@ def test_finetune_streams_batches_and_augments_only_training_batches(ctx, monkey
     assert len(augmented) == report.steps and sum(augmented) == 2 * len(train_rows)
     # the held-out slice was read unaugmented: once at the start and after each epoch
     assert sum(reads) == 2 * len(train_rows) + 3 * len(held_rows)
+
+
+def test_the_validation_split_judges_by_default_and_every_train_image_trains(ctx) -> None:
+    train, held = judging_rows(ctx, FinetuneRecipe())
+    assert torch.equal(train, torch.arange(len(ctx.split("train"))))
+    assert torch.equal(held, torch.arange(len(ctx.split("val"))))
+    _, slice_ = judging_rows(ctx, FinetuneRecipe(holdout=0.5))
+    assert len(slice_) == round(len(ctx.split("val")) / 2) and int(slice_.max()) < len(
+        ctx.split("val")
+    )
+    train, held = judging_rows(ctx, FinetuneRecipe(judge="train", holdout=0.1))
+    assert len(train) + len(held) == len(ctx.split("train"))
+    with pytest.raises(ConfigError, match=r"finetune.recipe.holdout=1.0 .* judge: train"):
+        FinetuneRecipe(judge="train", holdout=1.0)
+
+
+@pytest.mark.parametrize("judge", ["val", "train"])
+def test_keep_best_takes_trained_weights_when_validation_says_they_are_better(
+    ctx, monkeypatch, judge: str
+) -> None:
+    """As on a zoo trained on its train split: a slice of that split scores the start highest,
+    the validation split scores the second epoch highest. Judged on validation, keep-best
+    returns the trained weights; judged on the train slice, the start."""
+    scores = {"train": iter([0.99, 0.97, 0.96, 0.95]), "val": iter([0.80, 0.84, 0.86, 0.85])}
+    monkeypatch.setattr(
+        "stitch_nas.finetune._train._accuracy", lambda ctx, net, split, *a: next(scores[split])
+    )
+    net = build(ctx, STITCH)
+    recipe = FinetuneRecipe(  # type: ignore[arg-type]
+        **{**QUICK, "epochs": 3, "steps": None, "patience": 0}, judge=judge
+    )
+    out, report = finetune(ctx, net, Teacher(ctx.zoo, ["resnet"], 1.0), recipe)
+    same = all(torch.equal(v, net.state_dict()[k]) for k, v in out.state_dict().items())
+    assert report.judged_on == judge
+    if judge == "val":
+        assert (report.best_epoch, report.best_holdout, report.stopped) == (2, 0.86, "epochs")
+        assert not same and not report.kept_start
+    else:
+        assert (report.best_epoch, report.stopped) == (0, "patience") and report.kept_start
+        assert same
+
+
+def test_a_first_epoch_inside_the_starts_interval_stops_the_fine_tune(ctx, monkeypatch) -> None:
+    scores = iter([0.80, 0.81, 0.95])  # +1 point on ~90 images: inside the start's interval
+    monkeypatch.setattr("stitch_nas.finetune._train._accuracy", lambda *a: next(scores))
+    recipe = FinetuneRecipe(  # type: ignore[arg-type]
+        **{**QUICK, "epochs": 3, "steps": None, "holdout": 0.25}, stop_unmoved=True
+    )
+    _, report = finetune(ctx, build(ctx, STITCH), Teacher(ctx.zoo, ["resnet"], 1.0), recipe)
+    assert (report.epochs, report.stopped, report.best_epoch) == (1, "unmoved", 1)
+    scores = iter([0.80, 0.81, 0.95, 0.90])
+    off = dataclasses.replace(recipe, stop_unmoved=False)
+    _, report = finetune(ctx, build(ctx, STITCH), Teacher(ctx.zoo, ["resnet"], 1.0), off)
+    assert (report.epochs, report.best_epoch) == (3, 2)
 
 
 def test_finetune_is_seeded(ctx, monkeypatch) -> None:
@@ -287,22 +346,23 @@ def test_finetune_is_seeded(ctx, monkeypatch) -> None:
 
 
 def test_finetune_lifts_a_least_squares_stitch_of_the_trained_mini_zoo(mini_zoo, digits) -> None:
-    """On trained models, distillation from the zoo's best raises a damaged stitch's validation
-    accuracy (the property the stage exists for; measured 0.727 -> 0.840). Digits are not
-    mirror-symmetric, so this recipe turns the crop-and-flip augmentation off."""
+    """On a zoo trained on its train split, distillation from the zoo's best raises a damaged
+    stitch's validation accuracy (the property the stage exists for; measured 0.727 -> 0.843),
+    and keep-best, judged on the validation split, returns the trained weights. Digits are
+    not mirror-symmetric, so this recipe turns the crop-and-flip augmentation off."""
     ctx = StitchContext(mini_zoo, digits)
     config = StitchConfig(
         (Fragment("byobnet", None, "stem"), Fragment("convnext", "stages.2.blocks.2", None)),
         (AdapterSpec("lstsq"),),
     )
     teacher = Teacher(mini_zoo, ["resnet", "byobnet"], 4.0)
-    recipe = FinetuneRecipe(
-        epochs=4, lr=0.003, batch_size=64, holdout=0.15, patience=10, augment=False
-    )
+    recipe = FinetuneRecipe(epochs=4, lr=0.003, batch_size=64, patience=10, augment=False)
     net = build(ctx, config)
     out, report = finetune(ctx, net, teacher, recipe)
-    assert report.best_epoch > 0, report
-    assert accuracy_on(ctx, out, "val") > accuracy_on(ctx, net, "val") + 0.05
+    assert report.best_epoch > 0 and report.judged_on == "val", report
+    after = accuracy_on(ctx, out, "val")
+    assert after == pytest.approx(report.best_holdout)  # validation chose these weights
+    assert after > accuracy_on(ctx, net, "val") + 0.05
 
 
 def test_the_schedule_is_timms_cosine_per_step_after_a_linear_warm_up() -> None:

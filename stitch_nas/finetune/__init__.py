@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         finetune,
         holdout_flatters,
         holdout_rows,
+        judging_rows,
         trained_parts,
     )
 
@@ -51,6 +52,7 @@ _LAZY = {
     "finetune": "._train",
     "holdout_flatters": "._train",
     "holdout_rows": "._train",
+    "judging_rows": "._train",
     "trained_parts": "._train",
 }
 
@@ -73,6 +75,7 @@ __all__ = [
     "finetune_front",
     "holdout_flatters",
     "holdout_rows",
+    "judging_rows",
     "make_teacher",
     "pad_crop_flip",
     "trained_parts",

@@ -319,9 +319,10 @@ def _record(
         user_attrs[attrs.WEIGHTS] = weights
         user_attrs.update(kept)
     else:
+        split = "validation" if report.judged_on == "val" else "train"
         user_attrs[attrs.PRUNE_REASON] = (
             "fine-tuning kept the starting weights: no epoch beat them on the held-out slice "
-            f"of the train split ({report.initial_holdout:.4f})"
+            f"of the {split} split ({report.initial_holdout:.4f}, {report.stopped})"
         )
     study.add_trial(
         optuna.trial.create_trial(
