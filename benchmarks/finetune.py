@@ -2,7 +2,7 @@
 
     python benchmarks/finetune.py [--settings examples/realzoo.yaml] [--device cuda]
                                   [--networks 12] [--epochs 15] [--lr 0.01] [--out FILE]
-                                  [--train-on train|val]
+                                  [--train-on train|val] [--judge val|train]
 
 On ``../shared/realzoo`` (or ``REALZOO=...``), with the preset's splits (probe and train from
 the 10k train subset, validation and test the two halves of the CIFAR-10 test set):
@@ -24,6 +24,8 @@ the 10k train subset, validation and test the two halves of the CIFAR-10 test se
    end of its interval above the best zoo model's test accuracy), and stitched networks that
    dominate a zoo model of >= 91.5 % test accuracy under the interval rule.
 
+Each epoch is judged on the validation split (``--judge val``, the stage's default) or, as
+the results files before 2026-11-29 were, on a tenth of the train split (``--judge train``).
 Validation chose every network here; only test figures are claims. Writes
 benchmarks/results/finetune_<device type>.json.
 
@@ -135,6 +137,12 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=3)
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--train-on", choices=("train", "val"), default="train")
+    parser.add_argument(
+        "--judge",
+        choices=("val", "train"),
+        default="val",
+        help="the split that scores each epoch (the results files before 2026-11-29: train)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     start = time.perf_counter()
@@ -147,6 +155,9 @@ def main() -> None:
         ce_weight=args.ce_weight,
         batch_size=args.batch_size,
         patience=args.patience,
+        # trained on validation images, epochs are judged on a slice of those (as before)
+        judge="train" if args.train_on == "val" else args.judge,
+        holdout=0.1 if args.train_on == "val" or args.judge == "train" else 1.0,
     )
     settings = load_settings(args.settings)
     data = load_data(settings.data)

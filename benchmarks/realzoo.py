@@ -24,7 +24,9 @@ With ``--finetune`` the search runs its fine-tune stage with the control on (the
 ``finetune:`` section says how; ``control`` is forced on) and writes realzoo_finetune_seedN.json:
 the figures above for the networks after fine-tuning, plus ``before_finetune`` (the same without
 the fine-tuned trials) and ``zoo_finetuned`` (against the zoo's front fine-tuned alike), each
-with hypervolumes at reference accuracy 0.70, 0.80 and 0.90.
+with hypervolumes at reference accuracy 0.70, 0.80 and 0.90, and ``finetune_seconds`` (the
+stage's wall time) with ``finetuned``: per network and control model the split that judged it,
+epochs run, seconds, validation accuracy before and after, and ``kept_start``.
 
 ``--set`` changes one setting of the copy that runs (recorded as ``overrides``), e.g. on a GPU:
 ``--set search.device=auto --set search.export=false --set finetune.recipe.epochs=15``.
@@ -131,6 +133,46 @@ def _on_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
 
     return sorted((r for r in rows if not beaten(r)), key=lambda r: r["macs"])
+
+
+def finetune_costs(out: str) -> dict[str, Any]:
+    """What the fine-tune stage spent and bought, per network it trained."""
+    study = load_folder_study(out)
+    phases = study.user_attrs.get(attrs.PHASES) or {}
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    rows = []
+
+    def row(source: int | str, before: float | None, after: float | None, report: dict) -> None:
+        rows.append(
+            {
+                "source": source,
+                "judged_on": report.get("judged_on", "train"),
+                "epochs": report["epochs"],
+                "seconds": round(report["seconds"], 1),
+                "stopped": report["stopped"],
+                "val_before": before,
+                "val_after": after,
+                "kept_start": report["best_epoch"] == 0,
+            }
+        )
+
+    for t in by_number.values():
+        if attrs.FINETUNES in t.user_attrs:
+            source = by_number[t.user_attrs[attrs.FINETUNES]]
+            kept = t.state.name == "COMPLETE"
+            row(
+                source.number,
+                source.user_attrs.get("accuracy"),
+                t.user_attrs.get("accuracy") if kept else source.user_attrs.get("accuracy"),
+                t.user_attrs[attrs.FINETUNED]["report"],
+            )
+    refs = {r["name"]: r.get("accuracy") for r in study.user_attrs.get(attrs.REFERENCES) or []}
+    for name, entry in (study.user_attrs.get(attrs.FINETUNE_CONTROL) or {}).items():
+        row(name, refs.get(name), entry.get("accuracy"), entry["finetuned"]["report"])
+    return {
+        "finetune_seconds": (phases.get("fine-tune") or {}).get("seconds"),
+        "finetuned": rows,
+    }
 
 
 def evaluate(
@@ -336,6 +378,7 @@ def main() -> None:
     if args.finetune:
         record["before_finetune"] = evaluate(args.out, finetuned=False, floors=FLOORS)
         record["zoo_finetuned"] = evaluate(args.out, control=True, floors=FLOORS)
+        record.update(finetune_costs(args.out))
     results.write_text(json.dumps(record, indent=1) + "\n")
     print(
         f"hypervolume on test (ref. accuracy {FLOOR}): zoo {record['hv_zoo']}, zoo + stitched "
