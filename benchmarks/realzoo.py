@@ -365,6 +365,7 @@ def main() -> None:
         "overrides": overrides,
         "wall_seconds": None if seconds is None else round(seconds, 1),
         "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),
+        "phases": load_folder_study(args.out).user_attrs.get(attrs.PHASES),
         **evaluate(args.out, floors=FLOORS if args.finetune else ()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": _gpu()},
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
