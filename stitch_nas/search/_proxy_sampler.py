@@ -160,9 +160,9 @@ class ProxySampler(BaseSampler):
     def _mirror(self, study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Study:
         """The scratch study the base sampler proposes in, holding ``study``'s complete trials.
 
-        Kept from trial to trial, each trial added once: a scratch study built anew every
-        trial copies every finished trial again, so a search's cost grew with the square of
-        its trials (100 trials took 88 s of sampling a seed on the realzoo table)."""
+        Kept from trial to trial, each finished trial added once: built anew every trial, it
+        copied every finished trial again, so the sampler's own cost grew with the square of
+        the trials."""
         if self._scratch is None or self._scratch_of != study.study_name:
             self._scratch = optuna.create_study(directions=study.directions, sampler=self.base)
             self._scratch_of, self._mirrored = study.study_name, set()
