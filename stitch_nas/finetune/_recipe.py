@@ -96,7 +96,7 @@ class FinetuneRecipe:
         stop_unmoved: Stop after the first epoch when it did not raise the held-out accuracy
             above the 95 % interval of the start's, so a network training cannot lift costs
             one epoch, not ``patience + 1``. Off by default: a first epoch at the peak
-            learning rate often lowers a network that later epochs lift (a least-squares
+            learning rate can lower a network that later epochs lift (a least-squares
             stitch of the digits mini zoo: 0.727 at the start, 0.700 after epoch 1, 0.843
             after epoch 4, on 300 validation images).
         keep: ``best``: the weights the held-out slice scores highest, the starting ones
