@@ -123,7 +123,7 @@ def run_job(
         echo(f"fine-tuning {job.what}")
     teacher = make_teacher(ctx.zoo, recipe.teacher, recipe.k, recipe.temperature, setup.val)
     tuned, report = finetune(ctx, net, teacher, recipe, progress=echo if setup.progress else None)
-    if not report.best_epoch:  # the network it started from: nothing new to keep
+    if report.kept_start:  # the network it started from: nothing new to keep
         test = accuracy_on(ctx, net, "test") if job.control else None
         return JobResult(before, before, report, measured, test=test)
     save_tuned(tuned, Path(job.file))

@@ -352,7 +352,7 @@ def _record_control(
         return None
     name = StitchConfig.from_dict(job.config).models[0]
     recorded = dict(study.user_attrs.get(attrs.FINETUNE_CONTROL) or {})
-    kept = Path(job.file).relative_to(folder).as_posix() if result.report.best_epoch else None
+    kept = Path(job.file).relative_to(folder).as_posix() if not result.report.kept_start else None
     recorded[name] = {
         "accuracy": result.after,
         attrs.TEST_ACCURACY: result.test,  # no choice depends on it
