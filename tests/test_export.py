@@ -187,6 +187,22 @@ def test_onnx_falls_back_to_the_torchscript_exporter_where_torch_export_refuses(
     assert abs(session.run(None, {"images": x.numpy()})[0] - expected).max() <= 1e-4
 
 
+def test_a_graph_that_fixed_the_batch_size_is_refused(ctx, items, tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from stitch_nas.export import _traced
+
+    def static(module, x, programs):  # as if the batch dimension had not been made dynamic
+        return programs.setdefault(id(module), torch.export.export(module, (x,), strict=False))
+
+    monkeypatch.setattr(_traced, "_program", static)
+    folder = export_network(ctx, items["grid"], tmp_path, formats=["pt2", "onnx"])
+    meta = json.loads((folder / "meta.json").read_text())
+    assert "does not run at batch 1" in meta["formats_failed"]["pt2"]
+    assert "onnx" in meta["formats_failed"], meta["format_notes"]
+    assert not (folder / "model.pt2").exists() and not (folder / "model.onnx").exists()
+
+
 def test_loaded_accuracy_is_the_recorded_accuracy(ctx, items, exported):
     loaded = load(exported["grid"])
     with torch.no_grad():
