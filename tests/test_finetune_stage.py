@@ -225,8 +225,19 @@ def test_a_network_the_fidelity_gate_pruned_is_measured_whole_then_fine_tuned(
             user_attrs={**kept, **slice_figures},
         )
     )
+    # the same network with a head fitted on the probe ends in features: no logits to train
+    knn = {**kept[attrs.CONFIG], "head": {"kind": "knn"}}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            params=source.params,
+            distributions=source.distributions,
+            user_attrs={**kept, attrs.CONFIG: knn, **slice_figures},
+        )
+    )
     ctx = StitchContext(mini_zoo, digits)
     (pool,) = candidates(study, ctx)
+    assert pool.trial.number == 0
     assert not pool.whole and pool.accuracy == 0.99 and pool.cost == source.values[1]
     assert candidates(study, ctx, {"macs": source.values[1] - 1}) == []  # pruned for a budget
     stage = finetune_front(study, ctx, FinetuneRecipe(**RECIPE), tmp_path, networks=1, floor=0.5)

@@ -19,6 +19,10 @@ networks with the same fragments (they differ in the adapter, and training every
 them nearly one network) the most accurate; then the most accurate in each of ``count`` bands
 of cost (equal ratios: MACs span decades), and any band left empty gives its place to the most
 accurate network not yet chosen.
+
+A network whose head is fitted on the probe split (``knn``, ``linear_probe``) is no candidate:
+its last fragment ends in features, not in a classifier's scores, so it has no logits for the
+stage's loss, and its measured accuracy depends on a refit the training would not track.
 """
 
 from __future__ import annotations
@@ -74,6 +78,11 @@ def _cost_name(study: optuna.Study) -> str | None:
     return minimised[0] if minimised else None
 
 
+def _native_head(config: Mapping) -> bool:
+    """Whether the network ends in its last model's own classifier (module docstring)."""
+    return (config.get("head") or {}).get("kind", "native") == "native"
+
+
 def candidates(
     study: optuna.Study, ctx: StitchContext, budgets: Mapping[str, float] | None = None
 ) -> list[Candidate]:
@@ -84,7 +93,7 @@ def candidates(
     at = names.index("accuracy")
 
     def unfinished(t: FrozenTrial) -> bool:
-        return attrs.FINETUNES not in t.user_attrs
+        return attrs.FINETUNES not in t.user_attrs and _native_head(trial_config(t))
 
     out = [
         Candidate(t, t.values[at], None if cost is None else t.values[names.index(cost)], True)
