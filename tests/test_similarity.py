@@ -14,11 +14,11 @@ from stitch_nas.similarity._cka import (
     cka_from_grams,
     cka_matrix,
     gram,
-    gram_of_batches,
     linear_cka,
     minibatch_cka,
 )
 from stitch_nas.similarity._rows import common_spatial, to_rows
+from stitch_nas.similarity._streamed_gram import gram_of_batches
 
 
 def reference_cka(x: np.ndarray, y: np.ndarray) -> float:
@@ -308,6 +308,25 @@ def test_gram_of_batches_is_the_whole_gram(batch, panel_rows):
     whole = gram(x)
     assert float((streamed - whole).abs().max()) <= 1e-12 * float(whole.abs().max())
     assert linear_cka(x, x**2) == pytest.approx(cka_from_grams(streamed, gram(x**2)), abs=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gram_of_batches_runs_the_activation_once_however_many_panels(dtype):
+    """Each read of a probe activation not in the cache is a forward pass of the model's
+    prefix: the later panels read the first pass's rows back, and make the same Gram."""
+    x = (torch.randn(50, 3, 4, 4, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
+    reads = []
+
+    def read():
+        reads.append(1)
+        return iter(x.split(6))
+
+    panel = 7 * 8 * 48  # 7 rows of 48 float64 features: eight panels
+    panels, one = gram_of_batches(read, 50, panel), gram_of_batches(read, 50, 1 << 30)
+    assert len(reads) == 2  # once each
+    assert float((panels - one).abs().max()) <= 1e-12 * float(one.abs().max())
+    whole = gram(x.float())
+    assert float((panels - whole).abs().max()) <= 1e-12 * float(whole.abs().max())
 
 
 def test_gram_of_batches_of_a_constant_and_of_the_wrong_count():

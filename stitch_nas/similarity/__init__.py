@@ -8,11 +8,11 @@ from ._cka import (
     cka_from_grams,
     cka_matrix,
     gram,
-    gram_of_batches,
     linear_cka,
     minibatch_cka,
 )
 from ._rows import LAYOUTS, MODES, common_spatial, to_rows
+from ._streamed_gram import gram_of_batches
 
 __all__ = [
     "LAYOUTS",

@@ -19,7 +19,7 @@ The row rule that turns an activation into ``(n, d)`` sample rows is in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,6 @@ __all__ = [
     "cka_from_grams",
     "cka_matrix",
     "gram",
-    "gram_of_batches",
     "linear_cka",
     "minibatch_cka",
 ]
@@ -110,72 +109,6 @@ def gram(x: Any) -> torch.Tensor:
         DataError: If ``x`` has fewer than two samples.
     """
     return _centred_gram(x, "x")
-
-
-#: float64 bytes of the rows :func:`gram_of_batches` holds at once, beside its n x n result
-PANEL_BYTES = 32 * 2**20
-
-
-def gram_of_batches(
-    read: Callable[[], Iterator[Any]], n: int, panel_bytes: int = PANEL_BYTES
-) -> torch.Tensor:
-    """:func:`gram` of an activation of ``n`` samples that ``read()`` yields batch by batch
-    (samples on the first axis, the rest flattened), without ever holding it whole.
-
-    Rows are shifted by the first sample (exact for constant features, which stay exactly zero)
-    and multiplied in float64 a panel of rows at a time, the panel at most ``panel_bytes``;
-    each panel takes one more ``read()``, so an activation of up to ``panel_bytes`` in float64
-    is read once. The centred Gram is ``H K H`` of the shifted one (centring removes any shift).
-
-    Raises:
-        NonFiniteError: If a batch has NaN or Inf.
-        DataError: If the batches hold other than ``n`` samples, or n < 2.
-    """
-    if n < 2:
-        raise DataError(f"x has {n} samples; CKA here needs at least 2 samples")
-    k = torch.zeros(n, n, dtype=torch.float64)
-    start, per_row = 0, 0
-    shift: torch.Tensor | None = None
-    while start < n:
-        pieces: list[torch.Tensor] = []
-        panel: torch.Tensor | None = None  # the rows start.. of this pass, once all are in
-        filled = seen = 0
-        for batch in read():
-            rows = _rows(batch, "x", 1)
-            at, seen = seen, seen + rows.shape[0]
-            if seen > n:
-                break  # more samples than n: named below
-            if seen <= start:  # before this panel: those products were made by earlier ones
-                continue
-            rows = _finite64(rows[max(start - at, 0) :], "x")
-            if shift is None:
-                shift, per_row = rows[:1].clone(), 8 * max(rows.shape[1], 1)
-            rows = rows - shift
-            if panel is None:
-                size = min(max(1, panel_bytes // per_row), n - start)
-                pieces.append(rows[: size - filled])
-                rows, filled = rows[size - filled :], filled + len(pieces[-1])
-                if filled == size:
-                    panel = torch.cat(pieces)
-                    _put(k, panel @ panel.T, start, start)
-            if len(rows) and panel is not None:
-                _put(k, panel @ rows.T, start, seen - len(rows))
-        if seen != n or panel is None:
-            raise DataError(
-                f"the batches hold {'at least ' if seen > n else ''}{seen} samples, not {n}; "
-                "read one activation"
-            )
-        start += len(panel)
-    k -= k.mean(dim=0, keepdim=True)  # H K H in place: k is this function's own
-    return k.sub_(k.mean(dim=1, keepdim=True))
-
-
-def _put(k: torch.Tensor, block: torch.Tensor, row: int, col: int) -> None:
-    """Write ``block`` at (``row``, ``col``) of the symmetric ``k``, and its transpose."""
-    rows, cols = block.shape
-    block = block.cpu()
-    k[row : row + rows, col : col + cols] = block
-    k[col : col + cols, row : row + rows] = block.T
 
 
 def _centre_gram(k: torch.Tensor) -> torch.Tensor:
