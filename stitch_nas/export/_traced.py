@@ -87,7 +87,13 @@ def _onnx(module: nn.Module, x: torch.Tensor, path: Path, programs: Programs) ->
         return f"TorchScript-based exporter, opset 17: torch.export refused the network ({reason})"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        onnx_program = torch.onnx.export(program, (x,), dynamo=True, **names)  # type: ignore[arg-type]
+        onnx_program = torch.onnx.export(  # verbose=False: its progress lines went to stdout
+            program,
+            (x,),
+            dynamo=True,
+            verbose=False,
+            **names,  # type: ignore[arg-type]
+        )
     if onnx_program is None:  # it returns the program when no file is given
         raise ExportError("torch.onnx.export returned no program")
     onnx_program.save(str(path))
