@@ -26,9 +26,10 @@ class _ReadOnce:
 
     Why: on the probe, ``read()`` runs the model up to the cut whenever the activation cache
     does not hold it, and a wide map needs many panels (64 x 56 x 56 float64 features are
-    1.6 MB a row: 20 rows a panel, 100 panels for 2,000 images). Measured on a five-model
-    224-px zoo, re-running the prefix for each panel took 154 of a short search's 215 trial
-    seconds. The file is read, not mapped, so its pages count against no process's memory.
+    1.6 MB a row: 20 rows a panel, 100 panels for 2,000 images). ``benchmarks/probe_gram.py``
+    (resnet18 at that map, 400 probe images outgrowing the cache) took 231 s re-running the
+    prefix for each panel and 24 s with this file. The file is read, not mapped, so its pages
+    count against no process's memory.
     """
 
     def __init__(self, read: Callable[[], Iterator[Any]], n: int, panel_bytes: int) -> None:
