@@ -13,8 +13,8 @@ share of the configs): each config measured as a trial measures it (accuracy, MA
 parameters) and its probe accuracy (the least-squares version is the config itself, so the
 trial's network is the probe's). Written as JSON lines under ``--work`` and, whole,
 gzipped to ``results/search_quality_realzoo_table.json.gz`` so anyone can re-check the rest
-(``--from-table`` reads it back instead of measuring, and the seconds it took from
-``results/search_quality_realzoo.json``).
+(``--from-table`` reads it back instead of measuring, and the seconds it took and its
+``--models`` from ``results/search_quality_realzoo.json``).
 
 Stage 2: every method at each ``--trials`` count over ``--seeds`` seeds. A trial reads the
 table instead of measuring (least squares is deterministic: the same figures, none of the
@@ -309,7 +309,12 @@ def main() -> None:
         if stored["val_images"] != args.val:
             parser.error(f"--from-table: {TABLE.name} holds --val {stored['val_images']}")
         table = stored["configs"]
-        table_seconds = json.loads(RESULTS.read_text())["table_seconds"]
+        recorded = json.loads(RESULTS.read_text())
+        table_seconds = recorded["table_seconds"]
+        if not args.models:  # the table's models: seeding draws from them, as it did then
+            args.models = ",".join(recorded["models"])
+        elif _models(args) != sorted(recorded["models"]):
+            parser.error(f"--from-table: the table holds --models {','.join(recorded['models'])}")
     else:
         table, table_seconds = build_table(args)
         with gzip.open(TABLE, "wt") as f:
