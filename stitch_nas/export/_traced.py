@@ -115,49 +115,52 @@ _WRITERS: dict[str, Callable[[nn.Module, torch.Tensor, Path, Programs], str]] = 
 }
 
 
-def _check_batches(x: torch.Tensor) -> list[torch.Tensor]:
-    """The batches a written file is checked at: one image, and an odd batch larger than the
-    one it was exported with, so a batch size baked into the graph shows."""
+Cases = list[tuple[torch.Tensor, torch.Tensor]]  # (images, the network's scores on them)
+
+
+def _check_cases(module: nn.Module, x: torch.Tensor) -> Cases:
+    """The batches a written file is checked at, with the network's scores, computed once for
+    every format: one image, and an odd batch larger than the one it was exported with, so a
+    batch size baked into the graph shows."""
     seven = x.repeat((-(-CHECK_BATCH // len(x)),) + (1,) * (x.dim() - 1))[:CHECK_BATCH]
-    return [x[:1], seven]
+    with torch.no_grad():
+        return [(batch, module(batch)) for batch in (x[:1], seven)]
 
 
-def _gap(
-    module: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, what: str
-) -> float:
-    """The largest difference between ``run``'s scores and the network's on ``x``.
+def _gap(run: Callable[[torch.Tensor], torch.Tensor], cases: Cases, what: str) -> float:
+    """The largest difference between ``run``'s scores and the network's over ``cases``.
 
     Raises:
-        ExportError: ``run`` (``what``) fails on a batch of that size, as where a batch size
+        ExportError: ``run`` (``what``) fails on a batch of some size, as where a batch size
             was fixed in the graph.
     """
-    with torch.no_grad():
-        try:
-            got = torch.as_tensor(run(x))
-        except Exception as exc:  # noqa: BLE001 - any failure to run is a file not to keep
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
-            raise ExportError(
-                f"{what} does not run at batch {len(x)}: {type(exc).__name__}: {first}"
-            ) from exc
-        return float((got - module(x)).abs().max())
+    gap = 0.0
+    for x, expected in cases:
+        with torch.no_grad():
+            try:
+                got = torch.as_tensor(run(x))
+            except Exception as exc:  # noqa: BLE001 - any failure to run is a file not to keep
+                first = str(exc).splitlines()[0][:200] if str(exc) else ""
+                raise ExportError(
+                    f"{what} does not run at batch {len(x)}: {type(exc).__name__}: {first}"
+                ) from exc
+        gap = max(gap, float((got - expected).abs().max()))
+    return gap
 
 
-def _check_pt2(module: nn.Module, x: torch.Tensor, path: Path) -> str:
+def _check_pt2(cases: Cases, path: Path) -> str:
     """How far the saved program's scores are from the network's at batch 1 and 7.
 
     Raises:
         ExportError: beyond :data:`TOLERANCE`.
     """
-    program = torch.export.load(str(path)).module()
-    gaps = [_gap(module, program, b, "the saved program") for b in _check_batches(x)]
-    if not max(gaps) <= TOLERANCE:
-        raise ExportError(
-            f"the saved program's scores differ from the network's by {max(gaps):.3g}"
-        )
-    return f"reloaded, agrees to {max(gaps):.1e} at batch 1 and {CHECK_BATCH}"
+    gap = _gap(torch.export.load(str(path)).module(), cases, "the saved program")
+    if not gap <= TOLERANCE:
+        raise ExportError(f"the saved program's scores differ from the network's by {gap:.3g}")
+    return f"reloaded, agrees to {gap:.1e} at batch 1 and {CHECK_BATCH}"
 
 
-def _check_onnx(module: nn.Module, x: torch.Tensor, path: Path) -> str:
+def _check_onnx(cases: Cases, path: Path) -> str:
     """How far onnxruntime's scores are from the network's at batch 1 and 7, or why that was
     not checked.
 
@@ -173,16 +176,13 @@ def _check_onnx(module: nn.Module, x: torch.Tensor, path: Path) -> str:
     def run(batch: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(session.run(None, {"images": batch.numpy()})[0])
 
-    gaps = [_gap(module, run, b, "onnxruntime") for b in _check_batches(x)]
-    if not max(gaps) <= TOLERANCE:
-        raise ExportError(f"onnxruntime's scores differ from the network's by {max(gaps):.3g}")
-    return f"onnxruntime agrees to {max(gaps):.1e} at batch 1 and {CHECK_BATCH}"
+    gap = _gap(run, cases, "onnxruntime")
+    if not gap <= TOLERANCE:
+        raise ExportError(f"onnxruntime's scores differ from the network's by {gap:.3g}")
+    return f"onnxruntime agrees to {gap:.1e} at batch 1 and {CHECK_BATCH}"
 
 
-_CHECKS: dict[str, Callable[[nn.Module, torch.Tensor, Path], str]] = {
-    "pt2": _check_pt2,
-    "onnx": _check_onnx,
-}
+_CHECKS: dict[str, Callable[[Cases, Path], str]] = {"pt2": _check_pt2, "onnx": _check_onnx}
 
 
 def _parts(module: ExportedNet) -> list[tuple[str, nn.Module]]:
@@ -239,6 +239,7 @@ def write_traced(
                 logger.warning("not writing model.onnx: %s", exc)
                 _warned_no_onnx.append(True)
     programs: Programs = {}  # the program model.pt2 holds is the one ONNX translates
+    cases: Cases | None = None  # the network's own scores, once for every format's check
     for fmt in wanted:
         path = folder / _FILES[fmt]
         try:
@@ -251,7 +252,10 @@ def write_traced(
             logger.warning("could not export %s: %s", fmt, failed[fmt])
             continue
         try:
-            notes[fmt] = note + ("; " + _CHECKS[fmt](cpu, x, path) if fmt in _CHECKS else "")
+            if fmt in _CHECKS:
+                cases = _check_cases(cpu, x) if cases is None else cases
+                note += "; " + _CHECKS[fmt](cases, path)
+            notes[fmt] = note
         except ExportError as exc:  # written, but not what the network computes
             path.unlink()
             failed[fmt] = str(exc)
