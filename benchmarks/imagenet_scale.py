@@ -57,6 +57,7 @@ from process_tree import run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "imagenet_scale.json"
+FOLDER = str(Path.home() / ".cache" / "stitch_nas" / "imagenet_scale")
 MODELS = ("resnet18", "resnet50", "deit_tiny_patch16_224", "efficientnet_b0", "convnext_atto")
 CLASSES = 1000
 
@@ -260,9 +261,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="Ray worker counts, one run each")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument(
-        "--folder", default=str(Path.home() / ".cache" / "stitch_nas" / "imagenet_scale")
-    )
+    parser.add_argument("--folder", default=FOLDER)
     parser.add_argument("--out", default=str(ROOT / "runs" / "imagenet_scale"))
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--device", default="cpu", help="where the local runs go (cpu, auto)")

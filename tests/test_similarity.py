@@ -299,21 +299,22 @@ def test_chain_score() -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 7, 60])
-@pytest.mark.parametrize("panel_rows", [1, 7, 60])
-def test_gram_of_batches_is_the_whole_gram(batch, panel_rows):
-    """Streamed in batches and panels of rows (several reads), the Gram is the whole one's."""
+@pytest.mark.parametrize("block_features", [1, 11, 100])
+def test_gram_of_batches_is_the_whole_gram(batch, block_features):
+    """Streamed in batches and multiplied in blocks of features, the Gram is the whole one's."""
     x = torch.randn(60, 4, 5, 5, generator=torch.Generator().manual_seed(0)) * 3 + 10
     x[:, 0] = 7.0  # a constant channel contributes exactly nothing
-    streamed = gram_of_batches(lambda: iter(x.split(batch)), 60, panel_rows * 8 * 100)
+    streamed = gram_of_batches(lambda: iter(x.split(batch)), 60, block_features * 8 * 60)
     whole = gram(x)
     assert float((streamed - whole).abs().max()) <= 1e-12 * float(whole.abs().max())
     assert linear_cka(x, x**2) == pytest.approx(cka_from_grams(streamed, gram(x**2)), abs=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_gram_of_batches_runs_the_activation_once_however_many_panels(dtype):
+def test_gram_of_batches_runs_the_activation_once_however_many_blocks(dtype):
     """Each read of a probe activation not in the cache is a forward pass of the model's
-    prefix: the later panels read the first pass's rows back, and make the same Gram."""
+    prefix: the blocks of features are read back from the file the one pass wrote, and make
+    the same Gram as one block."""
     x = (torch.randn(50, 3, 4, 4, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
     reads = []
 
@@ -321,8 +322,8 @@ def test_gram_of_batches_runs_the_activation_once_however_many_panels(dtype):
         reads.append(1)
         return iter(x.split(6))
 
-    panel = 7 * 8 * 48  # 7 rows of 48 float64 features: eight panels
-    panels, one = gram_of_batches(read, 50, panel), gram_of_batches(read, 50, 1 << 30)
+    blocks = 7 * 8 * 50  # 7 float64 features of 50 rows: seven blocks of 48 features
+    panels, one = gram_of_batches(read, 50, blocks), gram_of_batches(read, 50, 1 << 30)
     assert len(reads) == 2  # once each
     assert float((panels - one).abs().max()) <= 1e-12 * float(one.abs().max())
     whole = gram(x.float())
@@ -338,3 +339,5 @@ def test_gram_of_batches_of_a_constant_and_of_the_wrong_count():
         gram_of_batches(lambda: iter(constant.split(8)), 40)
     with pytest.raises(NonFiniteError, match="NaN"):
         gram_of_batches(lambda: iter([torch.tensor([[1.0], [float("nan")]])]), 2)
+    with pytest.raises(DataError, match="a batch has 4 features after 12"):
+        gram_of_batches(lambda: iter([constant[:8], constant[8:16, :1]]), 50)

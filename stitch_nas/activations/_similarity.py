@@ -5,8 +5,8 @@ memoised per context. :class:`~stitch_nas.activations.StitchContext` has these m
 A Gram is made from the probe's activation read batch by batch
 (:func:`~stitch_nas.similarity.gram_of_batches`), so no float32 copy of the whole activation is
 made: what grows with the probe is the ``n x n`` float64 Gram kept per cut and row rule (32 MiB
-at 2,048 images), and, for a wide map, a temporary file of its rows that saves computing it
-again for each panel.
+at 2,048 images), and, for a wide map, a temporary file of its rows laid out by blocks of
+features, each multiplied once.
 """
 
 from __future__ import annotations

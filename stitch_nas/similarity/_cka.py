@@ -66,16 +66,29 @@ def _rows64(x: Any, name: str, min_n: int = 2) -> torch.Tensor:
 _BLOCK_BYTES = 32 * 2**20
 
 
+def feature_step(n: int, block_bytes: int = _BLOCK_BYTES) -> int:
+    """How many features of ``n`` samples make one block of :func:`_centred_gram`."""
+    return max(1, block_bytes // (8 * n))
+
+
 def _centred_gram(x: Any, name: str) -> torch.Tensor:
     """``Xc Xcᵀ`` in float64 for the feature-centred rows of ``x``, one block of features (the
-    columns of ``(n, -1)`` rows) at a time: centring is per feature, so the blocks' products
-    add up to the whole one. Constant features are exactly zero, as in :func:`_centre_rows`."""
+    columns of ``(n, -1)`` rows) at a time (:func:`gram_of_blocks`)."""
     rows = _rows(x, name, 2)
-    n = rows.shape[0]
-    k = torch.zeros(n, n, dtype=torch.float64, device=rows.device)
-    step = max(1, _BLOCK_BYTES // (8 * n))
-    for start in range(0, rows.shape[1], step):
-        centred = _centre_rows(_finite64(rows[:, start : start + step], name))
+    step = feature_step(rows.shape[0])
+    blocks = (rows[:, start : start + step] for start in range(0, rows.shape[1], step))
+    return gram_of_blocks(blocks, rows.shape[0], rows.device, name)
+
+
+def gram_of_blocks(
+    blocks: Iterable[torch.Tensor], n: int, device: torch.device, name: str
+) -> torch.Tensor:
+    """``Xc Xcᵀ`` in float64 from the blocks of features (columns) of ``X``'s ``n`` rows, each
+    ``(n, width)``: centring is per feature, so the blocks' products add up to the whole one.
+    Constant features are exactly zero, as in :func:`_centre_rows`."""
+    k = torch.zeros(n, n, dtype=torch.float64, device=device)
+    for block in blocks:
+        centred = _centre_rows(_finite64(block.to(device), name))
         k.addmm_(centred, centred.T)
     return k
 
