@@ -19,6 +19,7 @@ import torch
 from stitch_nas import similarity
 from stitch_nas.fragments import CutPoint
 
+from ._cache import ActivationCache
 from ._memo import Memo
 
 __all__ = ["CutSimilarity"]
@@ -34,6 +35,7 @@ class CutSimilarity:
 
     cka_rows: str
     memos: dict[Any, dict[Any, Any]]
+    cache: ActivationCache
 
     if TYPE_CHECKING:
 
@@ -69,7 +71,10 @@ class CutSimilarity:
                 yield self.rows(batch, cut, mode, spatial)
 
         def gram() -> torch.Tensor:
-            return similarity.gram_of_batches(read, len(self.labels("probe")))
+            # in the cache's precision: rows resized to a common grid are rounded to it too,
+            # as the activation they come from carries no more
+            n = len(self.labels("probe"))
+            return similarity.gram_of_batches(read, n, values=self.cache.dtype)
 
         return _GRAMS.fetch(self, (model, cut.name, mode, spatial), gram)
 

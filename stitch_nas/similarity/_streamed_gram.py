@@ -35,17 +35,20 @@ class _ColumnBlocks:
     """The rows of an ``n``-sample activation, added a batch at a time and kept by blocks of
     features: in memory when there is one block, else in a temporary file, block after block,
     each block's ``n`` rows together (block ``b`` starts at feature ``b * step``, so ``n * start``
-    values precede it). Kept in the rows' own dtype; read back one block at a time."""
+    values precede it). Kept in ``values`` (None: the rows' own dtype); read back one block at a
+    time."""
 
-    def __init__(self, n: int, block_bytes: int) -> None:
+    def __init__(self, n: int, block_bytes: int, values: torch.dtype | None) -> None:
         self.n, self.step, self.seen = n, feature_step(n, block_bytes), 0
+        self.values = values
         self.width, self.dtype, self.device = -1, torch.float32, torch.device("cpu")
         self.kept: list[torch.Tensor] = []
         self.file: Any = None
 
     def add(self, rows: torch.Tensor) -> None:
         if self.width < 0:
-            self.width, self.dtype, self.device = rows.shape[1], rows.dtype, rows.device
+            self.width, self.device = rows.shape[1], rows.device
+            self.dtype = self.values or rows.dtype
             if self.width > self.step:
                 self.file = tempfile.TemporaryFile()
         elif rows.shape[1] != self.width:
@@ -58,7 +61,7 @@ class _ColumnBlocks:
                 f"the batches hold at least {self.seen} samples, not {self.n}; read one activation"
             )
         if self.file is None:
-            self.kept.append(rows)
+            self.kept.append(rows.to(self.dtype))
             return
         host = rows.to("cpu", self.dtype)
         for start in range(0, self.width, self.step):
@@ -92,11 +95,19 @@ class _ColumnBlocks:
 
 
 def gram_of_batches(
-    read: Callable[[], Iterator[Any]], n: int, block_bytes: int = _BLOCK_BYTES
+    read: Callable[[], Iterator[Any]],
+    n: int,
+    block_bytes: int = _BLOCK_BYTES,
+    *,
+    values: torch.dtype | None = None,
 ) -> torch.Tensor:
     """:func:`gram` of an activation of ``n`` samples that ``read()`` yields batch by batch
     (samples on the first axis, the rest flattened), calling ``read()`` once and holding at most
     one block of ``block_bytes`` of float64 features (and the ``n x n`` result) in memory.
+
+    ``values`` is the precision the activation was kept in (the cache's storage dtype: its
+    float16 activations are read as float32): the rows are stored in it, and half-precision
+    rows are multiplied in float32 (:func:`gram_of_blocks`). None: the batches' own dtype.
 
     Raises:
         NonFiniteError: If a batch has NaN or Inf.
@@ -104,7 +115,7 @@ def gram_of_batches(
     """
     if n < 2:
         raise DataError(f"x has {n} samples; CKA here needs at least 2 samples")
-    store = _ColumnBlocks(n, block_bytes)
+    store = _ColumnBlocks(n, block_bytes, values)
     try:
         for batch in read():
             store.add(_rows(batch, "x", 1))
