@@ -26,7 +26,11 @@ run; one run per count in ``--workers``). Every process the run starts is watche
 store). Per run: seconds to the first finished trial, trials per hour over the trials'
 phase, and, for local runs, each trial over one plain forward pass of its own network over the
 same probe and validation images (median over the trials that met their first model's
-validation split first: ``trial_over_forward_cold``). ``ray_2_over_1`` is Ray's trials per hour
+validation split first: ``trial_over_forward_cold``), and over the passes such a trial cannot
+avoid (``trial_over_necessary_cold``: its first model up to the cut over the probe, its second
+model up to the joint over the probe where no earlier trial read it, and the network over the
+validation split; a network whose second model is dear up to the joint and first model cheap
+needs far more than its own forward pass). ``ray_2_over_1`` is Ray's trials per hour
 at two workers over one at each size where both ran, and ``ray_over_local`` the most workers'
 over the local run's (which uses ``--threads`` threads). ``--append`` keeps the runs already in
 ``--results`` (a rerun of the same executor, workers and size replaces its row) and recomputes
@@ -201,11 +205,12 @@ def run_one(
 
         ray.shutdown()
         return row
-    ratios, seen = [], set()
+    ratios, necessary, seen, joints = [], [], set(), set()
     for trial in sorted(done, key=lambda t: t.number):
         config = StitchConfig.from_dict(trial.user_attrs[attrs.CONFIG])
-        first = config.fragments[0].model
-        cold, _ = first not in seen, seen.add(first)
+        first, last = config.fragments[0], config.fragments[-1]
+        cold, _ = first.model not in seen, seen.add(first.model)
+        joint_seen, _ = (last.model, last.start) in joints, joints.add((last.model, last.start))
         if not cold or trial.state != optuna.trial.TrialState.COMPLETE:
             continue
         net = build(ctx, config).eval()
@@ -215,9 +220,31 @@ def run_one(
                 for x in part.batches(ctx.batch_size):
                     net(x)
         ratios.append(_seconds(trial) / (time.perf_counter() - start))
+        necessary.append(_seconds(trial) / _necessary_seconds(ctx, net, config, joint_seen))
     row["trial_over_forward_cold"] = round(statistics.median(ratios), 3) if ratios else None
+    row["trial_over_necessary_cold"] = round(statistics.median(necessary), 3) if ratios else None
     row["cold_trials_timed"] = len(ratios)
     return row
+
+
+def _necessary_seconds(ctx: Any, net: Any, config: Any, joint_seen: bool) -> float:
+    """Seconds of the passes a cold two-model trial cannot avoid: its first model up to the cut
+    over the probe (the least-squares fit's inputs), its second model up to the joint over the
+    probe (the fit's targets) unless an earlier trial of the run read it, and the network over
+    the validation split; each reads and transforms its images, as the trial does."""
+    import torch
+
+    first, last = config.fragments[0], config.fragments[-1]
+    start = time.perf_counter()
+    with torch.no_grad():
+        prefixes = [(first.model, first.end)] + ([] if joint_seen else [(last.model, last.start)])
+        for model, cut in prefixes:
+            prefix = ctx.segment(model, None, cut)
+            for x in ctx.input_batches(model, "probe"):
+                prefix(x)
+        for x in ctx.split("val").batches(ctx.batch_size):
+            net(x)
+    return time.perf_counter() - start
 
 
 def _gpu_section(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
