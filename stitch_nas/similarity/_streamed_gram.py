@@ -67,7 +67,7 @@ class _ColumnBlocks:
         for start in range(0, self.width, self.step):
             block = host[:, start : start + self.step].contiguous()
             self.file.seek(self._offset(start, at))
-            self.file.write(block.view(torch.uint8).numpy().tobytes())
+            self.file.write(block.view(torch.uint8).numpy())  # its buffer, not a copy
 
     def _offset(self, start: int, row: int) -> int:
         """Byte offset of ``row`` in the block of features from ``start``."""
@@ -86,8 +86,9 @@ class _ColumnBlocks:
         for start in range(0, self.width, self.step):
             width = min(self.step, self.width - start)
             self.file.seek(self._offset(start, 0))
-            data = bytearray(self.file.read(self.n * width * self.dtype.itemsize))
-            yield torch.frombuffer(data, dtype=self.dtype).reshape(self.n, width)
+            block = torch.empty(self.n, width, dtype=self.dtype)
+            self.file.readinto(block.view(torch.uint8).numpy())  # straight into the tensor
+            yield block
 
     def close(self) -> None:
         if self.file is not None:
