@@ -109,6 +109,58 @@ def test_freed_memory_is_kept_by_at_most_the_set_number_of_heaps():
     assert kept(machine.ARENAS) < machine.ARENAS + 1, kept(machine.ARENAS)
 
 
+# a child process: eight 16 MiB blocks, each followed by a smaller block that stays, are filled
+# and freed; how many blocks' worth of memory the process holds then, and after it releases what
+# is free beyond argv[1] blocks
+_RELEASE_CHILD = """
+import ctypes, json, os, sys
+from stitch_nas.machine import release_freed_memory, reuse_freed_memory
+assert reuse_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+SIZE = 16 * 2**20
+page = os.sysconf("SC_PAGE_SIZE")
+def resident():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+before = resident()
+blocks, pins = [], []
+for _ in range(8):  # each block followed by a smaller one that stays
+    blocks.append(libc.malloc(SIZE))
+    libc.memset(blocks[-1], 1, SIZE)
+    pins.append(libc.malloc(200000))
+for block in blocks:
+    libc.free(block)
+kept = (resident() - before) / SIZE
+released = release_freed_memory(keep=int(sys.argv[1]) * SIZE)
+print(json.dumps({"kept_blocks": kept, "released": released,
+                  "after_release": (resident() - before) / SIZE}))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="release_freed_memory calls glibc's malloc_trim")
+def test_freed_memory_beyond_what_is_kept_goes_back_to_the_system():
+    def kept(blocks: int) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", _RELEASE_CHILD, str(blocks)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    # the freed blocks lie between blocks in use, so the heap keeps them until released, and
+    # it releases only when more than ``keep`` is free
+    within, beyond = kept(16), kept(1)
+    assert within["kept_blocks"] > 7 and not within["released"], within
+    assert within["after_release"] > 7, within
+    assert beyond["kept_blocks"] > 7 and beyond["released"], beyond
+    assert beyond["after_release"] < 1, beyond
+
+
 def test_the_command_line_reuses_freed_memory_before_any_command(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(_main, "reuse_freed_memory", lambda: calls.append(True) or True)

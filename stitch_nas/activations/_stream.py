@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from stitch_nas.errors import check_finite
+from stitch_nas.machine import release_freed_memory
 
 if TYPE_CHECKING:
     from stitch_nas.activations._keys import ActivationKey
@@ -273,6 +274,7 @@ def compute_batches(
     finally:
         if sink is not None:
             sink.close(complete=done == n)
+        release_freed_memory()  # what this pass's batches freed, beyond what is kept for reuse
 
 
 def fill_fits(ctx: ContextView, model: str, split: str) -> bool:
@@ -326,3 +328,4 @@ def fill_every_cut(ctx: ContextView, model: str, split: str) -> None:
         for sink in sinks:
             if sink is not None:
                 sink.close(complete=done == n)
+        release_freed_memory()

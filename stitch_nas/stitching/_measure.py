@@ -27,6 +27,7 @@ from stitch_nas.choices import BUDGET_FIGURES
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import count_params_of
+from stitch_nas.machine import release_freed_memory
 
 from ._build import StitchedNet, build
 from ._costs import config_cka, network_macs
@@ -139,10 +140,13 @@ def output_batches(
             source = ctx.input_batches(first.model, split)
         else:
             source = ctx.input_rows(first.model, split, index)
-    for batch in source:
-        with ctx.frozen():  # not around the yield: the caller's code must not run under it
-            out = rest(batch)
-        yield out.float()
+    try:
+        for batch in source:
+            with ctx.frozen():  # not around the yield: the caller's code must not run under it
+                out = rest(batch)
+            yield out.float()
+    finally:
+        release_freed_memory()  # what this pass's batches freed, beyond what is kept for reuse
 
 
 def net_outputs(ctx: StitchContext, net: StitchedNet, split: str) -> torch.Tensor:
