@@ -39,9 +39,10 @@ print(json.dumps({"applied": applied, "faults": sum(faults[1:]),
 """
 
 
-def _child(mode: str) -> dict:
+def _child(mode: str, source: str = _CHILD) -> dict:
+    """What the child process ``source`` printed last, run with argument ``mode``."""
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", source, mode], capture_output=True, text=True, check=True
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -95,13 +96,7 @@ print(json.dumps({"kept_blocks": (resident() - before) / SIZE}))
 @pytest.mark.skipif(not GLIBC, reason="reuse_freed_memory sets glibc's allocator only")
 def test_freed_memory_is_kept_by_at_most_the_set_number_of_heaps():
     def kept(arenas: int) -> float:
-        done = subprocess.run(
-            [sys.executable, "-c", _THREADS_CHILD, str(arenas)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return json.loads(done.stdout.strip().splitlines()[-1])["kept_blocks"]
+        return _child(str(arenas), _THREADS_CHILD)["kept_blocks"]
 
     # a heap per thread (glibc allows 8 per core) keeps each thread's freed block; two heaps
     # keep two blocks, each reused by the threads that share its heap (seen: 8.0 and 2.0)
@@ -143,18 +138,9 @@ print(json.dumps({"kept_blocks": kept, "released": released,
 
 @pytest.mark.skipif(not GLIBC, reason="release_freed_memory calls glibc's malloc_trim")
 def test_freed_memory_beyond_what_is_kept_goes_back_to_the_system():
-    def kept(blocks: int) -> dict:
-        done = subprocess.run(
-            [sys.executable, "-c", _RELEASE_CHILD, str(blocks)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
     # the freed blocks lie between blocks in use, so the heap keeps them until released, and
     # it releases only when more than ``keep`` is free
-    within, beyond = kept(16), kept(1)
+    within, beyond = _child("16", _RELEASE_CHILD), _child("1", _RELEASE_CHILD)
     assert within["kept_blocks"] > 7 and not within["released"], within
     assert within["after_release"] > 7, within
     assert beyond["kept_blocks"] > 7 and beyond["released"], beyond
