@@ -5,6 +5,7 @@ reported per phase of a run), and how it hands memory to tensors (:func:`reuse_f
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
-    "CGROUP_MEMORY_FILES",
     "ARENAS",
+    "CGROUP_MEMORY_FILES",
     "REUSED_BYTES",
     "available_memory_bytes",
     "machine_memory_bytes",
@@ -93,6 +94,39 @@ def peak_rss_bytes() -> int:
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # macOS: bytes, else KiB
 
 
+class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h, glibc 2.33 on)
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, loaded once (None under another C library): ``platform.libc_ver`` reads the
+    Python executable's file, too slow for every pass."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    if hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = _MallInfo2
+    return libc
+
+
 def reuse_freed_memory(largest: int = REUSED_BYTES, arenas: int = ARENAS) -> bool:
     """Have glibc's allocator reuse freed blocks up to ``largest`` bytes instead of returning
     each to the system; returns whether it applied (False on other C libraries).
@@ -115,11 +149,8 @@ def reuse_freed_memory(largest: int = REUSED_BYTES, arenas: int = ARENAS) -> boo
     The command line calls it once per process (and Ray workers in theirs); a Python program
     that runs a search may call it at its start.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _glibc()
+    if libc is None:
         return False
     size = ctypes.c_int(min(int(largest), 2**31 - 1))
     return all(
@@ -130,24 +161,6 @@ def reuse_freed_memory(largest: int = REUSED_BYTES, arenas: int = ARENAS) -> boo
             (_M_ARENA_MAX, ctypes.c_int(max(1, int(arenas)))),
         )
     )
-
-
-class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2 (malloc.h, glibc 2.33 on)
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
 
 
 def release_freed_memory(keep: int = REUSED_BYTES) -> bool:
@@ -163,12 +176,9 @@ def release_freed_memory(keep: int = REUSED_BYTES) -> bool:
     every pass, 3.36 GB and 70.6 trials an hour (one run each). Called at the end of each
     pass, so a pass's later batches still reuse its first batch's memory.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):  # mallinfo2: glibc 2.33 on
         return False
-    libc = ctypes.CDLL("libc.so.6")
-    if not hasattr(libc, "mallinfo2"):
-        return False
-    libc.mallinfo2.restype = _MallInfo2
     if libc.mallinfo2().fordblks <= keep:
         return False
     libc.malloc_trim(0)
