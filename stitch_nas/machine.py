@@ -135,7 +135,7 @@ def reuse_freed_memory(largest: int = REUSED_BYTES, arenas: int = ARENAS) -> boo
     images one is 4 to 75 MB. glibc maps a block that large afresh from the system and unmaps it
     when freed, so every layer's output is new memory, and the page faults on it cost as much
     as the layer's arithmetic for cheap layers: a MobileNet with GELU and depthwise convolutions
-    ran 2.75x faster with freed blocks reused, a CIFAR ResNet-56 1.09x, on a 2-core CPU
+    ran 1.97x faster with freed blocks reused, a CIFAR ResNet-56 1.00x, on a 2-core CPU
     (``benchmarks/allocator.py``, ``benchmarks/results/allocator.json``). Only where memory comes
     from changes, so every value computed is the same.
     What it costs: up to ``largest`` bytes of freed memory stay with the process (its resident
