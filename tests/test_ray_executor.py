@@ -36,6 +36,7 @@ from stitch_nas.search import (
     completed_count,
     create_study,
     evaluate_config,
+    proxy_sampler,
     run_search,
 )
 from stitch_nas.search._ray_resources import context_bytes
@@ -445,3 +446,35 @@ def test_a_running_ray_answers_the_address_check(ray_session):
     from stitch_nas.search import check_ray_address
 
     check_ray_address(ray.get_runtime_context().gcs_address, 5.0)
+
+
+def test_in_workers_mode_the_proxy_scores_candidates_on_each_workers_own_context(
+    ray_session, ctx, tmp_path
+):
+    scored = tmp_path / "scored"
+    scored.mkdir()
+
+    class Records(StudyWorker):  # defined here: Ray ships it by value, with ``scored``
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            from stitch_nas.search import _proxy_sampler
+
+            probe, worker = _proxy_sampler.probe_accuracy, self
+
+            def recorded(on, config, *rest, **options):
+                mark = "own" if on is worker.ctx else "shipped"  # the driver's, pickled
+                (scored / f"{mark}-{os.getpid()}-{time.monotonic_ns()}").write_text("")
+                return probe(on, config, *rest, **options)
+
+            _proxy_sampler.probe_accuracy = recorded
+
+    objective = StitchObjective(ctx, fidelity=0, probe_threshold=0.0)
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=3)
+    study.sampler = proxy_sampler(objective, study.sampler, candidates=3, seed=3)
+    executor = RayExecutor(workers=2, mode="workers", worker_class=Records)
+    run_search(objective, study, 4, executor=executor)
+
+    assert completed_count(study) == 4, _states(study)
+    marks = [p.name.split("-")[0] for p in scored.iterdir()]
+    assert marks and set(marks) == {"own"}, marks  # the driver's context never travelled
+    assert ctx.cache.stats()["misses"] == 0  # and the driver scored nothing itself

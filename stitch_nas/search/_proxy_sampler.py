@@ -80,6 +80,7 @@ class ProxySampler(BaseSampler):
         seed: int | None = None,
     ) -> None:
         self.base = base
+        self.seed = seed
         self._explore = optuna.samplers.RandomSampler(seed=seed)  # when the base only repeats
         self.candidates = check_at_least(candidates, "proxy_candidates", 1)
         self._score = score

@@ -14,7 +14,9 @@ only starts the workers, shows progress and handles a worker that dies.
   its seeded state, so a search on one worker proposes what the local executor would; every
   other worker reseeds its copy from the operating system, so workers propose different configs
   (a seeded search on several workers is not reproducible in either mode). TPE's constant liar
-  sees the other workers' running trials in the study.
+  sees the other workers' running trials in the study. A :class:`ProxySampler` travels as its
+  base sampler and is wrapped again in the worker, so it scores candidates on the worker's own
+  context (the driver's holds locks and its activation cache, and stays on the driver).
 - **The total.** A worker starts a trial only while finished plus running trials of this search
   stay below the requested total, and only with a ticket from one counter the driver holds
   (:class:`_Tickets`): reading the study and then asking it for a trial are two steps, so two
@@ -46,6 +48,7 @@ from stitch_nas import attrs
 from stitch_nas.errors import StitchNASError
 
 from ._evaluate import exception_line
+from ._proxy_sampler import ProxySampler, proxy_sampler
 from ._ray_shared import import_ray
 from ._ray_workers import TrialWorker, _Pool
 from ._runner import ObjectiveSettings, StitchObjective
@@ -75,13 +78,17 @@ class StudyWorker(TrialWorker):
         objective: ObjectiveSettings,
         worker_id: str,
         reseed: bool = True,
+        proxy: tuple[int, int | None] | None = None,
     ) -> None:
         """Open the study this worker will run trials of (part of the search's start-up).
 
         ``objective``: :meth:`StitchObjective.portable` of the driver's; ``worker_id``:
         ``<run>-<slot>-<start>``, recorded on each trial, whose ``<run>`` prefix marks the
         search's own running trials; ``reseed``: reseed the copy of the driver's sampler from
-        the operating system (every worker but the search's first).
+        the operating system (every worker but the search's first); ``proxy``: the driver's
+        :class:`ProxySampler` wrapped ``sampler`` with these ``(candidates, seed)``, and the
+        worker wraps its copy again around its own objective (the driver's scores candidates
+        on the driver's context, which is not shipped).
         """
         backend = open_storage(storage, heartbeat_s=heartbeat_s)
         if reseed:  # a copy of the driver's: would propose what another worker proposes
@@ -92,6 +99,11 @@ class StudyWorker(TrialWorker):
         self.objective.trial_attrs = {attrs.RAY_NODE: self.node, attrs.RAY_WORKER: worker_id}
         # other workers' configs are read at most once a second; its own are known at once
         self.objective.seen_max_age_s = _READ_EVERY_S
+        if proxy is not None:
+            candidates, seed = proxy
+            self.study.sampler = proxy_sampler(
+                self.objective, sampler, candidates, seed=None if reseed else seed
+            )
         self.tally = _Tally(self.study, worker_id.split("-", 1)[0] + "-")
         self.worker_id = worker_id
         self.study.get_trials(deepcopy=False)  # the first read, its SQL compiled, before the clock
@@ -239,14 +251,18 @@ class StudyWorkerRun:
     def _open(self, slot: int) -> Any:
         start = next(self._starts)
         worker_id = self._ids[slot] = f"{self.run}-{slot}-{start}"
+        sampler, proxy = self.study.sampler, None
+        if isinstance(wrapper := sampler, ProxySampler):  # its scoring holds the driver's context
+            sampler, proxy = wrapper.base, (wrapper.candidates, wrapper.seed)
         return self.pool.actors[slot].open_study.remote(
             self.storage,
             self.study.study_name,
             self.heartbeat_s,
-            self.study.sampler,
+            sampler,
             self._portable,
             worker_id,
             start > 0,  # the first worker samples as the driver would have: one is seeded
+            proxy,
         )
 
     def open(self) -> None:
