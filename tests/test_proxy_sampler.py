@@ -55,6 +55,22 @@ def test_each_trial_takes_the_candidate_that_adds_most_to_the_proxy_front():
     assert len({p for batch in proposals for p, _ in batch}) > 12  # it proposed, not repeated
 
 
+def test_nsga2_under_the_proxy_breeds_generations_in_the_real_study():
+    """The chosen candidate keeps NSGA-II's marks: once a population of trials completes, the
+    next trials belong to a later generation (without them every trial stayed in the first,
+    random, generation)."""
+
+    def score(trial):
+        return _true(trial.suggest_int("x", 0, 99))
+
+    base = optuna.samplers.NSGAIISampler(population_size=4, seed=0)
+    study = _study(ProxySampler(base, score, candidates=3))
+    study.optimize(lambda t: _true(t.suggest_int("x", 0, 99)), n_trials=12)
+    key = optuna.samplers.NSGAIISampler._get_generation_key()
+    generations = [t.system_attrs.get(key) for t in study.trials]
+    assert None not in generations and max(generations) >= 2, generations
+
+
 def test_a_proposal_that_repeats_a_trial_is_not_chosen_while_another_is_new():
     class Stuck(optuna.samplers.RandomSampler):
         """Proposes x = 5 three times in four: a sampler that has converged."""

@@ -115,36 +115,42 @@ class ProxySampler(BaseSampler):
         # while another is new (a sampler that has converged proposes repeats often)
         tried = {_key(t.params) for t in trials if t.params}
         proposals = self._propose(scratch, tried)
-        new = [i for i, (params, _) in enumerate(proposals) if _key(params) not in tried]
+        new = [i for i, (params, *_) in enumerate(proposals) if _key(params) not in tried]
         if not new:  # the base sampler only repeats (it has converged): random ones instead
             scratch.sampler = self._explore
             try:
                 proposals = self._propose(scratch, tried)
             finally:
                 scratch.sampler = self.base
-            new = [i for i, (params, _) in enumerate(proposals) if _key(params) not in tried]
+            new = [i for i, (params, *_) in enumerate(proposals) if _key(params) not in tried]
         front = [p for p in map(self._values_of, trials) if p]
         best, gain = (new or [0])[0], 0.0  # by default the base sampler's first new proposal
-        scored = [v for _, v in proposals if v is not None]
+        scored = [v for _, v, _ in proposals if v is not None]
         if scored:
             ref = _reference(front + scored, study.directions)
             base_hv = hypervolume(front, study.directions, ref) if front else 0.0
-            for i, (_, values) in enumerate(proposals):
+            for i, (_, values, _) in enumerate(proposals):
                 if values is not None:
                     added = hypervolume([*front, values], study.directions, ref) - base_hv
                     if added > gain:
                         best, gain = i, added
-        params, values = proposals[best]
+        params, values, bookkeeping = proposals[best]
         self._chosen[trial.number] = params
+        # the base sampler's own marks on the candidate (NSGA-II's generation) go with it, so
+        # the trial counts in the base's bookkeeping once mirrored (without them NSGA-II saw no
+        # generation complete and proposed its first, random, one for ever); Optuna's own
+        # samplers write them through the storage the same way
+        for name, value in bookkeeping.items():
+            study._storage.set_trial_system_attr(trial._trial_id, name, value)
         if values is not None:
             self._proxy[trial.number] = values
 
     def _propose(
         self, scratch: optuna.Study, tried: set[frozenset]
-    ) -> list[tuple[dict[str, Any], tuple[float, ...] | None]]:
+    ) -> list[tuple[dict[str, Any], tuple[float, ...] | None, dict[str, Any]]]:
         """``candidates`` proposals of ``scratch``'s sampler, each with its proxy values (None:
-        skipped, or it repeats a trial)."""
-        proposals: list[tuple[dict[str, Any], tuple[float, ...] | None]] = []
+        skipped, or it repeats a trial) and the system attributes the sampler gave it."""
+        proposals: list[tuple[dict[str, Any], tuple[float, ...] | None, dict[str, Any]]] = []
         asked = []
         for _ in range(self.candidates):
             candidate = scratch.ask()  # left running: TPE's constant liar spreads the next
@@ -153,7 +159,10 @@ class ProxySampler(BaseSampler):
             self.scored += 1
             if _key(candidate.params) in tried:
                 values = None
-            proposals.append((candidate.params, None if values is None else tuple(values)))
+            marks = scratch._storage.get_trial_system_attrs(candidate._trial_id)
+            proposals.append(
+                (candidate.params, None if values is None else tuple(values), dict(marks))
+            )
         for candidate in asked:  # then failed, so later batches see only measured trials
             scratch.tell(candidate, state=TrialState.FAIL)
         return proposals
