@@ -62,18 +62,29 @@ from stitch_nas import attrs
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "search_quality_realzoo.json"
-TABLE = RESULTS.with_name("search_quality_realzoo_table.json.gz")
+DIGITS_RESULTS = RESULTS.with_name("search_quality_digits.json")
 DIRECTIONS = ("maximize", "minimize")
 METHODS = ("random", "tpe", "nsga2", "gp", "default", "proxy")
 REFERENCES = (0.0, 0.8, 0.9)
 PROBE_THRESHOLD = 1.5  # times chance: the CLI's default
 
 
-def _context(val: int):
+def _table_path(out: Path) -> Path:
+    """Where the table of a results file is kept: ``<its name>_table.json.gz`` beside it."""
+    return out.with_name(f"{out.stem}_table.json.gz")
+
+
+def _context(zoo: str, val: int):
     from stitch_nas.activations import ActivationCache, StitchContext
     from stitch_nas.pipeline import load_data, load_zoo
     from stitch_nas.settings import load_settings
 
+    if zoo == "digits":  # the demo's: the embedded mini zoo on its whole 300-image split
+        from stitch_nas.data import load_digits_splits
+        from stitch_nas.zoo import load_mini_zoo
+
+        digits = load_digits_splits()
+        return StitchContext(load_mini_zoo(digits), digits)
     settings = load_settings(ROOT / "examples" / "realzoo.yaml")
     splits = dict(settings.data.splits)
     splits["val"] = {**splits["val"], "count": val}
@@ -89,7 +100,7 @@ def _configs(ctx, models: list[str]) -> list:
     return enumerate_pairwise(ctx, models or sorted(ctx.zoo.names()))
 
 
-def measure_share(val: int, models: list[str], part: int, parts: int, out: Path) -> None:
+def measure_share(zoo: str, val: int, models: list[str], part: int, parts: int, out: Path) -> None:
     """Measure every ``parts``-th config from ``part`` into ``out`` (JSON lines), skipping
     those already there."""
     import torch
@@ -97,7 +108,7 @@ def measure_share(val: int, models: list[str], part: int, parts: int, out: Path)
     from stitch_nas.search import evaluate_config
 
     torch.set_num_threads(1)
-    ctx = _context(val)
+    ctx = _context(zoo, val)
     done = (
         {json.loads(line)["key"] for line in out.read_text().splitlines()}
         if out.exists()
@@ -139,6 +150,8 @@ def build_table(args: argparse.Namespace) -> tuple[dict[str, dict], float]:
             [
                 sys.executable,
                 __file__,
+                "--zoo",
+                args.zoo,
                 "--val",
                 str(args.val),
                 "--models",
@@ -280,7 +293,10 @@ def run_method(search: TableSearch, method: str, n: int, seed: int, candidates: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--val", type=int, default=1000)
+    parser.add_argument(
+        "--zoo", choices=("realzoo", "digits"), default="realzoo", help="digits: the demo's"
+    )
+    parser.add_argument("--val", type=int, default=1000, help="realzoo: validation images")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--trials", default="50,100,200")
@@ -288,28 +304,37 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=8)
     parser.add_argument("--models", default="", help="comma-separated zoo models (default: all)")
     parser.add_argument("--work", default=str(ROOT / "runs" / "search_quality_realzoo"))
-    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--out", default="", help=f"default {RESULTS.name}, {DIGITS_RESULTS.name}")
     parser.add_argument(
-        "--from-table", action="store_true", help=f"read stage 1 from results/{TABLE.name}"
+        "--from-table", action="store_true", help="read stage 1 from the --out's *_table.json.gz"
     )
     parser.add_argument("--share", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.share:
         measure_share(
-            args.val, _models(args), int(args.share[0]), int(args.share[1]), Path(args.share[2])
+            args.zoo,
+            args.val,
+            _models(args),
+            int(args.share[0]),
+            int(args.share[1]),
+            Path(args.share[2]),
         )
         return
     methods = [m for m in args.methods.split(",") if m]
     if set(methods) - set(METHODS):
         parser.error(f"--methods: use some of {', '.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out_path = Path(args.out or (DIGITS_RESULTS if args.zoo == "digits" else RESULTS))
+    table_path = _table_path(out_path)
+    if args.zoo == "digits":
+        args.val = 0  # the split is the demo's, whole: --val does not apply
     if args.from_table:  # stage 2 alone, on the stored table
-        with gzip.open(TABLE, "rt") as f:
+        with gzip.open(table_path, "rt") as f:
             stored = json.load(f)
         if stored["val_images"] != args.val:
-            parser.error(f"--from-table: {TABLE.name} holds --val {stored['val_images']}")
+            parser.error(f"--from-table: {table_path.name} holds --val {stored['val_images']}")
         table = stored["configs"]
-        recorded = json.loads(RESULTS.read_text())
+        recorded = json.loads(out_path.read_text())
         table_seconds = recorded["table_seconds"]
         if not args.models:  # the table's models: seeding draws from them, as it did then
             args.models = ",".join(recorded["models"])
@@ -317,12 +342,12 @@ def main() -> None:
             parser.error(f"--from-table: the table holds --models {','.join(recorded['models'])}")
     else:
         table, table_seconds = build_table(args)
-        with gzip.open(TABLE, "wt") as f:
+        with gzip.open(table_path, "wt") as f:
             json.dump({"val_images": args.val, "configs": table}, f)
 
     from stitch_nas.report import hypervolume
 
-    ctx = _context(args.val)
+    ctx = _context(args.zoo, args.val)
     search = TableSearch(ctx, table, _models(args))
     rows = list(table.values())
     top = 1.1 * max(r["macs"] for r in rows)
@@ -331,9 +356,9 @@ def main() -> None:
     from search_quality import _front  # the digits benchmark's rule, on this table
 
     front = [table[k] for k in _front(table)]
-    out_path = Path(args.out)
+    val_images = len(ctx.labels("val"))
     earlier = json.loads(out_path.read_text()) if out_path.exists() else {}
-    same = earlier.get("val_images") == args.val and earlier.get("space_size") == len(rows)
+    same = earlier.get("val_images") == val_images and earlier.get("space_size") == len(rows)
     results = earlier.get("results", []) if same else []
     for n in [int(x) for x in args.trials.split(",")]:
         for method in methods:
@@ -404,13 +429,19 @@ def _write(out_path, args, ctx, rows, search, top, full, front, table_seconds, r
 
     probe = [r["probe_accuracy"] for r in rows]
     out = {
-        "space": "pairwise (lstsq), both directions, over examples/realzoo.yaml's models",
+        "space": "pairwise (lstsq), both directions, over "
+        + (
+            "the mini zoo (the demo's)"
+            if args.zoo == "digits"
+            else "examples/realzoo.yaml's models"
+        ),
+        "zoo": args.zoo,
         "models": _models(args) or sorted(ctx.zoo.names()),
-        "val_images": args.val,
+        "val_images": len(ctx.labels("val")),
         "probe_images": len(ctx.labels("probe")),
         "space_size": len(rows),
         "table_seconds": round(table_seconds, 1),
-        "table": TABLE.name,
+        "table": _table_path(out_path).name,
         "reference_front": {
             "configs": len(front),
             "macs_reference": top,
