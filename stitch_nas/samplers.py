@@ -44,9 +44,13 @@ CONSTRAINED = ("tpe", "nsga2", "nsga3", "gp")
 _BUILTIN: dict[str, tuple[str, dict[str, Any]]] = {
     # constant liar: trials in flight (Ray workers) are not proposed twice
     "tpe": ("TPESampler", {"multivariate": True, "constant_liar": True}),
-    # a generation of 16: the default 50 is most of a 50-trial search
-    "nsga2": ("NSGAIISampler", {"population_size": 16}),
-    "nsga3": ("NSGAIIISampler", {"population_size": 16}),
+    # a generation of 16 (the default 50 is most of a 50-trial search), or a fifth of the
+    # search's trials where make_sampler is told them; a child's parameter mutated (drawn at
+    # random) one time in ten: Optuna's default, 1 / (parameters shared by every trial), is 1 in
+    # a space whose cut parameters are named per route (pairwise shares only its route), so
+    # every child was drawn at random and NSGA-II was random sampling
+    "nsga2": ("NSGAIISampler", {"population_size": 16, "mutation_prob": 0.1}),
+    "nsga3": ("NSGAIIISampler", {"population_size": 16, "mutation_prob": 0.1}),
     # a search space is conditional (a cut point per model): parameters outside the shared
     # part are sampled at random, which is expected here, not worth a warning per trial
     "gp": ("GPSampler", {"warn_independent_sampling": False}),
@@ -162,11 +166,22 @@ def resolve_sampler(
     return cls, {**kwargs, **given}
 
 
+def population_for(trials: int) -> int:
+    """The generation size of ``nsga2`` / ``nsga3`` for a search of ``trials``: five
+    generations, at least 8 trials each."""
+    return max(8, trials // 5)
+
+
 def make_sampler(
-    name: str, seed: int | None, options: Mapping[str, Any] | None = None
+    name: str,
+    seed: int | None,
+    options: Mapping[str, Any] | None = None,
+    *,
+    trials: int | None = None,
 ) -> optuna.samplers.BaseSampler:
     """The sampler ``name`` (see :func:`resolve_sampler`) with ``options``, seeded with
-    ``seed`` where its class takes a seed.
+    ``seed`` where its class takes a seed; ``trials``: the search's, which sets the generation
+    size of ``nsga2`` and ``nsga3`` (:func:`population_for`) unless ``options`` sets it.
 
     Raises:
         ConfigError: as :func:`resolve_sampler`, or the class refused a value of ``options``.
@@ -174,6 +189,8 @@ def make_sampler(
     import optuna
 
     cls, kwargs = resolve_sampler(name, options)
+    if trials and name in ("nsga2", "nsga3") and "population_size" not in (options or {}):
+        kwargs["population_size"] = population_for(trials)
     if _takes(cls, "seed"):
         kwargs["seed"] = seed
     try:

@@ -56,6 +56,15 @@ def test_the_constrained_builtins_are_those_whose_class_reads_constraints():
     assert takes == set(CONSTRAINED)
 
 
+def test_nsga_generations_are_sized_from_the_trials_unless_the_options_say():
+    assert make_sampler("nsga2", 0, trials=200)._population_size == 40  # five generations
+    assert make_sampler("nsga3", 0, trials=20)._population_size == 8  # at least 8
+    assert make_sampler("nsga2", 0, {"population_size": 6}, trials=200)._population_size == 6
+    assert make_sampler("tpe", 0, trials=200) is not None  # others take no population
+    # a child's parameters mutate one time in ten, not Optuna's 1 / (shared parameters)
+    assert make_sampler("nsga2", 0)._child_generation_strategy._mutation_prob == 0.1
+
+
 def test_options_replace_the_defaults_and_reach_the_class():
     sampler = make_sampler("nsga3", 0, {"population_size": 6})
     assert sampler._population_size == 6

@@ -124,6 +124,7 @@ def run(
                 sampler=search.sampler,
                 seed=search.seed,
                 sampler_options=search.sampler_options,
+                trials=search.trials,
                 **study_options,
             )
             where = shown_url(search.storage) if search.storage else Path(out_dir) / "study.db"

@@ -92,6 +92,7 @@ def create_study(
     sampler: str = "tpe",
     seed: int | None = 0,
     sampler_options: Mapping[str, Any] | None = None,
+    trials: int | None = None,
     resume: bool = False,
     storage: str | None = None,
     study_name: str | None = None,
@@ -107,6 +108,7 @@ def create_study(
             (:func:`~stitch_nas.samplers.make_sampler`).
         seed: Sampler seed, passed where the sampler's class takes one.
         sampler_options: Keyword arguments of the sampler's class.
+        trials: The search's total, which sizes NSGA-II's and NSGA-III's generations.
         resume: Continue the study; no other driver runs on it, so trials left RUNNING are
             marked FAIL now.
         storage: Optuna RDB URL (``postgresql://user@host/db``) or journal file path shared by
@@ -128,7 +130,7 @@ def create_study(
         storage=backend,
         study_name=name,
         directions=objective.directions,
-        sampler=make_sampler(sampler, seed, sampler_options),
+        sampler=make_sampler(sampler, seed, sampler_options, trials=trials),
         load_if_exists=resume or join,  # join: two drivers may create it at once
     )
     remember_storage(study, backend, storage or f"sqlite:///{Path(out_dir) / 'study.db'}")
