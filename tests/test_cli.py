@@ -269,7 +269,7 @@ def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
     argv = ["search", str(path), "--out", str(tmp_path / "o"), "--device", "cuda:1"]
     argv += ["--cka-threshold", "0.5", "--objectives", "accuracy,params,latency"]
     argv += ["--budget", "macs=2e6", "--budget", "params=1e5", "--study-name", "exp-1"]
-    argv += ["--join", "-q", "--fidelity", "0", "--autocast", "bfloat16"]
+    argv += ["--join", "-q", "--fidelity", "0", "--autocast", "bfloat16", "--proxy-candidates", "1"]
     code, out, _ = _run(capsys, *argv)
     assert code == 0 and "captured" in out
     search = captured["settings"].search
@@ -277,12 +277,13 @@ def test_run_flags_override_the_yaml_file(capsys, tmp_path, captured):
     assert search.objectives == ["accuracy", "params", "latency"]
     assert search.budgets == {"macs": 2e6, "params": 1e5}
     assert search.study_name == "exp-1" and search.fidelity == 0.0
-    assert search.autocast == "bfloat16"
+    assert search.autocast == "bfloat16" and search.proxy_candidates == 1
     assert captured["join"] is True and captured["resume"] is False
     assert captured["progress"] is False  # -q after the command
     code, _, _ = _run(capsys, "-q", "demo", "--out", str(tmp_path / "d"))  # -q before it
     assert code == 0 and captured["progress"] is False
     assert captured["settings"].search.cka_threshold == 0.0  # the default, untouched
+    assert captured["settings"].search.proxy_candidates == 8
     code, _, _ = _run(capsys, "demo", "--out", str(tmp_path / "d"))
     assert code == 0 and captured["progress"] is True
 
@@ -294,6 +295,7 @@ BAD_FLAGS = [
     (["--cka-threshold", "high"], "--cka-threshold: invalid float value: 'high'"),
     (["--probe-threshold", "-1"], "--probe-threshold=-1.0: give a multiple of chance >= 0"),
     (["--probe-threshold", "low"], "--probe-threshold: invalid float value: 'low'"),
+    (["--proxy-candidates", "0"], "--proxy-candidates=0: give an integer >= 1 (1: the sampler"),
     (["--fidelity", "1"], "--fidelity=1.0: give a share of the split in [0, 1); 0 turns it off"),
     (["--fidelity", "half"], "--fidelity: invalid float value: 'half'"),
     (["--objectives", "accuracy,flops"], "unknown objective 'flops'"),

@@ -28,6 +28,7 @@ _PLAIN_FLAGS = {
     "search.device": "--device",
     "search.cka_threshold": "--cka-threshold",
     "search.probe_threshold": "--probe-threshold",
+    "search.proxy_candidates": "--proxy-candidates",
     "search.fidelity": "--fidelity",
     "search.artifacts": "--artifacts",
     "zoo.cache_dir": "--cache-dir",

@@ -204,6 +204,13 @@ def _search_options(parser: argparse.ArgumentParser, default_out: str) -> None:
         "chance, from 0 to the number of classes (default 1.5; 0: off)",
     )
     parser.add_argument(
+        "--proxy-candidates",
+        type=int,
+        default=None,
+        help="the sampler's proposals probe-scored per trial, the one adding most to the front "
+        "measured (default 8; 1: the sampler alone)",
+    )
+    parser.add_argument(
         "--fidelity",
         type=float,
         default=None,

@@ -88,7 +88,7 @@ class SearchSettings:
     seed_pool: int | None = None  #: random configs probe-scored to choose them from (None: 4x)
     #: the sampler's proposals probe-scored per trial, the one adding most to the front measured
     #: (1: the sampler alone; stitch_nas.search.ProxySampler)
-    proxy_candidates: int = 1
+    proxy_candidates: int = 8
     cka_threshold: float = 0.0  #: prune stitched configs below this CKA (0: off)
     #: after the search, this many of the best least-squares networks retrained (0: off)
     refine_trials: int = 0
