@@ -1,7 +1,8 @@
 """How close each search gets to the front of the real CIFAR-10 zoo's whole pairwise space.
 
-    python benchmarks/search_quality_realzoo.py [--val 1000] [--workers 2] [--seeds 5]
+    python benchmarks/search_quality_realzoo.py [--val 1000] [--workers 2] [--seeds 10]
         [--trials 50,100,200] [--methods random,tpe,...] [--candidates 8] [--from-table]
+    python benchmarks/search_quality_realzoo.py --zoo digits --trials 47,94
 
 The space: ``pairwise`` with least-squares stitches over the ten models of ``../shared/realzoo``
 (``examples/realzoo.yaml``: two different models, one cut each, both directions; 16,290
@@ -12,25 +13,26 @@ Stage 1, the table (once, resumable, ``--workers`` processes of one thread each,
 share of the configs): each config measured as a trial measures it (accuracy, MACs,
 parameters) and its probe accuracy (the least-squares version is the config itself, so the
 trial's network is the probe's). Written as JSON lines under ``--work`` and, whole,
-gzipped to ``results/search_quality_realzoo_table.json.gz`` so anyone can re-check the rest
-(``--from-table`` reads it back instead of measuring, and the seconds it took and its
-``--models`` from ``results/search_quality_realzoo.json``).
+gzipped beside the zoo's results file (``search_quality_realzoo_table.json.gz``) so anyone can
+re-check the rest (``--from-table`` reads it back instead of measuring, and the seconds it
+took and its ``--models`` from ``search_quality_realzoo.json``; ``--out`` writes stage 2
+elsewhere, e.g. for another ``--candidates``).
 
 Stage 2: every method at each ``--trials`` count over ``--seeds`` seeds. A trial reads the
 table instead of measuring (least squares is deterministic: the same figures, none of the
 time). As in the CLI's runner, a config already tried is a repeat that does not count, and
 one whose probe accuracy is below 1.5 x chance is pruned (it counts; it is not on the front).
 
-- ``random``, ``tpe``, ``gp``: Optuna's samplers with the CLI's options
-  (:mod:`stitch_nas.samplers`), ``nsga2`` with a population of a fifth of the trials (at
-  least 8) so it breeds within the budget, and a mutation probability of 0.1 (see
-  :func:`run_method`);
-- ``default``: what ``stitch-nas search`` does with its defaults: ``seed_trials: 8`` of a
-  probe-scored pool of 32 random configs (:func:`stitch_nas.search.seed_study`, its probe and
-  costs read from the table), then TPE;
-- ``proxy``: the default with ``proxy_candidates: --candidates``
-  (:class:`stitch_nas.search.ProxySampler`: TPE's proposals, the best by probe measured);
-  its proxy cost is reported as probe scores per trial.
+- ``random``, ``tpe``, ``gp``, ``nsga2``: Optuna's samplers with the CLI's options
+  (:mod:`stitch_nas.samplers`; NSGA-II's generation a fifth of the trials, at least 8, and
+  its mutation probability 0.1);
+- ``seeded``: ``seed_trials: 8`` of a probe-scored pool of 32 random configs
+  (:func:`stitch_nas.search.seed_study`, its probe and costs read from the table), then TPE
+  (``proxy_candidates: 1``, the CLI's default before these tables chose 8);
+- ``default``: what ``stitch-nas search`` does with its defaults: ``seeded`` with
+  ``proxy_candidates: --candidates`` (8, the default; :class:`stitch_nas.search.ProxySampler`:
+  TPE's proposals, the best by probe measured); its proxy cost is reported as probe scores
+  per trial.
 
 Reported: the hypervolume of each found front (accuracy up, MACs down; reference point
 (reference accuracy, 1.1 x the largest MACs in the space)) as a fraction of the whole space's,
@@ -38,7 +40,9 @@ at reference accuracies 0.0, 0.8 and 0.9: each seed's, the median and range, and
 U's one-sided p-value that a method's seeds lie above random sampling's (random runs first).
 The zoo models on their own are not in it: the fractions are about what the search finds.
 Writes
-``results/search_quality_realzoo.json``.
+``results/search_quality_realzoo.json``. ``--zoo digits`` runs all of it on the demo's mini
+zoo and digits splits instead (814 configs, the whole 300-image validation split; ``--val``
+does not apply) and writes ``results/search_quality_digits.json``.
 """
 
 from __future__ import annotations
@@ -64,14 +68,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "search_quality_realzoo.json"
 DIGITS_RESULTS = RESULTS.with_name("search_quality_digits.json")
 DIRECTIONS = ("maximize", "minimize")
-METHODS = ("random", "tpe", "nsga2", "gp", "default", "proxy")
+METHODS = ("random", "tpe", "nsga2", "gp", "seeded", "default")
 REFERENCES = (0.0, 0.8, 0.9)
 PROBE_THRESHOLD = 1.5  # times chance: the CLI's default
 
 
-def _table_path(out: Path) -> Path:
-    """Where the table of a results file is kept: ``<its name>_table.json.gz`` beside it."""
-    return out.with_name(f"{out.stem}_table.json.gz")
+def _paths(zoo: str) -> tuple[Path, Path]:
+    """The zoo's results file, and its table beside it."""
+    results = DIGITS_RESULTS if zoo == "digits" else RESULTS
+    return results, results.with_name(f"{results.stem}_table.json.gz")
 
 
 def _context(zoo: str, val: int):
@@ -273,19 +278,14 @@ class TableSearch:
 def run_method(search: TableSearch, method: str, n: int, seed: int, candidates: int):
     from stitch_nas.samplers import make_sampler
 
-    if method == "nsga2":
-        # Optuna's default mutation probability is 1 / (parameters its crossover sees): the
-        # pairwise space shares one (its route; cut points are named per route), so every
-        # child would be mutated, that is drawn at random, and NSGA-II would be random search
-        options = {"population_size": max(8, n // 5), "mutation_prob": 0.1}
-        sampler = make_sampler("nsga2", seed, options)
-    else:
-        sampler = make_sampler("tpe" if method in ("default", "proxy") else method, seed)
+    # nsga2: the built-in's generation of a fifth of the trials and mutation probability 0.1
+    base = "tpe" if method in ("seeded", "default") else method
+    sampler = make_sampler(base, seed, trials=n)
     proxy = None
-    if method == "proxy":
+    if method == "default" and candidates > 1:
         sampler = proxy = search.proxy(sampler, candidates, seed)
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
-    if method in ("default", "proxy"):
+    if method in ("seeded", "default"):
         search.seed(study, min(8, n), 32, seed)
     points = search.run(study, n)
     return points, (proxy.scored if proxy else 0)
@@ -298,7 +298,7 @@ def main() -> None:
     )
     parser.add_argument("--val", type=int, default=1000, help="realzoo: validation images")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--trials", default="50,100,200")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--candidates", type=int, default=8)
@@ -306,7 +306,7 @@ def main() -> None:
     parser.add_argument("--work", default=str(ROOT / "runs" / "search_quality_realzoo"))
     parser.add_argument("--out", default="", help=f"default {RESULTS.name}, {DIGITS_RESULTS.name}")
     parser.add_argument(
-        "--from-table", action="store_true", help="read stage 1 from the --out's *_table.json.gz"
+        "--from-table", action="store_true", help="read stage 1 from the zoo's *_table.json.gz"
     )
     parser.add_argument("--share", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -324,8 +324,8 @@ def main() -> None:
     if set(methods) - set(METHODS):
         parser.error(f"--methods: use some of {', '.join(METHODS)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    out_path = Path(args.out or (DIGITS_RESULTS if args.zoo == "digits" else RESULTS))
-    table_path = _table_path(out_path)
+    results_path, table_path = _paths(args.zoo)
+    out_path = Path(args.out or results_path)
     if args.zoo == "digits":
         args.val = 0  # the split is the demo's, whole: --val does not apply
     if args.from_table:  # stage 2 alone, on the stored table
@@ -334,7 +334,7 @@ def main() -> None:
         if stored["val_images"] != args.val:
             parser.error(f"--from-table: {table_path.name} holds --val {stored['val_images']}")
         table = stored["configs"]
-        recorded = json.loads(out_path.read_text())
+        recorded = json.loads(results_path.read_text())
         table_seconds = recorded["table_seconds"]
         if not args.models:  # the table's models: seeding draws from them, as it did then
             args.models = ",".join(recorded["models"])
@@ -441,7 +441,7 @@ def _write(out_path, args, ctx, rows, search, top, full, front, table_seconds, r
         "probe_images": len(ctx.labels("probe")),
         "space_size": len(rows),
         "table_seconds": round(table_seconds, 1),
-        "table": _table_path(out_path).name,
+        "table": _paths(args.zoo)[1].name,
         "reference_front": {
             "configs": len(front),
             "macs_reference": top,
