@@ -252,8 +252,9 @@ class StudyWorkerRun:
         start = next(self._starts)
         worker_id = self._ids[slot] = f"{self.run}-{slot}-{start}"
         sampler, proxy = self.study.sampler, None
-        if isinstance(wrapper := sampler, ProxySampler):  # its scoring holds the driver's context
-            sampler, proxy = wrapper.base, (wrapper.candidates, wrapper.seed)
+        if isinstance(sampler, ProxySampler):  # its scoring holds the driver's context
+            proxy = (sampler.candidates, sampler.seed)
+            sampler = sampler.base
         return self.pool.actors[slot].open_study.remote(
             self.storage,
             self.study.study_name,
