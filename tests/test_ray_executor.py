@@ -472,9 +472,10 @@ def test_in_workers_mode_the_proxy_scores_candidates_on_each_workers_own_context
     study = create_study(objective, tmp_path / "run", sampler="random", seed=3)
     study.sampler = proxy_sampler(objective, study.sampler, candidates=3, seed=3)
     executor = RayExecutor(workers=2, mode="workers", worker_class=Records)
+    misses = ctx.cache.stats()["misses"]  # the module's context: earlier tests used it too
     run_search(objective, study, 4, executor=executor)
 
     assert completed_count(study) == 4, _states(study)
     marks = [p.name.split("-")[0] for p in scored.iterdir()]
     assert marks and set(marks) == {"own"}, marks  # the driver's context never travelled
-    assert ctx.cache.stats()["misses"] == 0  # and the driver scored nothing itself
+    assert ctx.cache.stats()["misses"] == misses  # and the driver scored nothing itself
