@@ -30,7 +30,9 @@ validation split first: ``trial_over_forward_cold``), and over the passes such a
 avoid (``trial_over_necessary_cold``: its first model up to the cut over the probe, its second
 model up to the joint over the probe where no earlier trial read it, and the network over the
 validation split; a network whose second model is dear up to the joint and first model cheap
-needs far more than its own forward pass). ``ray_2_over_1`` is Ray's trials per hour
+needs far more than its own forward pass), and ``cores_busy_in_trials``, the machine's busy
+cores over the trials' phase (every process: workers, their image decoders, the driver; on a
+machine where nothing else runs). ``ray_2_over_1`` is Ray's trials per hour
 at two workers over one at each size where both ran, and ``ray_over_local`` the most workers'
 over the local run's (which uses ``--threads`` threads). ``--append`` keeps the runs already in
 ``--results`` (a rerun of the same executor, workers and size replaces its row) and recomputes
@@ -132,6 +134,41 @@ def _seconds(trial: Any) -> float:
     return (trial.datetime_complete - trial.datetime_start).total_seconds()
 
 
+class BusyCores:
+    """Samples the machine's busy CPU seconds (``/proc/stat``) twice a second until stopped:
+    the cores busy over any stretch of the run, counting every process (the Ray workers and
+    their image decoders too), on a machine where nothing else runs."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def busy_seconds() -> float:
+        # user nice system idle iowait irq softirq steal: all but idle and iowait are work
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+    def _loop(self, interval: float) -> None:
+        while not self._done.is_set():
+            self.samples.append((time.time(), self.busy_seconds()))
+            self._done.wait(interval)
+
+    def between(self, start: float, end: float) -> float | None:
+        """Cores busy on average from ``start`` to ``end`` (epoch seconds), from the samples
+        nearest inside that stretch."""
+        self._done.set()
+        self._thread.join()
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
 def run_one(
     args: argparse.Namespace, executor: str, size: int, autocast: str | None = None
 ) -> dict[str, Any]:
@@ -148,6 +185,7 @@ def run_one(
     from stitch_nas.stitching import build
 
     began = datetime.datetime.now()  # Optuna stamps trials with naive local times too
+    busy = BusyCores()
     reuse_freed_memory()  # as the command line sets up its process
     torch.set_num_threads(args.threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -193,6 +231,9 @@ def run_one(
         ),
         "trials_seconds": round((last_end - first_start).total_seconds(), 1),
         "trials_per_hour": round(3600 * len(done) / (last_end - first_start).total_seconds(), 1),
+        "cores_busy_in_trials": _rounded(
+            busy.between(first_start.timestamp(), last_end.timestamp())
+        ),
         # config -> accuracy of each complete trial, to compare runs of the same seed
         "accuracy": {
             json.dumps(t.user_attrs[attrs.CONFIG], sort_keys=True): t.values[0]
@@ -225,6 +266,10 @@ def run_one(
     row["trial_over_necessary_cold"] = round(statistics.median(necessary), 3) if ratios else None
     row["cold_trials_timed"] = len(ratios)
     return row
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _necessary_seconds(ctx: Any, net: Any, config: Any, joint_seen: bool) -> float:

@@ -85,3 +85,26 @@ def test_bad_workers_are_refused(tmp_path: Path) -> None:
     _folder(tmp_path / "set")
     with pytest.raises(ConfigError, match=r"workers=-1: give an integer >= 0"):
         load_image_folder(tmp_path / "set", size=16, probe_size=32, workers=-1)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "decoders", "threads"), [(1, 0, 1), (2, 1, 1), (3, 2, 1), (6, 2, 4)]
+)
+def test_a_ray_workers_decoders_and_threads_share_the_cpus_it_reserved(
+    tmp_path: Path, cpus: int, decoders: int, threads: int
+) -> None:
+    from stitch_nas.search._ray_shared import SharedContext
+    from tests._tiny import tiny_zoo
+
+    _folder(tmp_path / "set", per_class=20, side=40)
+    data = load_image_folder(tmp_path / "set", size=32, probe_size=32, workers=2)
+    before = torch.get_num_threads()
+    try:
+        ctx = SharedContext((tiny_zoo(("resnet",)), data)).materialize("cpu", cpus=cpus)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    assert {part: split.x.workers for part, split in ctx.data.splits().items()} == dict.fromkeys(
+        ("train", "probe", "val", "test"), decoders
+    )
+    assert len(list(ctx.data.val.batches(8))) == -(-len(ctx.data.val) // 8)  # still reads

@@ -167,6 +167,17 @@ class DataSplits:
         """Return the four splits by name, in a fixed order."""
         return {"train": self.train, "probe": self.probe, "val": self.val, "test": self.test}
 
+    def limit_decoders(self, processes: int) -> None:
+        """Decode the splits read from files with at most ``processes`` worker processes.
+
+        A Ray worker calls it with the CPUs it reserved less one, so that its image decoding
+        stays within its reservation: two decoding processes beside a one-CPU worker's compute
+        would take a CPU another worker reserved. What is read does not change.
+        """
+        for split in self.splits().values():
+            if getattr(split.x, "workers", 0) > processes:
+                split.x.workers = processes  # type: ignore[union-attr]
+
     def fingerprint(self) -> str:
         """Return a sha256 hex digest of all tensors, the name and the label names.
 

@@ -42,14 +42,14 @@ def map_on_workers(
     """
     ray = import_ray()
     task = ray.remote(_run).options(**resources, max_retries=0)
-    threads = max(1, int(resources["num_cpus"]))
+    cpus = max(1, int(resources["num_cpus"]))
     results: list[Any] = [None] * len(items)
     waiting = list(range(len(items)))
     pending: dict[Any, int] = {}
     while waiting or pending:
         while waiting and len(pending) < running:
             index = waiting.pop(0)
-            pending[task.remote(shared, fn, items[index], threads)] = index
+            pending[task.remote(shared, fn, items[index], cpus)] = index
         (ready,), _ = ray.wait(list(pending), num_returns=1)
         index = pending.pop(ready)
         try:
@@ -72,14 +72,13 @@ def map_on_workers(
 _held: dict[tuple[str, str], Any] = {}
 
 
-def _run(shared: SharedContext, fn: Callable[[Any, Any], Any], item: Any, threads: int) -> Any:
+def _run(shared: SharedContext, fn: Callable[[Any, Any], Any], item: Any, cpus: int) -> Any:
     """In a Ray task: the context rebuilt on this worker's device (or the one this process
     rebuilt for an earlier job of the same map), then the job."""
     ray = import_ray()
-    torch.set_num_threads(threads)
     device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
     key = (shared.bundle.hex(), device)
     if key not in _held:
         _held.clear()
-        _held[key] = shared.materialize(device)
+        _held[key] = shared.materialize(device, cpus=cpus)
     return fn(_held[key], item)

@@ -62,14 +62,24 @@ class SharedContext:
     options: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, Any] = field(default_factory=dict)
 
-    def materialize(self, device: str | torch.device = "cpu") -> StitchContext:
+    def materialize(
+        self, device: str | torch.device = "cpu", cpus: float | None = None
+    ) -> StitchContext:
         """Build the worker's context on ``device`` (fetches the zoo and the data once).
 
         Its cache is the worker's own, bounded as the driver's is, and fills on demand as a
         local run's does: the worker holds what one local run holds, whatever the split sizes.
+        ``cpus``, the CPUs the worker reserved, are shared between its processes that decode
+        image files (at most all but one) and its torch threads (the rest), so that N workers
+        on N CPUs keep N busy, not N times the decoders more.
         """
         # an ObjectRef from the executor; the pair itself from Tune's with_parameters
         zoo, data = self.bundle if isinstance(self.bundle, tuple) else import_ray().get(self.bundle)
+        if cpus is not None:
+            reserved = max(1, int(cpus))
+            data.limit_decoders(reserved - 1)
+            decoders = max((getattr(s.x, "workers", 0) for s in data.splits().values()), default=0)
+            torch.set_num_threads(max(1, reserved - decoders))
         cache = ActivationCache(**self.cache, device=device)
         return StitchContext(zoo, data, device=device, cache=cache, **self.options)
 

@@ -45,20 +45,20 @@ class TrialWorker:
     Args:
         shared: The driver's shared context.
         evaluation: How the search evaluates every config.
-        num_threads: Torch CPU threads of this worker.
+        cpus: The CPUs this worker reserved, shared by its torch threads and the processes
+            that decode image files (:meth:`SharedContext.materialize`).
     """
 
     def __init__(
         self,
         shared: SharedContext,
         evaluation: EvaluationOptions,
-        num_threads: int,
+        cpus: int,
     ) -> None:
         ray = import_ray()
         reuse_freed_memory()  # as the driver's command line does: the same values, faster
-        torch.set_num_threads(max(1, num_threads))
         device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
-        self.ctx = shared.materialize(device)
+        self.ctx = shared.materialize(device, cpus=cpus)
         for name in self.ctx.zoo.names():  # trace each model and fill its MAC table up front
             fragment_macs(self.ctx, name, None, None)
         self.evaluation = evaluation
@@ -113,9 +113,9 @@ class _Pool:
         self.restarts = 0
 
     def _new(self) -> Any:
-        threads = max(1, int(self.resources["num_cpus"]))
+        cpus = max(1, int(self.resources["num_cpus"]))
         options = {**self.resources, "max_restarts": 0}
-        return self.actor_class.options(**options).remote(self.shared, self.evaluation, threads)
+        return self.actor_class.options(**options).remote(self.shared, self.evaluation, cpus)
 
     def start(self, n: int) -> None:
         self.actors = [self._new() for _ in range(n)]
