@@ -234,3 +234,55 @@ def test_every_cited_results_file_exists_and_holds_the_cited_keys():
                     where = "".join(f"[{k!r}]" for k in keys[: depth + 1])
                     pytest.fail(f"{page} cites {path.name}{where}, which {path.name} lacks")
                 value = value[key]
+
+
+def _load_figures():
+    path = ROOT / "docs" / "_scripts" / "figures.py"
+    spec = importlib.util.spec_from_file_location("docs_figures", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+figures = _load_figures()
+
+
+def test_the_readme_is_what_its_template_renders_from_the_results_files():
+    rendered = figures.readme()
+    assert figures.FIGURE.search(figures.TEMPLATE.read_text()), "the template renders no figure"
+    assert (ROOT / "README.md").read_text() == rendered, (
+        "README.md differs from docs/_scripts/README.template.md rendered from "
+        "benchmarks/results/: edit the template, then run python docs/_scripts/figures.py"
+    )
+
+
+def test_a_new_results_file_changes_the_readme_and_the_pages_without_a_hand_edit(tmp_path):
+    for path in (ROOT / "benchmarks" / "results").glob("*.json"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    before = figures.readme(results=tmp_path)
+    demo = json.loads((tmp_path / "demo.json").read_text())
+    demo["wall_seconds"]["median"] = 987.6
+    demo["commit"] = "abc1234"
+    (tmp_path / "demo.json").write_text(json.dumps(demo))
+    after = figures.readme(results=tmp_path)
+    assert "987.6 s wall" in after and "987.6 s wall" not in before
+    page = 'took {{ figure("demo.json", "wall_seconds.median", "{:.1f} s") }}'
+    shown = figures.render(page, tooltip=True, results=tmp_path)
+    assert (
+        shown.startswith("took <abbr title=") and "abc1234" in shown and ">987.6 s</abbr>" in shown
+    )
+
+
+def test_a_figure_the_results_do_not_hold_stops_with_its_name(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"runs": [{"size": 1, "gb": 2.5}], "a.b": 3}))
+    assert (
+        figures.render('{{ figure("r.json", "runs[size=1].gb", "{:.1f}") }}', results=tmp_path)
+        == "2.5"
+    )
+    assert figures.render('{{ figure("r.json", "[a.b]") }}', results=tmp_path) == "3"
+    for path, named in (("runs[size=2].gb", "runs[size=2]"), ("runs.0.mb", "mb")):
+        with pytest.raises(figures.FigureError, match=re.escape(named)):
+            figures.render('{{ figure("r.json", "' + path + '") }}', results=tmp_path)
+    with pytest.raises(figures.FigureError, match="no results file"):
+        figures.render('{{ figure("gone.json", "x") }}', results=tmp_path)

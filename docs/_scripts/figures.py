@@ -1,0 +1,140 @@
+"""Measured figures rendered from the results files they come from, never typed by hand.
+
+A page (or the README's template) writes ``{{ figure("demo.json", "wall_seconds.median",
+"{:.1f} s") }}``: the value at that dotted path of ``benchmarks/results/demo.json``, through
+that format (default ``{}``). In a path, a number indexes a list, ``[key=value,...]`` takes
+the list's first item with those values (``results[method=default,trials=100,
+reference_accuracy=0.9].hv_fraction_median``), and ``[key]`` is a key that holds dots
+(``hv_at[0.9].zoo``).
+
+On the site each figure carries its file, machine, date and commit as a tooltip
+(``hooks.py``); the README is written from ``README.template.md`` beside this file
+(``python docs/_scripts/figures.py``, and ``tests/test_docs.py`` fails when the committed
+README is not what the template renders), so a new results file changes both without a hand
+edit. A missing file or path stops the build with a line naming it.
+
+Imports nothing beyond the standard library: the docs build never imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+TEMPLATE = Path(__file__).resolve().parent / "README.template.md"
+README = ROOT / "README.md"
+
+#: ``{{ figure("file.json", "a.b.0.c", "{:.2f}") }}`` (the format is optional)
+FIGURE = re.compile(
+    r"""\{\{\s*figure\(\s*"(?P<file>[^"]+)"\s*,\s*"(?P<path>[^"]+)"\s*"""
+    r"""(?:,\s*"(?P<format>[^"]*)"\s*)?\)\s*\}\}"""
+)
+
+
+class FigureError(Exception):
+    """A figure names a file or a path its results do not have."""
+
+
+def _results(path: Path) -> Any:
+    if not path.is_file():
+        raise FigureError(f"no results file {path}")
+    stat = path.stat()
+    return _load(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _load(path: str, mtime_ns: int, size: int) -> Any:
+    """A results file's contents, read once per version of the file."""
+    return json.loads(Path(path).read_text())
+
+
+#: a path's steps: ``[key=value,...]`` selectors (which may hold dots) or plain keys
+STEP = re.compile(r"\[[^\]]*\]|[^.\[\]]+")
+
+
+def _matches(item: Any, selector: str) -> bool:
+    """Whether the dict ``item`` has every ``key=value`` of ``selector`` (numbers compared as
+    numbers: ``0.9`` matches ``0.90``)."""
+    if not isinstance(item, dict):
+        return False
+    for pair in selector.split(","):
+        key, _, wanted = (part.strip() for part in pair.partition("="))
+        have = item.get(key)
+        try:
+            same = float(have) == float(wanted)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            same = str(have) == wanted
+        if not same:
+            return False
+    return True
+
+
+def value(file: str, path: str, results: Path = RESULTS) -> Any:
+    """The value at ``path`` (see the module's doc) of the results ``file``."""
+    node = _results(results / file)
+    for part in STEP.findall(path):
+        try:
+            if part.startswith("[") and "=" not in part:  # a key that holds dots: [0.9]
+                node = node[part[1:-1]]
+            elif part.startswith("["):
+                node = next(item for item in node if _matches(item, part[1:-1]))
+            else:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError, StopIteration):
+            raise FigureError(f"{file} has no {path!r} (stopped at {part!r})") from None
+    return node
+
+
+def provenance(file: str, results: Path = RESULTS) -> str:
+    """Where a file's figures were measured: its machine, date and commit, as it records them."""
+    data = _results(results / file)
+    parts = [f"benchmarks/results/{file}"]
+    if isinstance(data, dict):
+        machine = data.get("machine")
+        if isinstance(machine, dict):
+            machine = ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None)
+        parts += [str(data[k]) for k in ("date", "commit") if data.get(k)]
+        if machine:
+            parts.insert(1, str(machine))
+    return "; ".join(parts)
+
+
+def figure(file: str, path: str, fmt: str = "{}", results: Path = RESULTS) -> str:
+    """The value at ``path`` of ``file``, formatted."""
+    found = value(file, path, results)
+    try:
+        return fmt.format(found)
+    except (ValueError, IndexError, TypeError) as exc:
+        fits = f"format {fmt!r} does not fit {found!r}"
+        raise FigureError(f"{fits} ({file}: {path}): {exc}") from None
+
+
+def render(text: str, tooltip: bool = False, results: Path = RESULTS) -> str:
+    """``text`` with every ``{{ figure(...) }}`` replaced by its value (with ``tooltip``, an
+    ``<abbr>`` whose title says where it was measured)."""
+
+    def one(match: re.Match[str]) -> str:
+        file, fmt = match["file"], match["format"] or "{}"
+        shown = figure(file, match["path"], fmt, results)
+        if not tooltip:
+            return shown
+        title = provenance(file, results).replace('"', "'")
+        return f'<abbr title="{title}">{shown}</abbr>'
+
+    return FIGURE.sub(one, text)
+
+
+def readme(results: Path = RESULTS) -> str:
+    """The README as its template renders it (plain figures: GitHub shows no tooltips)."""
+    return render(TEMPLATE.read_text(), results=results)
+
+
+if __name__ == "__main__":
+    README.write_text(readme())
+    print(f"wrote {README.relative_to(ROOT)} from {TEMPLATE.relative_to(ROOT)}", file=sys.stderr)
