@@ -286,3 +286,12 @@ def test_a_figure_the_results_do_not_hold_stops_with_its_name(tmp_path):
             figures.render('{{ figure("r.json", "' + path + '") }}', results=tmp_path)
     with pytest.raises(figures.FigureError, match="no results file"):
         figures.render('{{ figure("gone.json", "x") }}', results=tmp_path)
+
+
+def test_every_figure_on_the_pages_names_a_value_its_results_file_holds():
+    rendered = 0
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text()
+        rendered += len(figures.FIGURE.findall(text))
+        figures.render(text, tooltip=True)  # raises FigureError naming the file and path
+    assert rendered >= 20, "the pages render fewer figures than they did: the pattern changed?"

@@ -77,7 +77,13 @@ def _matches(item: Any, selector: str) -> bool:
 
 def value(file: str, path: str, results: Path = RESULTS) -> Any:
     """The value at ``path`` (see the module's doc) of the results ``file``."""
+    return _trail(file, path, results)[-1]
+
+
+def _trail(file: str, path: str, results: Path = RESULTS) -> list[Any]:
+    """The file's contents and each node ``path`` passes through, down to its value."""
     node = _results(results / file)
+    trail = [node]
     for part in STEP.findall(path):
         try:
             if part.startswith("[") and "=" not in part:  # a key that holds dots: [0.9]
@@ -88,20 +94,26 @@ def value(file: str, path: str, results: Path = RESULTS) -> Any:
                 node = node[int(part)] if isinstance(node, list) else node[part]
         except (KeyError, IndexError, ValueError, TypeError, StopIteration):
             raise FigureError(f"{file} has no {path!r} (stopped at {part!r})") from None
-    return node
+        trail.append(node)
+    return trail
 
 
-def provenance(file: str, results: Path = RESULTS) -> str:
-    """Where a file's figures were measured: its machine, date and commit, as it records them."""
-    data = _results(results / file)
+def provenance(file: str, path: str = "", results: Path = RESULTS) -> str:
+    """Where the figure at ``path`` of ``file`` was measured: the file's machine and the date
+    and commit of the nearest record above it that names them (a row of runs may carry its
+    own commit)."""
+    trail = _trail(file, path, results) if path else [_results(results / file)]
+    records = [node for node in trail if isinstance(node, dict)]
     parts = [f"benchmarks/results/{file}"]
-    if isinstance(data, dict):
-        machine = data.get("machine")
-        if isinstance(machine, dict):
-            machine = ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None)
-        parts += [str(data[k]) for k in ("date", "commit") if data.get(k)]
-        if machine:
-            parts.insert(1, str(machine))
+    machine = next((r["machine"] for r in reversed(records) if r.get("machine")), None)
+    if isinstance(machine, dict):
+        machine = ", ".join(f"{k} {v}" for k, v in machine.items() if v is not None)
+    if machine:
+        parts.append(str(machine))
+    for key in ("date", "commit"):
+        found = next((r[key] for r in reversed(records) if r.get(key)), None)
+        if found:
+            parts.append(f"{key} {found}")
     return "; ".join(parts)
 
 
@@ -124,7 +136,7 @@ def render(text: str, tooltip: bool = False, results: Path = RESULTS) -> str:
         shown = figure(file, match["path"], fmt, results)
         if not tooltip:
             return shown
-        title = provenance(file, results).replace('"', "'")
+        title = provenance(file, match["path"], results).replace('"', "'")
         return f'<abbr title="{title}">{shown}</abbr>'
 
     return FIGURE.sub(one, text)
