@@ -54,6 +54,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,6 @@ class BusyCores:
     their image decoders too), on a machine where nothing else runs."""
 
     def __init__(self, interval: float = 0.5) -> None:
-        import threading
-
         self.samples: list[tuple[float, float]] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)

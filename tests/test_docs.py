@@ -26,16 +26,17 @@ from stitch_nas.settings._zoo_keys import check_zoo_item
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_reference():
-    path = ROOT / "docs" / "_scripts" / "reference.py"
-    spec = importlib.util.spec_from_file_location("docs_reference", path)
+def _load_script(name: str):
+    """A module of ``docs/_scripts`` (not a package: loaded from its file)."""
+    path = ROOT / "docs" / "_scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-reference = _load_reference()
+reference = _load_script("reference")
 
 
 def _listed_after(message: str, marker: str) -> set[str]:
@@ -236,16 +237,7 @@ def test_every_cited_results_file_exists_and_holds_the_cited_keys():
                 value = value[key]
 
 
-def _load_figures():
-    path = ROOT / "docs" / "_scripts" / "figures.py"
-    spec = importlib.util.spec_from_file_location("docs_figures", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-figures = _load_figures()
+figures = _load_script("figures")
 
 
 def test_the_readme_is_what_its_template_renders_from_the_results_files():
