@@ -24,7 +24,7 @@ default cache budget), locally or on Ray workers of one CPU each (a local Ray st
 run; one run per count in ``--workers``). Every process the run starts is watched
 (:mod:`process_tree`): its peak resident set, and the growth of ``/dev/shm`` (the object
 store). Per run: seconds to the first finished trial, trials per hour over the trials'
-phase, and, for local runs, each trial over one plain forward pass of its own network over the
+phase (complete trials: a repeat of a sampled config measures no network), and, for local runs, each trial over one plain forward pass of its own network over the
 same probe and validation images (median over the trials that met their first model's
 validation split first: ``trial_over_forward_cold``), and over the passes such a trial cannot
 avoid (``trial_over_necessary_cold``: its first model up to the cut over the probe, its second
@@ -229,7 +229,13 @@ def run_one(
             (min(t.datetime_complete for t in done) - began).total_seconds(), 1
         ),
         "trials_seconds": round((last_end - first_start).total_seconds(), 1),
-        "trials_per_hour": round(3600 * len(done) / (last_end - first_start).total_seconds(), 1),
+        # networks measured: a repeat of a sampled config is pruned at once and measures none
+        "trials_per_hour": round(
+            3600
+            * sum(t.state == optuna.trial.TrialState.COMPLETE for t in done)
+            / (last_end - first_start).total_seconds(),
+            1,
+        ),
         "cores_busy_in_trials": _rounded(
             busy.between(first_start.timestamp(), last_end.timestamp())
         ),
