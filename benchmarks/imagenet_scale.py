@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from process_tree import run_measured
+from process_tree import busy_jiffies, cores_busy, run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "imagenet_scale.json"
@@ -137,36 +137,28 @@ def _seconds(trial: Any) -> float:
 
 
 class BusyCores:
-    """Samples the machine's busy CPU seconds (``/proc/stat``) twice a second until stopped:
-    the cores busy over any stretch of the run, counting every process (the Ray workers and
-    their image decoders too), on a machine where nothing else runs."""
+    """Reads the machine's busy CPU time (:func:`process_tree.busy_jiffies`) twice a second
+    until stopped: the cores busy over any stretch of the run, counting every process (the Ray
+    workers and their image decoders too), on a machine where nothing else runs."""
 
     def __init__(self, interval: float = 0.5) -> None:
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, tuple[int, int] | None]] = []
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def busy_seconds() -> float:
-        # user nice system idle iowait irq softirq steal: all but idle and iowait are work
-        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
-        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
     def _loop(self, interval: float) -> None:
         while not self._done.is_set():
-            self.samples.append((time.time(), self.busy_seconds()))
+            self.samples.append((time.time(), busy_jiffies()))
             self._done.wait(interval)
 
     def between(self, start: float, end: float) -> float | None:
-        """Cores busy on average from ``start`` to ``end`` (epoch seconds), from the samples
-        nearest inside that stretch."""
+        """Cores busy on average from ``start`` to ``end`` (epoch seconds), from the first and
+        last readings inside that stretch."""
         self._done.set()
         self._thread.join()
-        inside = [s for s in self.samples if start <= s[0] <= end]
-        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-            return None
-        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+        inside = [reading for at, reading in self.samples if start <= at <= end]
+        return cores_busy(inside[0], inside[-1]) if len(inside) >= 2 else None
 
 
 def run_one(
@@ -237,9 +229,7 @@ def run_one(
             / (last_end - first_start).total_seconds(),
             1,
         ),
-        "cores_busy_in_trials": _rounded(
-            busy.between(first_start.timestamp(), last_end.timestamp())
-        ),
+        "cores_busy_in_trials": busy.between(first_start.timestamp(), last_end.timestamp()),
         # config -> accuracy of each complete trial, to compare runs of the same seed
         "accuracy": {
             json.dumps(t.user_attrs[attrs.CONFIG], sort_keys=True): t.values[0]
@@ -272,10 +262,6 @@ def run_one(
     row["trial_over_necessary_cold"] = round(statistics.median(necessary), 3) if ratios else None
     row["cold_trials_timed"] = len(ratios)
     return row
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
 
 
 def _necessary_seconds(ctx: Any, net: Any, config: Any, joint_seen: bool) -> float:

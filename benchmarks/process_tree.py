@@ -1,4 +1,5 @@
-"""Peak memory of a command and of every process it starts, and the object store's peak.
+"""Peak memory of a command and of every process it starts, the object store's peak, and how
+many of the machine's cores were busy between two readings (:func:`busy_jiffies`).
 
 Ray starts its workers as grandchildren of the driver (through the raylet), so the driver's own
 ``ru_maxrss`` says nothing about them and ``RUSAGE_CHILDREN`` folds them into one number.
@@ -12,6 +13,7 @@ writes there; the starting use is subtracted).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -19,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ProcessTree", "run_measured"]
+__all__ = ["ProcessTree", "busy_jiffies", "cores_busy", "run_measured"]
 
 
 def _parents() -> dict[int, int]:
@@ -44,6 +46,25 @@ def _status(pid: int) -> tuple[str, int] | None:
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     hwm = fields.get("VmHWM", "0 kB").split()[0]
     return fields.get("Name", "?").strip(), int(hwm) * 1024
+
+
+def busy_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole machine so far, in clock ticks; None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle and iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cores_busy(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """How many of the machine's cores were busy between two :func:`busy_jiffies` readings
+    (every process counts: meaningful on a machine where nothing else runs)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return round(share * (os.cpu_count() or 1), 2)
 
 
 def _shm_used() -> int:

@@ -75,6 +75,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import optuna  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
+from process_tree import busy_jiffies, cores_busy  # noqa: E402
 
 from stitch_nas.activations import StitchContext  # noqa: E402
 from stitch_nas.data import load_digits_splits  # noqa: E402
@@ -92,24 +93,6 @@ RESULTS = Path(__file__).parent / "results" / "ray_scaling.json"
 TWO_NODE_RESULTS = Path(__file__).parent / "results" / "ray_two_node.json"
 
 
-def _busy_jiffies() -> tuple[int, int] | None:
-    """(busy, total) CPU time of the whole machine so far, in clock ticks; None off Linux."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle and iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def _cores_busy(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    """How many of the machine's cores were busy between two :func:`_busy_jiffies` readings."""
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    share = (after[0] - before[0]) / (after[1] - before[1])
-    return round(share * (os.cpu_count() or 1), 2)
-
-
 class _TimedExecutor(RayExecutor):
     """A RayExecutor that records how many of the machine's cores were busy while it searched
     (start-up excluded): with ~40 ms trials, the ratio is bounded by how full two cores get."""
@@ -117,9 +100,9 @@ class _TimedExecutor(RayExecutor):
     cores_busy: float | None = None
 
     def _drive(self, *args, **kwargs):
-        before = _busy_jiffies()
+        before = busy_jiffies()
         counts = super()._drive(*args, **kwargs)
-        self.cores_busy = _cores_busy(before, _busy_jiffies())
+        self.cores_busy = cores_busy(before, busy_jiffies())
         return counts
 
 
@@ -242,10 +225,10 @@ def _joined(
     for process in processes:
         process.start()
     barrier.wait()
-    before, start = _busy_jiffies(), time.perf_counter()
+    before, start = busy_jiffies(), time.perf_counter()
     for process in processes:
         process.join()
-    seconds, cores = time.perf_counter() - start, _cores_busy(before, _busy_jiffies())
+    seconds, cores = time.perf_counter() - start, cores_busy(before, busy_jiffies())
     repeats = sum(
         "duplicate_of" in t.user_attrs or "reference_of" in t.user_attrs for t in study.trials
     )
