@@ -167,16 +167,20 @@ class DataSplits:
         """Return the four splits by name, in a fixed order."""
         return {"train": self.train, "probe": self.probe, "val": self.val, "test": self.test}
 
-    def limit_decoders(self, processes: int) -> None:
-        """Decode the splits read from files with at most ``processes`` worker processes.
+    def limit_decoders(self, processes: int) -> int:
+        """Decode the splits read from files with at most ``processes`` worker processes; the
+        most any split now uses.
 
         A Ray worker calls it with the CPUs it reserved less one, so that its image decoding
         stays within its reservation: two decoding processes beside a one-CPU worker's compute
         would take a CPU another worker reserved. What is read does not change.
         """
+        most = 0
         for split in self.splits().values():
             if getattr(split.x, "workers", 0) > processes:
                 split.x.workers = processes  # type: ignore[union-attr]
+            most = max(most, getattr(split.x, "workers", 0))
+        return most
 
     def fingerprint(self) -> str:
         """Return a sha256 hex digest of all tensors, the name and the label names.

@@ -77,9 +77,7 @@ class SharedContext:
         zoo, data = self.bundle if isinstance(self.bundle, tuple) else import_ray().get(self.bundle)
         if cpus is not None:
             reserved = max(1, int(cpus))
-            data.limit_decoders(reserved - 1)
-            decoders = max((getattr(s.x, "workers", 0) for s in data.splits().values()), default=0)
-            torch.set_num_threads(max(1, reserved - decoders))
+            torch.set_num_threads(max(1, reserved - data.limit_decoders(reserved - 1)))
         cache = ActivationCache(**self.cache, device=device)
         return StitchContext(zoo, data, device=device, cache=cache, **self.options)
 
