@@ -142,11 +142,42 @@ def render(text: str, tooltip: bool = False, results: Path = RESULTS) -> str:
     return FIGURE.sub(one, text)
 
 
+#: a number with a unit of measure, as prose states a measurement: ``1.83×``, ``24.2 s``,
+#: ``3.44 GB``, ``+23 %``, ``10 M MACs`` (a range ``20.7–25.3 s`` counts once)
+MEASURED = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?"
+    r"(?:[kMG]\s?|[kMG]-)?(?:s|ms|min|minutes?|seconds?|hours?|h|[kMGT]i?B|%|MACs?|×|x)(?!\w)"
+)
+#: a line that states a definition (a default, a limit, a formula), not a measurement
+DEFINITION = "<!-- definition -->"
+
+
+def hand_typed(text: str) -> list[tuple[int, str]]:
+    """Lines of a page (1-based, with the line) that state a number with a unit outside a
+    rendered figure, a code block, inline code or a line marked :data:`DEFINITION`."""
+    found, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or DEFINITION in line:
+            continue
+        prose = re.sub(r"`[^`]*`", "", FIGURE.sub("", line))
+        if MEASURED.search(prose):
+            found.append((number, line))
+    return found
+
+
 def readme(results: Path = RESULTS) -> str:
     """The README as its template renders it (plain figures: GitHub shows no tooltips)."""
     return render(TEMPLATE.read_text(), results=results)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--hand-typed"]:  # which lines of these pages state figures by hand
+        for name in sys.argv[2:]:
+            for number, line in hand_typed(Path(name).read_text()):
+                print(f"{name}:{number}: {line.strip()}")
+        sys.exit(0)
     README.write_text(readme())
     print(f"wrote {README.relative_to(ROOT)} from {TEMPLATE.relative_to(ROOT)}", file=sys.stderr)
