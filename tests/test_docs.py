@@ -280,6 +280,38 @@ def test_a_figure_the_results_do_not_hold_stops_with_its_name(tmp_path):
         figures.render('{{ figure("gone.json", "x") }}', results=tmp_path)
 
 
+def test_a_figure_reduces_every_item_of_a_list_and_scales_its_value(tmp_path):
+    rounds = [{"workers": 2, "ms": 39.0}, {"workers": 1, "ms": 33.0}, {"workers": 2, "ms": 35.5}]
+    (tmp_path / "r.json").write_text(json.dumps({"rounds": rounds, "macs": 10143940, "p": 0.49}))
+
+    def shown(args: str) -> str:
+        return figures.render('{{ figure("r.json", ' + args + ") }}", results=tmp_path)
+
+    assert shown('"rounds.*.ms.min"') == "33.0" and shown('"rounds.*.ms.max"') == "39.0"
+    assert shown('"rounds.*[workers=2].ms.min", "{:.1f} ms"') == "35.5 ms"
+    assert shown('"rounds.*[workers=2].count"') == "2"
+    assert shown('"macs", "{:.1f} M MACs", 1e6') == "10.1 M MACs"
+    assert shown('"p", "{:.1f} %", 0.01') == "49.0 %"
+    with pytest.raises(figures.FigureError, match="reduces them to no value"):
+        shown('"rounds.*.ms"')
+
+
+def test_the_hand_typed_check_finds_a_figure_outside_a_rendered_one():
+    page = "\n".join(
+        [
+            "took 24.2 s and 1.21 GB",  # typed by hand: found
+            'took {{ figure("demo.json", "wall_seconds.median", "{:.1f} s") }}',
+            "the default is 5 % of memory <!-- definition -->",
+            "`cache_memory_gb: 4.0 GB` in code, and the ResNet-20s",
+            "```",
+            "zoo ready in 0.6 s",
+            "```",
+            "a 10 M-MAC network, 1.83× as long",
+        ]
+    )
+    assert [number for number, _ in figures.hand_typed(page)] == [1, 8]
+
+
 def test_every_figure_on_the_pages_names_a_value_its_results_file_holds():
     rendered = 0
     for page in sorted((ROOT / "docs").rglob("*.md")):

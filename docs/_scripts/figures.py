@@ -5,7 +5,12 @@ A page (or the README's template) writes ``{{ figure("demo.json", "wall_seconds.
 that format (default ``{}``). In a path, a number indexes a list, ``[key=value,...]`` takes
 the list's first item with those values (``results[method=default,trials=100,
 reference_accuracy=0.9].hv_fraction_median``), and ``[key]`` is a key that holds dots
-(``hv_at[0.9].zoo``).
+(``hv_at[0.9].zoo``). ``*`` takes every item of a list, and a last step ``min``, ``max``,
+``median`` or ``count`` reduces them: ``rounds.*.driver_ms.min`` is the least of every
+round's, ``rounds.*[workers=2].driver_ms.max`` the most of those with two workers (a range
+stays the range of whatever the file holds). A fourth argument divides the value before it
+is formatted: ``"{:.1f} M", 1e6`` writes 10143940 MACs as ``10.1 M``, and ``"{:.1f} %", 0.01``
+a fraction as the docs write percentages.
 
 On the site each figure carries its file, machine, date and commit as a tooltip
 (``hooks.py``); the README is written from ``README.template.md`` beside this file
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,10 +36,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 TEMPLATE = Path(__file__).resolve().parent / "README.template.md"
 README = ROOT / "README.md"
 
-#: ``{{ figure("file.json", "a.b.0.c", "{:.2f}") }}`` (the format is optional)
+#: ``{{ figure("file.json", "a.b.0.c", "{:.2f}", 1e6) }}`` (the format and scale are optional)
 FIGURE = re.compile(
     r"""\{\{\s*figure\(\s*"(?P<file>[^"]+)"\s*,\s*"(?P<path>[^"]+)"\s*"""
-    r"""(?:,\s*"(?P<format>[^"]*)"\s*)?\)\s*\}\}"""
+    r"""(?:,\s*"(?P<format>[^"]*)"\s*)?(?:,\s*(?P<scale>[0-9.eE+-]+)\s*)?\)\s*\}\}"""
 )
 
 
@@ -83,19 +89,37 @@ def value(file: str, path: str, results: Path = RESULTS) -> Any:
 def _trail(file: str, path: str, results: Path = RESULTS) -> list[Any]:
     """The file's contents and each node ``path`` passes through, down to its value."""
     node = _results(results / file)
-    trail = [node]
+    trail, every = [node], False  # every: the node is a list of items ``*`` took
     for part in STEP.findall(path):
         try:
-            if part.startswith("[") and "=" not in part:  # a key that holds dots: [0.9]
-                node = node[part[1:-1]]
-            elif part.startswith("["):
-                node = next(item for item in node if _matches(item, part[1:-1]))
+            if every and part in REDUCE:
+                node, every = REDUCE[part](node), False
+            elif every and part.startswith("[") and "=" in part:  # those items only
+                node = [item for item in node if _matches(item, part[1:-1])]
+            elif every:
+                node = [_step(item, part) for item in node]
+            elif part == "*":
+                node, every = list(node), True
             else:
-                node = node[int(part)] if isinstance(node, list) else node[part]
+                node = _step(node, part)
         except (KeyError, IndexError, ValueError, TypeError, StopIteration):
             raise FigureError(f"{file} has no {path!r} (stopped at {part!r})") from None
         trail.append(node)
+    if every:
+        raise FigureError(f"{file}: {path!r} takes every item but reduces them to no value")
     return trail
+
+
+def _step(node: Any, part: str) -> Any:
+    if part.startswith("[") and "=" not in part:  # a key that holds dots: [0.9]
+        return node[part[1:-1]]
+    if part.startswith("["):
+        return next(item for item in node if _matches(item, part[1:-1]))
+    return node[int(part)] if isinstance(node, list) else node[part]
+
+
+#: how the items ``*`` took become one value
+REDUCE = {"min": min, "max": max, "median": statistics.median, "count": len}
 
 
 def provenance(file: str, path: str = "", results: Path = RESULTS) -> str:
@@ -117,11 +141,13 @@ def provenance(file: str, path: str = "", results: Path = RESULTS) -> str:
     return "; ".join(parts)
 
 
-def figure(file: str, path: str, fmt: str = "{}", results: Path = RESULTS) -> str:
-    """The value at ``path`` of ``file``, formatted."""
+def figure(
+    file: str, path: str, fmt: str = "{}", scale: float = 1.0, results: Path = RESULTS
+) -> str:
+    """The value at ``path`` of ``file``, divided by ``scale`` and formatted."""
     found = value(file, path, results)
     try:
-        return fmt.format(found)
+        return fmt.format(found / scale if scale != 1.0 else found)
     except (ValueError, IndexError, TypeError) as exc:
         fits = f"format {fmt!r} does not fit {found!r}"
         raise FigureError(f"{fits} ({file}: {path}): {exc}") from None
@@ -133,7 +159,8 @@ def render(text: str, tooltip: bool = False, results: Path = RESULTS) -> str:
 
     def one(match: re.Match[str]) -> str:
         file, fmt = match["file"], match["format"] or "{}"
-        shown = figure(file, match["path"], fmt, results)
+        scale = float(match["scale"] or 1.0)
+        shown = figure(file, match["path"], fmt, scale, results)
         if not tooltip:
             return shown
         title = provenance(file, match["path"], results).replace('"', "'")
@@ -145,7 +172,7 @@ def render(text: str, tooltip: bool = False, results: Path = RESULTS) -> str:
 #: a number with a unit of measure, as prose states a measurement: ``1.83×``, ``24.2 s``,
 #: ``3.44 GB``, ``+23 %``, ``10 M MACs`` (a range ``20.7–25.3 s`` counts once)
 MEASURED = re.compile(
-    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?"
+    r"(?<![\w.])(?<![A-Za-z]-)\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?"
     r"(?:[kMG]\s?|[kMG]-)?(?:s|ms|min|minutes?|seconds?|hours?|h|[kMGT]i?B|%|MACs?|×|x)(?!\w)"
 )
 #: a line that states a definition (a default, a limit, a formula), not a measurement
