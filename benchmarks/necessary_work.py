@@ -11,8 +11,11 @@ or reuse could remove:
   over the probe images. The scored pool is replayed from the search's seed (the same scratch
   sampler and space), without scoring anything.
 - **trials**: what is new in each trial that ran (its MACs less its first fragment's, which a
-  zoo model's pass already computed) over the images it was scored on (the probe, then the
-  gate's slice or the whole validation split); a repeat of an earlier trial costs nothing.
+  zoo model's pass already computed) over the validation images it was scored on (the gate's
+  slice or the whole split), and what is new in each distinct config the trials' probe scored
+  over the probe images: the trials after seeding, and every proposal the probe in the loop
+  scored to choose them (``attrs.PROXY_PROPOSALS``; the seeded trials were scored in seeding);
+  a repeat of an earlier trial costs nothing.
 - **refining**: each trained joint's steps x batch images through what is new, three times
   (forward, and a backward of about twice a forward), plus its first fragment once per distinct
   prefix over the rows its steps draw, each distinct teacher once over the train split, and
@@ -41,7 +44,7 @@ from typing import Any
 
 import optuna
 import torch
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FixedTrial, FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
@@ -50,6 +53,7 @@ from stitch_nas.config import StitchConfig
 from stitch_nas.machine import reuse_freed_memory
 from stitch_nas.report import pareto_trials
 from stitch_nas.search import StitchObjective, load_folder_study
+from stitch_nas.search._seeding import CANDIDATES_PER_SEED
 from stitch_nas.settings import Settings, settings_from_dict
 from stitch_nas.stitching import SAMPLE_IMAGES, fragment_macs
 
@@ -94,9 +98,7 @@ def _pool(study: optuna.Study, ctx: StitchContext, settings: Settings) -> list[S
     (a config the probe refused for its layout is counted too: a lower bound's error of a
     handful)."""
     search = settings.search
-    objective = StitchObjective(
-        ctx, space=search.space, objectives=search.objectives, space_options=search.space_options
-    )
+    objective = _objective(ctx, settings)
     refs = study.user_attrs.get(attrs.REFERENCES) or []
     accuracy = {str(r["name"]): float(r["accuracy"]) for r in refs}
     propose = getattr(objective.space, "proposals", None)
@@ -107,7 +109,8 @@ def _pool(study: optuna.Study, ctx: StitchContext, settings: Settings) -> list[S
     )
     for params in proposals:
         scratch.enqueue_trial(params)
-    wanted = max(search.seed_pool, search.seed_trials) + len(proposals)
+    pool = search.seed_pool or CANDIDATES_PER_SEED * search.seed_trials  # as seeding reads it
+    wanted = max(pool, search.seed_trials) + len(proposals)
     seen: set[str] = set()
     configs: list[StitchConfig] = []
     for _ in range(wanted * 3):
@@ -119,6 +122,14 @@ def _pool(study: optuna.Study, ctx: StitchContext, settings: Settings) -> list[S
             seen.add(key)
             configs.append(config)
     return configs
+
+
+def _objective(ctx: StitchContext, settings: Settings) -> StitchObjective:
+    """The search's objective, for its space (nothing is measured through it)."""
+    search = settings.search
+    return StitchObjective(
+        ctx, space=search.space, objectives=search.objectives, space_options=search.space_options
+    )
 
 
 def _trained(trial: FrozenTrial) -> tuple[int, int, str] | None:
@@ -149,11 +160,22 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
         t for t in ran if attrs.REFINES not in t.user_attrs and attrs.FINETUNES not in t.user_attrs
     ]
     work["trials"] = sum(
-        _new_macs(ctx, c, t.user_attrs.get("macs"))
-        * ((0 if t.number < seeded else n["probe"]) + _scored_images(t, n["val"]))
+        _new_macs(ctx, c, t.user_attrs.get("macs")) * _scored_images(t, n["val"])
         for t in searched
         if (c := _config(t)) is not None
     )
+    probed = {  # config hash -> what is new in it, for each distinct config the probe scored
+        c.stable_hash(): _new_macs(ctx, c, t.user_attrs.get("macs"))
+        for t in searched
+        if t.number >= seeded and (c := _config(t)) is not None and c.is_stitched
+    }
+    objective = _objective(ctx, settings)
+    for t in searched:  # the proposals the probe in the loop scored (the chosen one among them)
+        for params in t.user_attrs.get(attrs.PROXY_PROPOSALS) or []:
+            config = objective.space(FixedTrial(params), ctx, **objective.space_options)
+            if config.is_stitched and config.stable_hash() not in probed:
+                probed[config.stable_hash()] = _new_macs(ctx, config)
+    work["trials"] += sum(probed.values()) * n["probe"]
     refined, prefixes, teachers = 0.0, set(), set()
     for t in (t for t in ran if attrs.REFINES in t.user_attrs):
         config, how = _config(t), _trained(t)

@@ -26,6 +26,7 @@ __all__ = [
     "PARTIAL_INTERVAL",
     "PHASES",
     "PROBE_ACCURACY",
+    "PROXY_PROPOSALS",
     "PRUNE_REASON",
     "RAY_NODE",
     "RAY_WORKER",
@@ -70,6 +71,9 @@ CKA = "cka"
 PRUNE_REASON = "prune_reason"
 #: the least-squares version's accuracy on the probe split (the pruning and seeding proxy)
 PROBE_ACCURACY = "probe_accuracy"
+#: the params of the proposals the probe scored to choose this trial's (``search.proxy_candidates``;
+#: the chosen one among them), so what the choice cost can be counted after the search
+PROXY_PROPOSALS = "proxy_proposals"
 #: the network's kind ("stitched", "new head", ...: ``stitch_nas.stitching.network_kind``), the
 #: ``Measurement`` field of that name; trials of older versions lack it
 KIND = "kind"

@@ -51,6 +51,9 @@ def test_each_trial_takes_the_candidate_that_adds_most_to_the_proxy_front():
         elif batch:  # nothing adds: the base sampler's first proposal not tried yet
             assert x == batch[0][0]
         study.tell(trial, _true(x))
+        # the trial keeps what its choice cost: every proposal scored, the chosen among them
+        recorded = study.trials[-1].user_attrs[attrs.PROXY_PROPOSALS]
+        assert recorded == [{"x": p} for p, _ in proposals[-1]] and {"x": x} in recorded
     assert sampler.scored == 6 * 12
     assert len({p for batch in proposals for p, _ in batch}) > 12  # it proposed, not repeated
 
@@ -106,6 +109,8 @@ def test_a_base_sampler_that_only_repeats_gives_way_to_random_candidates():
     xs = [t.params["x"] for t in study.trials]
     assert xs[0] == 5 and len(set(xs)) == 6  # every trial after the first a new config
     assert sampler.scored == 5 * (4 + 4)  # the base's four repeats, then four random
+    assert [len(t.user_attrs[attrs.PROXY_PROPOSALS]) for t in study.trials[1:]] == [8] * 5
+    assert attrs.PROXY_PROPOSALS not in study.trials[0].user_attrs  # enqueued: none scored
 
 
 def test_the_scratch_study_holds_each_finished_trial_once():

@@ -115,6 +115,7 @@ class ProxySampler(BaseSampler):
         # while another is new (a sampler that has converged proposes repeats often)
         tried = {_key(t.params) for t in trials if t.params}
         proposals = self._propose(scratch, tried)
+        scored = [params for params, *_ in proposals]  # every proposal scored for this trial
         new = [i for i, (params, *_) in enumerate(proposals) if _key(params) not in tried]
         if not new:  # the base sampler only repeats (it has converged): random ones instead
             scratch.sampler = self._explore
@@ -122,12 +123,13 @@ class ProxySampler(BaseSampler):
                 proposals = self._propose(scratch, tried)
             finally:
                 scratch.sampler = self.base
+            scored += [params for params, *_ in proposals]
             new = [i for i, (params, *_) in enumerate(proposals) if _key(params) not in tried]
         front = [p for p in map(self._values_of, trials) if p]
         best, gain = (new or [0])[0], 0.0  # by default the base sampler's first new proposal
-        scored = [v for _, v, _ in proposals if v is not None]
-        if scored:
-            ref = _reference(front + scored, study.directions)
+        points = [v for _, v, _ in proposals if v is not None]
+        if points:
+            ref = _reference(front + points, study.directions)
             base_hv = hypervolume(front, study.directions, ref) if front else 0.0
             for i, (_, values, _) in enumerate(proposals):
                 if values is not None:
@@ -136,6 +138,7 @@ class ProxySampler(BaseSampler):
                         best, gain = i, added
         params, values, bookkeeping = proposals[best]
         self._chosen[trial.number] = params
+        study._storage.set_trial_user_attr(trial._trial_id, attrs.PROXY_PROPOSALS, scored)
         # the base sampler's own marks on the candidate (NSGA-II's generation) go with it, so
         # the trial counts in the base's bookkeeping once mirrored (without them NSGA-II saw no
         # generation complete and proposed its first, random, one for ever); Optuna's own
