@@ -282,7 +282,10 @@ def test_a_figure_the_results_do_not_hold_stops_with_its_name(tmp_path):
 
 def test_a_figure_reduces_every_item_of_a_list_and_scales_its_value(tmp_path):
     rounds = [{"workers": 2, "ms": 39.0}, {"workers": 1, "ms": 33.0}, {"workers": 2, "ms": 35.5}]
-    (tmp_path / "r.json").write_text(json.dumps({"rounds": rounds, "macs": 10143940, "p": 0.49}))
+    other = {"by_model": {"a": 4, "b": 2}, "grid": [[3, 1], [2]], "half": 1.055}
+    (tmp_path / "r.json").write_text(
+        json.dumps({"rounds": rounds, "macs": 10143940, "p": 0.49, **other})
+    )
 
     def shown(args: str) -> str:
         return figures.render('{{ figure("r.json", ' + args + ") }}", results=tmp_path)
@@ -290,6 +293,8 @@ def test_a_figure_reduces_every_item_of_a_list_and_scales_its_value(tmp_path):
     assert shown('"rounds.*.ms.min"') == "33.0" and shown('"rounds.*.ms.max"') == "39.0"
     assert shown('"rounds.*[workers=2].ms.min", "{:.1f} ms"') == "35.5 ms"
     assert shown('"rounds.*[workers=2].count"') == "2"
+    assert shown('"by_model.*.max"') == "4" and shown('"grid.*.*.min"') == "1"
+    assert shown('"half", "{:.2f}"') == "1.06"  # half up, as the file's digits read
     assert shown('"macs", "{:.1f} M MACs", 1e6') == "10.1 M MACs"
     assert shown('"p", "{:.1f} %", 0.01') == "49.0 %"
     with pytest.raises(figures.FigureError, match="reduces them to no value"):

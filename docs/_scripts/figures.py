@@ -7,8 +7,9 @@ the list's first item with those values (``results[method=default,trials=100,
 reference_accuracy=0.9].hv_fraction_median``), and ``[key]`` is a key that holds dots
 (``hv_at[0.9].zoo``). ``*`` takes every item of a list, and a last step ``min``, ``max``,
 ``median`` or ``count`` reduces them: ``rounds.*.driver_ms.min`` is the least of every
-round's, ``rounds.*[workers=2].driver_ms.max`` the most of those with two workers (a range
-stays the range of whatever the file holds). A fourth argument divides the value before it
+round's, ``rounds.*[workers=2].driver_ms.max`` the most of those with two workers, and
+``*.*`` the items of every item (a mapping's values count as its items; a range stays the
+range of whatever the file holds). A fourth argument divides the value before it
 is formatted: ``"{:.1f} M", 1e6`` writes 10143940 MACs as ``10.1 M``, and ``"{:.1f} %", 0.01``
 a fraction as the docs write percentages.
 
@@ -23,6 +24,7 @@ Imports nothing beyond the standard library: the docs build never imports torch.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import json
 import re
@@ -94,12 +96,14 @@ def _trail(file: str, path: str, results: Path = RESULTS) -> list[Any]:
         try:
             if every and part in REDUCE:
                 node, every = REDUCE[part](node), False
+            elif every and part == "*":  # every item of every item: one level flatter
+                node = [x for item in node for x in _items(item)]
             elif every and part.startswith("[") and "=" in part:  # those items only
                 node = [item for item in node if _matches(item, part[1:-1])]
             elif every:
                 node = [_step(item, part) for item in node]
             elif part == "*":
-                node, every = list(node), True
+                node, every = _items(node), True
             else:
                 node = _step(node, part)
         except (KeyError, IndexError, ValueError, TypeError, StopIteration):
@@ -108,6 +112,11 @@ def _trail(file: str, path: str, results: Path = RESULTS) -> list[Any]:
     if every:
         raise FigureError(f"{file}: {path!r} takes every item but reduces them to no value")
     return trail
+
+
+def _items(node: Any) -> list[Any]:
+    """What ``*`` takes: every item of a list, every value of a mapping."""
+    return list(node.values() if isinstance(node, dict) else node)
 
 
 def _step(node: Any, part: str) -> Any:
@@ -144,10 +153,20 @@ def provenance(file: str, path: str = "", results: Path = RESULTS) -> str:
 def figure(
     file: str, path: str, fmt: str = "{}", scale: float = 1.0, results: Path = RESULTS
 ) -> str:
-    """The value at ``path`` of ``file``, divided by ``scale`` and formatted."""
+    """The value at ``path`` of ``file``, divided by ``scale`` and formatted (a number rounded
+    half up, as a reader rounds the digits the file shows: 1.055 to 1.06, where a float's
+    binary value rounds it to 1.05)."""
     found = value(file, path, results)
+    shown = found
+    if isinstance(found, (int, float)) and not isinstance(found, bool):
+        exact = decimal.Decimal(repr(found))  # the digits the file shows
+        if scale != 1.0:
+            shown = exact / decimal.Decimal(repr(scale))
+        elif isinstance(found, float):
+            shown = exact
     try:
-        return fmt.format(found / scale if scale != 1.0 else found)
+        with decimal.localcontext(rounding=decimal.ROUND_HALF_UP):
+            return fmt.format(shown)
     except (ValueError, IndexError, TypeError) as exc:
         fits = f"format {fmt!r} does not fit {found!r}"
         raise FigureError(f"{fits} ({file}: {path}): {exc}") from None
