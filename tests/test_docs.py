@@ -317,6 +317,18 @@ def test_the_hand_typed_check_finds_a_figure_outside_a_rendered_one():
     assert [number for number, _ in figures.hand_typed(page)] == [1, 8]
 
 
+def test_no_page_states_a_measured_figure_by_hand():
+    """A number with a unit is a figure rendered from its results file, or its line is marked
+    as a definition (a default, a limit, a formula): typed by hand, it goes stale."""
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), figures.TEMPLATE]
+    typed = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in pages
+        for number, line in figures.hand_typed(page.read_text())
+    ]
+    assert len(pages) > 30 and not typed, "\n".join(typed)
+
+
 def test_every_figure_on_the_pages_names_a_value_its_results_file_holds():
     rendered = 0
     for page in sorted((ROOT / "docs").rglob("*.md")):

@@ -150,6 +150,10 @@ def provenance(file: str, path: str = "", results: Path = RESULTS) -> str:
     return "; ".join(parts)
 
 
+#: a format that writes an exponent
+SCIENTIFIC = re.compile(r":[^}]*[eEgG]\}")
+
+
 def figure(
     file: str, path: str, fmt: str = "{}", scale: float = 1.0, results: Path = RESULTS
 ) -> str:
@@ -158,7 +162,9 @@ def figure(
     binary value rounds it to 1.05)."""
     found = value(file, path, results)
     shown = found
-    if isinstance(found, (int, float)) and not isinstance(found, bool):
+    if SCIENTIFIC.search(fmt):  # as Python writes it (3.5e-05: a Decimal writes 3.5e-5)
+        shown = found / scale if scale != 1.0 else found
+    elif isinstance(found, (int, float)) and not isinstance(found, bool):
         exact = decimal.Decimal(repr(found))  # the digits the file shows
         if scale != 1.0:
             shown = exact / decimal.Decimal(repr(scale))
@@ -215,8 +221,9 @@ def hand_typed(text: str) -> list[tuple[int, str]]:
 
 
 def readme(results: Path = RESULTS) -> str:
-    """The README as its template renders it (plain figures: GitHub shows no tooltips)."""
-    return render(TEMPLATE.read_text(), results=results)
+    """The README as its template renders it (plain figures: GitHub shows no tooltips; the
+    definition marks, which only the hand-typed check reads, left out)."""
+    return render(TEMPLATE.read_text(), results=results).replace(f" {DEFINITION}", "")
 
 
 if __name__ == "__main__":
