@@ -210,3 +210,26 @@ def test_a_config_proposed_again_is_not_scored_again(monkeypatch):
     )
     scratch.enqueue_trial(first.params)
     assert sampler._score(scratch.ask()) == values and not probes
+
+
+def test_a_proposal_the_space_prunes_is_skipped_by_seeding_and_by_the_proxy():
+    """A space may prune params no network fits (``restnet``'s parameter budget): seeding and
+    the proxy, which call the space outside a trial, skip them instead of stopping the run."""
+    from stitch_nas.search import seed_study
+
+    ctx = tiny_context()
+    objective = StitchObjective(ctx, probe_threshold=0.0)
+    real, calls = objective.space, [0]
+
+    def space(trial, ctx, **options):
+        calls[0] += 1
+        if calls[0] % 2:
+            raise optuna.TrialPruned("no network of this pair fits the budget")
+        return real(trial, ctx, **options)
+
+    objective.space = space
+    sampler = proxy_sampler(objective, optuna.samplers.RandomSampler(seed=0), candidates=4)
+    study = optuna.create_study(directions=objective.directions, sampler=sampler)
+    assert seed_study(study, objective, 2, pool=4) == 2
+    study.optimize(objective, n_trials=8)
+    assert len(study.trials) == 8 and sampler.scored == 4 * 6  # the two seeded cost none

@@ -264,7 +264,10 @@ def proxy_sampler(
     def score(trial: optuna.Trial) -> tuple[float, ...] | None:
         if not proxies.issuperset(objective.names):
             return None
-        config = objective.space(trial, ctx, **objective.space_options)
+        try:
+            config = objective.space(trial, ctx, **objective.space_options)
+        except optuna.TrialPruned:  # the space has no network for these params (a budget)
+            return None
         key = config.stable_hash()
         if key not in values:
             values[key] = measure(config)

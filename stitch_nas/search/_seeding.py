@@ -105,7 +105,10 @@ def seed_study(
         if len(scored) >= wanted:
             break
         trial = scratch.ask()
-        config = objective.space(trial, ctx, **objective.space_options)
+        try:
+            config = objective.space(trial, ctx, **objective.space_options)
+        except optuna.TrialPruned:  # the space has no network for these params (a budget)
+            continue
         key = config.stable_hash()
         if key in seen or not config.is_stitched:
             continue
