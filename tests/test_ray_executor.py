@@ -479,3 +479,29 @@ def test_in_workers_mode_the_proxy_scores_candidates_on_each_workers_own_context
     marks = [p.name.split("-")[0] for p in scored.iterdir()]
     assert marks and set(marks) == {"own"}, marks  # the driver's context never travelled
     assert ctx.cache.stats()["misses"] == misses  # and the driver scored nothing itself
+
+
+def test_joining_a_cluster_waits_for_its_address_as_long_as_the_settings_say(monkeypatch):
+    """search.ray_connect_timeout_s holds when Ray starts as in the pre-flight check (the
+    executor asked again with the default 10 s, so a slower cluster passed one, not the other)."""
+    from stitch_nas.pipeline._executor import executor_from_settings
+    from stitch_nas.search import _ray_executor
+    from stitch_nas.settings import Settings
+
+    search = Settings().search
+    search.executor, search.ray_address, search.ray_connect_timeout_s = "ray", "10.0.0.1:6379", 42
+    executor = executor_from_settings(search)
+    asked = []
+
+    def unreachable(address, timeout_s):
+        asked.append((address, timeout_s))
+        raise errors.ConfigError("no Ray there")
+
+    monkeypatch.setattr(_ray_executor, "check_ray_address", unreachable)
+
+    class NotStarted:
+        is_initialized = staticmethod(lambda: False)
+
+    with pytest.raises(errors.ConfigError, match="no Ray there"):
+        executor._init_ray(NotStarted)
+    assert asked == [("10.0.0.1:6379", 42)]

@@ -20,4 +20,5 @@ def executor_from_settings(search: SearchSettings) -> RayExecutor | None:
         cpus_per_worker=search.cpus_per_worker,
         gpus_per_worker=None if search.gpus_per_worker == -1 else search.gpus_per_worker,
         mode=search.ray_mode,
+        connect_timeout_s=search.ray_connect_timeout_s,
     )

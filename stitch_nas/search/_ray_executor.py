@@ -64,6 +64,7 @@ from stitch_nas.stitching import NETWORKS
 from ._ray_driver import drive_trials
 from ._ray_map import map_on_workers
 from ._ray_resources import (
+    CONNECT_TIMEOUT_S,
     WORKER_BASE_BYTES,
     check_ray_address,
     context_bytes,
@@ -105,6 +106,8 @@ class RayExecutor:
             None: ``max(10, 2 * workers)``.
         mode: ``"driver"``: the driver asks and tells, workers evaluate; ``"workers"``: each
             worker asks and tells a study it opens itself; ``"auto"``: see the module docstring.
+        connect_timeout_s: Seconds ``address`` has to answer as Ray before it is joined
+            (``search.ray_connect_timeout_s``).
         worker_class: The actor body; a subclass of :class:`TrialWorker`, or of
             :class:`StudyWorker` for the workers mode (tests inject faults this way).
         last_run: Figures of the latest :meth:`run` (trials, seconds, restarts, trials per
@@ -117,6 +120,7 @@ class RayExecutor:
     gpus_per_worker: float | None = None
     max_failures_in_a_row: int | None = None
     mode: str = "auto"
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
     worker_class: type[TrialWorker] = StudyWorker
     last_run: dict[str, Any] = field(default_factory=dict)
     #: workers the latest :meth:`run` started: ``workers`` capped by what there is
@@ -128,6 +132,7 @@ class RayExecutor:
         check_positive(self.cpus_per_worker, "cpus_per_worker")
         check_gpus_per_worker(self.gpus_per_worker, "gpus_per_worker")
         check_one_of(self.mode, "mode", RAY_MODES)
+        check_positive(self.connect_timeout_s, "connect_timeout_s")
         if self.mode == "workers" and not issubclass(self.worker_class, StudyWorker):
             raise ConfigError("mode='workers' needs a worker_class derived from StudyWorker")
         import_ray()  # a missing Ray extra fails here, before the zoo and the data load
@@ -248,7 +253,8 @@ class RayExecutor:
         """Start or join Ray unless it is running in this process; True if we started it."""
         if ray.is_initialized():
             return False
-        check_ray_address(self.address)  # ray.init would retry an unreachable one for minutes
+        # ray.init would retry an unreachable one for minutes
+        check_ray_address(self.address, self.connect_timeout_s)
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
         if self.address is None:
             kwargs["num_cpus"] = max(1, math.ceil(self.running * self.cpus_per_worker))
