@@ -320,3 +320,23 @@ def test_linear_without_training_is_the_lstsq_map(ctx, dst):
         adapters.initialise(module, x, y, src=src, dst=ctx.cut(*dst))
     with torch.no_grad():
         assert torch.allclose(closed(x), linear.eval()(x), atol=1e-3, rtol=1e-3)
+
+
+def test_a_kind_registered_without_training_options_is_initialised_and_not_trained(ctx):
+    """The plug-ins page's own example: a kind declares only its structure (no
+    ``adapters.TRAIN_OPTIONS``); its joints are fitted as built, not trained (every trial
+    failed with KeyError: 'loss' before)."""
+    from stitch_nas.adapters._registry import ADAPTERS
+    from stitch_nas.registry import integer
+
+    @adapters.register_adapter(
+        "conv5x5_plain", options={"width": integer(None, 1, optional=True, structural=True)}
+    )
+    def conv5x5(src, dst, *, width=None):
+        return torch.nn.Conv2d(src.channels, dst.channels, 5, padding=2)
+
+    try:
+        fit = _fit(ctx, AdapterSpec("conv5x5_plain", {}))
+        assert fit.report is None and isinstance(fit.adapter, torch.nn.Conv2d)
+    finally:
+        ADAPTERS._entries.pop("conv5x5_plain")

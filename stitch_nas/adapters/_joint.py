@@ -36,6 +36,7 @@ from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint, segment
 
 from ._init import initialise
+from ._options import TRAIN_OPTIONS
 from ._registry import create, resolve_options
 from ._train import TrainData, TrainReport, train
 
@@ -201,6 +202,9 @@ def fit_joint(
     (:func:`stitch_nas.stitching.load_tuned`).
     """
     opts = resolve_options(spec.kind, dict(spec.options))
+    if "loss" not in opts:  # a kind registered without TRAIN_OPTIONS: initialised, not trained
+        opts = {**{k: option.default for k, option in TRAIN_OPTIONS.items()}, **opts}
+        opts["loss"] = "none"
     _check(spec, opts, joint, ctx)
     adapter = create(spec.kind, joint.src_cut, joint.dst_cut, **dict(spec.options))
     adapter = adapter.to(ctx.device)
