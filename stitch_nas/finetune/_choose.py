@@ -8,8 +8,9 @@ Two measurements on the ten-model real zoo decide the rule:
   a front spread over its MACs was LeNet-stem stitches no recipe lifts above 0.45
   (``realzoo_finetune_gpu_long_seed0.json``).
 - The search's fidelity gate prunes a network that cannot beat the front *as it is*, which is
-  exactly what fine-tuning changes: it pruned 229 of 261 trials per seed, and between 10 and
-  41 M MACs, where the strong models are, 69 to 78 trials per seed and completed 0 to 5
+  exactly what fine-tuning changes: it pruned 229 of 258 to 261 trials in each seed, and
+  between 10 and 41 M MACs, where the strong models are, 69 to 78 trials per seed and
+  completed 0 to 5
   (``realzoo_finetune_h100_complete_only_seed*.json``, all in ``benchmarks/results``).
 
 So the candidates are the stitched networks the search completed (their validation accuracy)

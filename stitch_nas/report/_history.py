@@ -6,7 +6,7 @@ reference point of :func:`~stitch_nas.report.hypervolume_box`, over the box's vo
 zoo's models and the feasible COMPLETE trials up to it; a fine-tune trial counts at its own
 number and completion time. Its last value is that hypervolume; its first, before any trial,
 the zoo's alone. The front is kept incrementally: a trial that joins it adds the volume it
-covers alone, so a study of a thousand trials takes about a second.
+covers alone, so a trial that does not join it costs no hypervolume computation.
 """
 
 from __future__ import annotations

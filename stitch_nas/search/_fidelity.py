@@ -17,7 +17,7 @@ its RFC, optuna#3450, is open), so the objective gates itself, with one rule:
     slice is scored; the accuracy of a config that reaches the end is over the whole split, the
     same correct images as without the gate. Until a trial of the study completes, nothing is
     pruned (the zoo alone never prunes), so a search always measures a network. The gate needs
-    a first slice of at least ``MIN_SLICE_IMAGES`` images (1,334 validation images at 15 %); a
+    a first slice of at least ``MIN_SLICE_IMAGES`` images (1,330 validation images at 15 %); a
     smaller split is scored whole.
 
 Slices grow threefold so that a config the first slice could not judge (its interval still

@@ -1,8 +1,9 @@
 """The Ray side of a search: the worker actors and the pool that keeps them alive.
 
 A :class:`TrialWorker` holds one StitchContext rebuilt from the driver's zoo and data, with its
-own activation cache bounded as the driver's is, and evaluates configs sent as JSON; the pool
-starts N of them, submits configs, turns a raised task or a dead worker into a "fail" outcome
+own activation cache bounded as the driver's is, and evaluates the trial plans it is sent
+(:class:`~._evaluate.TrialPlan`, pickled by Ray); the pool starts N of them, submits plans,
+turns a raised task or a dead worker into a "fail" outcome
 and replaces a dead worker in its slot. :mod:`._ray_executor` drives them from the study.
 """
 
