@@ -191,7 +191,7 @@ def yaml_reference() -> str:
         "section and key is optional; an unknown key, a value of the wrong type, a missing "
         "file or folder is one line naming it and exit code 2, before torch loads. "
         "See [Your own zoo and data in YAML](../guide/yaml.md) for how the keys work together, "
-        "and `examples/search.yaml` for a file that lists them all.",
+        "and `examples/search.yaml` for a commented file that uses most of them.",
         "",
     ]
     for name, cls in sections.items():
