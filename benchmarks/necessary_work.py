@@ -172,7 +172,10 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
     objective = _objective(ctx, settings)
     for t in searched:  # the proposals the probe in the loop scored (the chosen one among them)
         for params in t.user_attrs.get(attrs.PROXY_PROPOSALS) or []:
-            config = objective.space(FixedTrial(params), ctx, **objective.space_options)
+            try:
+                config = objective.space(FixedTrial(params), ctx, **objective.space_options)
+            except optuna.TrialPruned:  # no network for these params: nothing was scored
+                continue
             if config.is_stitched and config.stable_hash() not in probed:
                 probed[config.stable_hash()] = _new_macs(ctx, config)
     work["trials"] += sum(probed.values()) * n["probe"]

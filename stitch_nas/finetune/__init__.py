@@ -5,8 +5,8 @@ its anchors; DeRy fine-tunes reassembled networks end to end. Here a network of 
 trained on its own copy of the zoo's fragments (:func:`finetune`) from the zoo's best models
 (:func:`make_teacher`), with augmentation, a cosine schedule and early stopping on a held-out
 slice of the recipe's ``judge`` split (validation by default), under one recorded
-:class:`FinetuneRecipe`; the same recipe applied
-to the zoo's own models is the honest control. :func:`finetune_front` is the search's stage.
+:class:`FinetuneRecipe`; the same recipe applied to the zoo's own models is the honest
+control. :func:`finetune_front` is the search's stage.
 
 The recipe imports without torch (the CLI checks it before loading anything); the rest loads
 on first use.
