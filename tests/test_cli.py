@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -100,7 +102,37 @@ def test_bad_zoo_entry_fails_before_any_zoo_build(capsys, tmp_path):
     assert not (tmp_path / "cache").exists()  # failed before the mini zoo was built
 
 
-def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir, digits):
+def _printout_skeleton(text: str) -> list[str]:
+    """What a printout says whatever the run measured: its unindented lines (headings, the
+    phases, the rules) with every number masked and spaces collapsed; table rows, indented
+    lines (the claims, one per zoo model) and the optional stitched-alone heading left out."""
+    lines = []
+    for line in text.splitlines():
+        if not line.strip() or line[0].isspace() or line.startswith("Stitched networks alone"):
+            continue
+        masked = re.sub(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?[KMG]?", "N", line)
+        masked = re.sub(r"study '[^']*'", "study 'OUT'", masked)
+        if not re.match(r"^\S+ +N \[N, N\]", masked):  # a zoo model's row
+            lines.append(" ".join(masked.split()))
+    return lines
+
+
+def _page_printout(page: str, heading: str) -> str:
+    """The first code block after ``heading`` on ``docs/<page>``, as the site renders it."""
+    import importlib.util
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    spec = importlib.util.spec_from_file_location("figures", docs / "_scripts" / "figures.py")
+    assert spec is not None and spec.loader is not None
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    text = figures.render((docs / page).read_text())
+    after = text[text.index(heading) :]
+    start = after.index("\n```\n") + len("\n```\n")
+    return after[start : after.index("\n```", start)]
+
+
+def test_demo_end_to_end(capsys, monkeypatch, tmp_path, mini_zoo, mini_zoo_dir, digits):
     """The README's main job on the session's zoo: files, a stitched front, a report."""
     import json
 
@@ -124,6 +156,15 @@ def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir, digits):
     assert len(rows) >= 51 and "state" in rows[0]
     code, again, _ = _run(capsys, "report", str(out))
     assert code == 0 and "hypervolume" in again
+    import stitch_nas.pipeline
+
+    asked, report_folder = {}, stitch_nas.pipeline.report_folder
+    monkeypatch.setattr(
+        stitch_nas.pipeline,
+        "report_folder",
+        lambda *args, **kwargs: asked.update(kwargs) or report_folder(*args, **kwargs),
+    )
+    assert _run(capsys, "-q", "report", str(out))[0] == 0 and asked["progress"] is False
     # the demo ends by exporting its front: one folder per front network and an elastic package
     exported = sorted(p.name for p in (out / "models").iterdir())
     assert "elastic" in exported and f"trial_{report['front'][0]['number']}" in exported
@@ -146,6 +187,11 @@ def test_demo_end_to_end(capsys, tmp_path, mini_zoo, mini_zoo_dir, digits):
     peaks = [row["peak_rss_gb"] for row in phases.values()]
     assert peaks[0] > 0 and peaks == sorted(peaks)  # the process's peak so far never falls
     assert "phases: zoo and data" in stdout and "peak memory" in stdout
+    # Getting started shows this printout: a change to what the demo prints changes that page
+    # or fails here (its figures differ between runs and machines; its lines may not)
+    shown = _page_printout("getting-started.md", "## What the demo prints")
+    ran = _printout_skeleton(stdout.replace(str(out), "demo_out"))
+    assert len(ran) > 15 and ran == _printout_skeleton(shown), "refresh the page's printout"
     # every front row carries both figures, each inside its 95 % interval, on the whole splits
     n_val, n_test = len(digits.val.y), len(digits.test.y)
     for row in report["front"]:

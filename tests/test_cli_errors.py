@@ -438,3 +438,22 @@ def test_a_built_in_adapter_kind_takes_its_declared_options(monkeypatch):
     monkeypatch.setattr(ADAPTERS, "_entries", {})
     with pytest.raises(ConfigError, match="'lstsq' is built in"):
         register_adapter("lstsq", trainable=False)(lambda src, dst: None)
+
+
+def test_every_cli_error_the_docs_show_is_what_the_cli_prints(tmp_path, monkeypatch, capsys):
+    """A docs page that shows ``$ stitch-nas ...`` and its error lines shows what that command
+    prints now: a change to the message changes the page or fails here."""
+    import re
+    import shlex
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    text = "\n".join(page.read_text() for page in sorted(docs.rglob("*.md")))
+    examples = re.findall(r"^\$ stitch-nas (.+)\n((?:stitch-nas: error: .+\n)+)", text, re.M)
+    assert examples, "no page shows a CLI error: the pattern changed?"
+    (tmp_path / "my_samplers.py").write_text("")  # the pages' own sampler module, without it
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for command, shown in examples:
+        assert main(shlex.split(command)) == 2, command
+        assert capsys.readouterr().err == shown, command
+        assert not (tmp_path / "stitch_nas_run").exists() and not (tmp_path / "demo_out").exists()

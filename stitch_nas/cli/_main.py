@@ -119,6 +119,7 @@ def _report(args: argparse.Namespace) -> int:
     report = report_folder(
         Path(args.dir),
         test=not args.no_test,
+        progress=not args.quiet,
         echo=print,
         storage=args.storage,
         study_name=args.study_name,
