@@ -14,8 +14,9 @@ or reuse could remove:
   zoo model's pass already computed) over the validation images it was scored on (the gate's
   slice or the whole split), and what is new in each distinct config the trials' probe scored
   over the probe images: the trials after seeding, and every proposal the probe in the loop
-  scored to choose them (``attrs.PROXY_PROPOSALS``; the seeded trials were scored in seeding);
-  a repeat of an earlier trial costs nothing.
+  scored to choose them (``attrs.PROXY_PROPOSALS``; the seeded trials were scored in seeding;
+  the proposals no trial measured are also reported apart, ``proposals_image_gmacs``); a
+  repeat of an earlier trial costs nothing.
 - **refining**: each trained joint's steps x batch images through what is new, three times
   (forward, and a backward of about twice a forward), plus its first fragment once per distinct
   prefix over the rows its steps draw, each distinct teacher once over the train split, and
@@ -61,6 +62,8 @@ __all__ = ["necessary_work"]
 
 #: MACs of one training step per image and MAC of a forward: forward, and a backward of ~2x
 TRAIN_FACTOR = 3
+#: the part of the trials' work that scored proposals no trial measured (reported beside it)
+PROPOSALS = "proposals"
 
 
 def _context(folder: Path) -> tuple[optuna.Study, StitchContext, Settings]:
@@ -159,16 +162,17 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
     searched = [
         t for t in ran if attrs.REFINES not in t.user_attrs and attrs.FINETUNES not in t.user_attrs
     ]
+    measured = [(t, c) for t in searched if (c := _config(t)) is not None]
     work["trials"] = sum(
         _new_macs(ctx, c, t.user_attrs.get("macs")) * _scored_images(t, n["val"])
-        for t in searched
-        if (c := _config(t)) is not None
+        for t, c in measured
     )
     probed = {  # config hash -> what is new in it, for each distinct config the probe scored
         c.stable_hash(): _new_macs(ctx, c, t.user_attrs.get("macs"))
-        for t in searched
-        if t.number >= seeded and (c := _config(t)) is not None and c.is_stitched
+        for t, c in measured
+        if t.number >= seeded and c.is_stitched
     }
+    own = set(probed)  # the trials' own probes
     objective = _objective(ctx, settings)
     for t in searched:  # the proposals the probe in the loop scored (the chosen one among them)
         for params in t.user_attrs.get(attrs.PROXY_PROPOSALS) or []:
@@ -179,6 +183,7 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
             if config.is_stitched and config.stable_hash() not in probed:
                 probed[config.stable_hash()] = _new_macs(ctx, config)
     work["trials"] += sum(probed.values()) * n["probe"]
+    work[PROPOSALS] = sum(macs for key, macs in probed.items() if key not in own) * n["probe"]
     refined, prefixes, teachers = 0.0, set(), set()
     for t in (t for t in ran if attrs.REFINES in t.user_attrs):
         config, how = _config(t), _trained(t)
@@ -269,4 +274,6 @@ def necessary_work(folder: Path, phases: dict[str, Any]) -> dict[str, Any]:
             "seconds": round(seconds, 1),
             "ratio": round(spent / seconds, 2) if seconds else None,
         }
+        if name == "trials":  # of which the probe in the loop's proposals no trial measured
+            out["phases"][name]["proposals_image_gmacs"] = round(work[PROPOSALS] / 1e9, 1)
     return out
