@@ -6,8 +6,9 @@ Runs ``stitch-nas demo -q --out DIR`` ``--repeat`` times into fresh folders, as 
 run it once before would (the mini zoo cached in ``STITCH_NAS_CACHE``; a first run that trains
 it is made beforehand and not counted), each as a new process: wall seconds (interpreter start,
 importing torch, the search, the report and the export) and the process's peak resident memory
-(:mod:`process_tree`). Then one more run without ``-q``, whose printed phases (``phases: zoo
-and data 4.6 s, ...``) are kept as they were printed. Run it in the venv a new user has (the
+(:mod:`process_tree`). Then one more run without ``-q`` (``--out demo_out``), whose printout
+is kept whole (Getting started shows it) and its phases (``phases: zoo and data 4.6 s, ...``)
+as numbers. Run it in the venv a new user has (the
 README's first command: no extras); ``extras_importable`` records what that venv could import.
 Writes ``benchmarks/results/demo.json``.
 """
@@ -64,11 +65,12 @@ def main() -> None:
                 }
             )
             print(json.dumps(runs[-1]), flush=True)
-        printed = subprocess.run(
-            [args.command, "demo", "--no-progress", "--out", str(work / "printed")],
+        printed = subprocess.run(  # in a folder of its own, under the README's name
+            [args.command, "demo", "--no-progress", "--out", "demo_out"],
             check=True,
             capture_output=True,
             text=True,
+            cwd=work,
         ).stdout
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -84,6 +86,7 @@ def main() -> None:
         },
         "runs": runs,
         "printed_phases_seconds": phases(printed),
+        "printout": printed.rstrip("\n"),
         "extras_importable": {
             name: subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode
             == 0
