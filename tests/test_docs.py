@@ -299,6 +299,10 @@ def test_a_figure_reduces_every_item_of_a_list_and_scales_its_value(tmp_path):
     assert shown('"p", "{:.1f} %", 0.01') == "49.0 %"
     with pytest.raises(figures.FigureError, match="reduces them to no value"):
         shown('"rounds.*.ms"')
+    # a code block shows markup as text: a figure there (a kept printout) carries no tooltip
+    page = 'took {{ figure("r.json", "p") }}\n```\n{{ figure("r.json", "p") }}\n```\n'
+    assert figures.render(page, tooltip=True, results=tmp_path).endswith("```\n0.49\n```\n")
+    assert "<abbr" in figures.render(page, tooltip=True, results=tmp_path)
 
 
 def test_the_hand_typed_check_finds_a_figure_outside_a_rendered_one():

@@ -180,18 +180,27 @@ def figure(
 
 def render(text: str, tooltip: bool = False, results: Path = RESULTS) -> str:
     """``text`` with every ``{{ figure(...) }}`` replaced by its value (with ``tooltip``, an
-    ``<abbr>`` whose title says where it was measured)."""
+    ``<abbr>`` whose title says where it was measured, except in a code block, which shows
+    markup as text: a printout kept in a results file is shown as it ran)."""
 
-    def one(match: re.Match[str]) -> str:
+    def one(match: re.Match[str], plain: bool) -> str:
         file, fmt = match["file"], match["format"] or "{}"
         scale = float(match["scale"] or 1.0)
         shown = figure(file, match["path"], fmt, scale, results)
-        if not tooltip:
+        if plain:
             return shown
         title = provenance(file, match["path"], results).replace('"', "'")
         return f'<abbr title="{title}">{shown}</abbr>'
 
-    return FIGURE.sub(one, text)
+    parts = FENCE.split(text)  # odd parts are fenced code blocks
+    return "".join(
+        FIGURE.sub(lambda m, plain=not tooltip or i % 2 == 1: one(m, plain), part)
+        for i, part in enumerate(parts)
+    )
+
+
+#: a fenced code block, whole (its fences on lines of their own)
+FENCE = re.compile(r"(^[ \t]*```[^\n]*\n.*?^[ \t]*```[ \t]*$)", re.M | re.S)
 
 
 #: a number with a unit of measure, as prose states a measurement: ``1.83×``, ``24.2 s``,
