@@ -316,9 +316,11 @@ def test_the_hand_typed_check_finds_a_figure_outside_a_rendered_one():
             "zoo ready in 0.6 s",
             "```",
             "a 10 M-MAC network, 1.83× as long",
+            "a hypervolume fraction of 0.989 at reference 0.9",  # two decimals: measured
+            "torch 2.14.1 and a threshold of 1.5 times chance",  # a version, one decimal
         ]
     )
-    assert [number for number, _ in figures.hand_typed(page)] == [1, 8]
+    assert [number for number, _ in figures.hand_typed(page)] == [1, 8, 9]
 
 
 def test_no_page_states_a_measured_figure_by_hand():

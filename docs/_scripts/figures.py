@@ -209,13 +209,17 @@ MEASURED = re.compile(
     r"(?<![\w.])(?<![A-Za-z]-)\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?"
     r"(?:[kMG]\s?|[kMG]-)?(?:s|ms|min|minutes?|seconds?|hours?|h|[kMGT]i?B|%|MACs?|×|x)(?!\w)"
 )
+#: a number with two or more decimals, as a measured accuracy, hypervolume, p-value or ratio is
+#: written (``0.989``, ``0.3356``, ``1.83``); a version (``2.14.1``) is not one
+DECIMAL = re.compile(r"(?<![\w.])[-+−]?\d+\.\d{2,}(?![\w.])")
 #: a line that states a definition (a default, a limit, a formula), not a measurement
 DEFINITION = "<!-- definition -->"
 
 
 def hand_typed(text: str) -> list[tuple[int, str]]:
-    """Lines of a page (1-based, with the line) that state a number with a unit outside a
-    rendered figure, a code block, inline code or a line marked :data:`DEFINITION`."""
+    """Lines of a page (1-based, with the line) that state a number with a unit, or one with
+    two or more decimals, outside a rendered figure, a code block, inline code or a line marked
+    :data:`DEFINITION`."""
     found, fenced = [], False
     for number, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
@@ -224,7 +228,7 @@ def hand_typed(text: str) -> list[tuple[int, str]]:
         if fenced or DEFINITION in line:
             continue
         prose = re.sub(r"`[^`]*`", "", FIGURE.sub("", line))
-        if MEASURED.search(prose):
+        if MEASURED.search(prose) or DECIMAL.search(prose):
             found.append((number, line))
     return found
 
