@@ -112,6 +112,7 @@ def _printout_skeleton(text: str) -> list[str]:
             continue
         masked = re.sub(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?[KMG]?", "N", line)
         masked = re.sub(r"study '[^']*'", "study 'OUT'", masked)
+        masked = re.sub(r"\((?:N [A-Z]+(?:, )?)+\)", "(STATES)", masked)  # 44 COMPLETE, 6 PRUNED
         if not re.match(r"^\S+ +N \[N, N\]", masked):  # a zoo model's row
             lines.append(" ".join(masked.split()))
     return lines
