@@ -192,7 +192,10 @@ def test_demo_end_to_end(capsys, monkeypatch, tmp_path, mini_zoo, mini_zoo_dir, 
     # or fails here (its figures differ between runs and machines; its lines may not)
     shown = _page_printout("getting-started.md", "## What the demo prints")
     ran = _printout_skeleton(stdout.replace(str(out), "demo_out"))
-    assert len(ran) > 15 and ran == _printout_skeleton(shown), "refresh the page's printout"
+    assert len(ran) > 15 and ran == _printout_skeleton(shown), (
+        "the demo prints other lines than Getting started shows: run benchmarks/demo.py, which "
+        "keeps its printout in benchmarks/results/demo.json"
+    )
     # every front row carries both figures, each inside its 95 % interval, on the whole splits
     n_val, n_test = len(digits.val.y), len(digits.test.y)
     for row in report["front"]:
