@@ -119,7 +119,9 @@ def _pool(study: optuna.Study, ctx: StitchContext, settings: Settings) -> list[S
     for _ in range(wanted * 3):
         if len(configs) >= wanted:
             break
-        config = objective.space(scratch.ask(), ctx, **objective.space_options)
+        config = objective.config_of(scratch.ask())  # seeding skips what the space prunes
+        if config is None:
+            continue
         key = config.stable_hash()
         if key not in seen and config.is_stitched:
             seen.add(key)
@@ -162,23 +164,22 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
     searched = [
         t for t in ran if attrs.REFINES not in t.user_attrs and attrs.FINETUNES not in t.user_attrs
     ]
-    measured = [(t, c) for t in searched if (c := _config(t)) is not None]
+    with_configs = [(t, c) for t in searched if (c := _config(t)) is not None]
     work["trials"] = sum(
         _new_macs(ctx, c, t.user_attrs.get("macs")) * _scored_images(t, n["val"])
-        for t, c in measured
+        for t, c in with_configs
     )
     probed = {  # config hash -> what is new in it, for each distinct config the probe scored
         c.stable_hash(): _new_macs(ctx, c, t.user_attrs.get("macs"))
-        for t, c in measured
+        for t, c in with_configs
         if t.number >= seeded and c.is_stitched
     }
     own = set(probed)  # the trials' own probes
     objective = _objective(ctx, settings)
     for t in searched:  # the proposals the probe in the loop scored (the chosen one among them)
         for params in t.user_attrs.get(attrs.PROXY_PROPOSALS) or []:
-            try:
-                config = objective.space(FixedTrial(params), ctx, **objective.space_options)
-            except optuna.TrialPruned:  # no network for these params: nothing was scored
+            config = objective.config_of(FixedTrial(params))  # type: ignore[arg-type]
+            if config is None:  # no network for these params: nothing was scored
                 continue
             if config.is_stitched and config.stable_hash() not in probed:
                 probed[config.stable_hash()] = _new_macs(ctx, config)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -120,14 +119,9 @@ def _printout_skeleton(text: str) -> list[str]:
 
 def _page_printout(page: str, heading: str) -> str:
     """The first code block after ``heading`` on ``docs/<page>``, as the site renders it."""
-    import importlib.util
+    from tests._docs_scripts import SCRIPTS, load_docs_script
 
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    spec = importlib.util.spec_from_file_location("figures", docs / "_scripts" / "figures.py")
-    assert spec is not None and spec.loader is not None
-    figures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figures)
-    text = figures.render((docs / page).read_text())
+    text = load_docs_script("figures").render((SCRIPTS.parent / page).read_text())
     after = text[text.index(heading) :]
     start = after.index("\n```\n") + len("\n```\n")
     return after[start : after.index("\n```", start)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import re
 import sys
@@ -22,21 +21,12 @@ import pytest
 from stitch_nas.errors import ConfigError
 from stitch_nas.settings import ZOO_SOURCES, settings_from_dict
 from stitch_nas.settings._zoo_keys import check_zoo_item
+from tests._docs_scripts import load_docs_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_script(name: str):
-    """A module of ``docs/_scripts`` (not a package: loaded from its file)."""
-    path = ROOT / "docs" / "_scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"docs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load_script("reference")
+reference = load_docs_script("reference")
 
 
 def _listed_after(message: str, marker: str) -> set[str]:
@@ -237,7 +227,7 @@ def test_every_cited_results_file_exists_and_holds_the_cited_keys():
                 value = value[key]
 
 
-figures = _load_script("figures")
+figures = load_docs_script("figures")
 
 
 def test_the_readme_is_what_its_template_renders_from_the_results_files():

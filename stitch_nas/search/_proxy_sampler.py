@@ -264,9 +264,8 @@ def proxy_sampler(
     def score(trial: optuna.Trial) -> tuple[float, ...] | None:
         if not proxies.issuperset(objective.names):
             return None
-        try:
-            config = objective.space(trial, ctx, **objective.space_options)
-        except optuna.TrialPruned:  # the space has no network for these params (a budget)
+        config = objective.config_of(trial)
+        if config is None:  # the space has no network for these params (a budget)
             return None
         key = config.stable_hash()
         if key not in values:

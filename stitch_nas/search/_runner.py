@@ -189,6 +189,15 @@ class StitchObjective:
         objective.folder = settings.folder
         return objective
 
+    def config_of(self, trial: optuna.Trial) -> StitchConfig | None:
+        """The config the space makes of ``trial``'s params, for a caller outside a trial
+        (seeding, the proxy, a replay); None where the space prunes them (``restnet``: no
+        network of the pair fits the parameter budget)."""
+        try:
+            return self.space(trial, self.ctx, **self.space_options)
+        except optuna.TrialPruned:
+            return None
+
     def sample(self, trial: optuna.Trial) -> StitchConfig:
         given = trial.user_attrs.get(attrs.CONFIG)  # enqueued with its config (._refine)
         if given is not None:

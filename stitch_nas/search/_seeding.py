@@ -105,9 +105,8 @@ def seed_study(
         if len(scored) >= wanted:
             break
         trial = scratch.ask()
-        try:
-            config = objective.space(trial, ctx, **objective.space_options)
-        except optuna.TrialPruned:  # the space has no network for these params (a budget)
+        config = objective.config_of(trial)
+        if config is None:  # the space has no network for these params (a budget)
             continue
         key = config.stable_hash()
         if key in seen or not config.is_stitched:
