@@ -58,6 +58,7 @@ SPACE_OPTIONS: dict[str, dict[str, Any]] = {
         "cut_params": "named",
         "matched_seeds": False,
         "matched_margin": 0.0,
+        "end_seeds": True,
     },
     "restnet": {
         "models": None,

@@ -171,6 +171,39 @@ def test_matched_margin_admits_a_cheaper_model_up_to_that_much_more_accurate(ctx
         matched_depths(ctx, accuracy, matched_seeds=True, matched_margin=-0.1)
 
 
+def test_pairwise_proposes_each_front_model_with_one_end_of_another(ctx):
+    """With the cheapest model also the most accurate, it is the zoo's front alone: every
+    proposal keeps it whole but for one end, another model's stem before it or another
+    model's classifier after it, and each builds through the space as it says."""
+    from search_spaces.pairwise import end_swaps, proposals
+    from stitch_nas.stitching import model_macs
+
+    names = sorted(ctx.zoo.names(), key=lambda n: model_macs(ctx, n))
+    kept = names[0]
+    accuracy = {n: 0.9 - 0.1 * i for i, n in enumerate(names)}
+    assert end_swaps(ctx, accuracy, end_seeds=False) == []
+    found = end_swaps(ctx, accuracy)
+    space = StitchObjective(ctx).space
+    stems = tails = 0
+    for params in found:
+        src, dst = params["route"].split(">")
+        a, b = space(optuna.trial.FixedTrial(params), ctx).fragments
+        assert kept in (src, dst) and (a.model, b.model) == (src, dst)
+        if dst == kept:  # src's stem into the kept model: both cut as early as they join
+            stems += 1
+            assert a.end == ctx.cuts(src)[0].name and b.start == ctx.cuts(dst)[0].name
+        else:  # the kept model into dst's classifier: dst's last cut
+            tails += 1
+            assert b.start == ctx.cuts(dst)[-1].name
+    assert stems and tails and len(found) == stems + tails <= 2 * (len(names) - 1)
+    # reversed accuracies: the cheapest model is still on the front, and so is every model
+    everyone = end_swaps(ctx, {n: -accuracy[n] for n in names})
+    assert len(everyone) > len(found)
+    # seeding's proposals: these first, then the matched depths, none twice
+    both = proposals(ctx, accuracy, matched_seeds=True, matched_margin=1.0)
+    assert both[: len(found)] == found and len(both) == len({repr(p) for p in both})
+
+
 def test_seeding_gives_a_share_of_the_seeds_to_the_spaces_proposals(ctx):
     from stitch_nas.search._seeding import MATCHED_SHARE
 
@@ -181,8 +214,10 @@ def test_seeding_gives_a_share_of_the_seeds_to_the_spaces_proposals(ctx):
     assert seed_study(study, objective, 8, seed=0, echo=lines.append) == 8
     refs = {r["name"]: r["accuracy"] for r in study.user_attrs["references"]}
     proposed = objective.space.proposals(ctx, refs, **options)
-    waiting = [t.system_attrs["fixed_params"] for t in study.trials][: int(8 * MATCHED_SHARE)]
-    assert proposed and all(p in proposed for p in waiting)  # the space's come first
+    waiting = [t.system_attrs["fixed_params"] for t in study.trials]
+    share = int(8 * MATCHED_SHARE)
+    assert proposed and all(p in proposed for p in waiting[:share])  # the space's come first
+    assert not any(p in proposed for p in waiting[share:])  # and no more than their share
     assert "the space proposed" in lines[0]
 
 

@@ -11,10 +11,12 @@ learns from already span the front. Candidates over a budget are skipped (up to 
 draws are made to find enough within it). The enqueued trials are measured like any other.
 
 A space may also propose params of its own (``space.proposals(ctx, accuracy, **options)``, a
-list of params dicts; ``pairwise`` proposes stitches from a cheaper, less accurate model into
-a dearer one at matching depth, the region between strong models). They are scored beside
-the random pool, and up to ``MATCHED_SHARE`` of the seeds go to the best of them, so the
-budget does not follow only the easy hypervolume at the cheap end of the zoo.
+list of params dicts; ``pairwise`` proposes each model of the zoo's front with another's stem or
+classifier, the front's high-accuracy end, and optionally stitches from a cheaper, less
+accurate model into a dearer one at matching depth, the region between strong models). They
+are scored beside the random pool, and ``MATCHED_SHARE`` of the seeds (at most) go to the best
+of them, the rest to the best of the random pool, so the budget does not follow only the easy
+hypervolume at the cheap end of the zoo, nor only the proposals.
 
 Why a pool larger than the default pays on a real zoo: the stitches that add to a zoo's front
 (cheap ones that skip a block of a strong model) are a few percent of a pairwise space, so 4
@@ -128,7 +130,7 @@ def seed_study(
     bar.close()
     share = min(len(proposed), int(count * MATCHED_SHARE))
     first = [proposed[i] for i in pareto_order([scored[i][0] for i in proposed])[:share]]
-    rest = [i for i in pareto_order([row[0] for row in scored]) if i not in first]
+    rest = [i for i in pareto_order([row[0] for row in scored]) if i not in proposed]
     chosen = [scored[i] for i in (first + rest)[:count]]
     for _, params, config, probe in chosen:
         study.enqueue_trial(params, skip_if_exists=True)
