@@ -17,8 +17,8 @@ or reuse could remove:
   scored to choose them (``attrs.PROXY_PROPOSALS``; the seeded trials were scored in seeding;
   the proposals no trial measured are also reported apart, ``proposals_image_gmacs``); a
   repeat of an earlier trial costs nothing.
-- **refining**: each trained joint's steps x batch images through what is new, three times
-  (forward, and a backward of about twice a forward), plus its first fragment once per distinct
+- **refining**: each trained joint's steps x batch images through what is new as training
+  steps (a forward, and a backward to the adapter), plus its first fragment once per distinct
   prefix over the rows its steps draw, each distinct teacher once over the train split, and
   what is new over the images it was scored on.
 - **fine-tune**: not counted (off in the preset); **report**: none.
@@ -30,9 +30,13 @@ or reuse could remove:
 
 A second of necessary work is timed as plain forwards on the same machine: every zoo model over
 ``images`` validation images as a frozen pass, as the search runs it (the context's pieces and
-memory layout, freed memory reused as ``stitch-nas`` sets up its process) and nothing else; a
-training step's MACs are converted at the same rate (an approximation, since a backward runs
-other kernels).
+memory layout, freed memory reused as ``stitch-nas`` sets up its process) and nothing else.
+Training steps are timed as plain training steps instead (:func:`plain_training_rate`): every
+zoo model, frozen, behind a trainable scale of its input, at the refinements' batch size, as
+a refinement trains an adapter through the frozen model after it; a step's forward MACs per
+second of steps is the rate its MACs are converted at. (Before, a step counted three forwards'
+MACs at the forward rate; on a CPU a backward at batch 64 runs well below that rate, so the
+yardstick undercounted what a step cannot avoid.)
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from optuna.trial import FixedTrial, FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
-from stitch_nas.adapters import ADAPTERS, get_adapter, resolve_options
+from stitch_nas.adapters import ADAPTERS, get_adapter, only_training, resolve_options
 from stitch_nas.config import StitchConfig
 from stitch_nas.machine import reuse_freed_memory
 from stitch_nas.report import pareto_trials
@@ -60,10 +64,10 @@ from stitch_nas.stitching import SAMPLE_IMAGES, fragment_macs
 
 __all__ = ["necessary_work"]
 
-#: MACs of one training step per image and MAC of a forward: forward, and a backward of ~2x
-TRAIN_FACTOR = 3
 #: the part of the trials' work that scored proposals no trial measured (reported beside it)
 PROPOSALS = "proposals"
+#: the part of refining's work that is training steps (forward MACs; timed as training steps)
+STEPS = "refining steps"
 
 
 def _context(folder: Path) -> tuple[optuna.Study, StitchContext, Settings]:
@@ -185,14 +189,15 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
                 probed[config.stable_hash()] = _new_macs(ctx, config)
     work["trials"] += sum(probed.values()) * n["probe"]
     work[PROPOSALS] = sum(macs for key, macs in probed.items() if key not in own) * n["probe"]
-    refined, prefixes, teachers = 0.0, set(), set()
+    refined, stepped, prefixes, teachers = 0.0, 0.0, set(), set()
     for t in (t for t in ran if attrs.REFINES in t.user_attrs):
         config, how = _config(t), _trained(t)
         if config is None or how is None:
             continue
         steps, batch, loss = how
         new = _new_macs(ctx, config, t.user_attrs.get("macs"))
-        refined += new * (TRAIN_FACTOR * steps * batch + _scored_images(t, n["val"]))
+        stepped += new * steps * batch
+        refined += new * _scored_images(t, n["val"])
         first = config.fragments[0]
         if (first.model, first.end) not in prefixes:
             prefixes.add((first.model, first.end))
@@ -201,7 +206,7 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
         if loss == "distill" and config.fragments[-1].model not in teachers:
             teachers.add(config.fragments[-1].model)
             refined += zoo[config.fragments[-1].model] * n["train"]
-    work["refining"] = refined
+    work["refining"], work[STEPS] = refined, stepped
     tests = {int(k) for k in (study.user_attrs.get(attrs.TEST_RESULTS) or {})}
     measured = [t for t in trials if t.number in tests and _config(t) is not None]
     work["test pass"] = sum(zoo.values()) * n["test"] + sum(
@@ -237,6 +242,41 @@ def plain_forward_rate(ctx: StitchContext, images: int = 1024, repeats: int = 3)
     return rates
 
 
+def plain_training_rate(
+    ctx: StitchContext, batch: int = 64, steps: int = 8, repeats: int = 3
+) -> list[float]:
+    """Forward image-MACs per second of plain training steps: every zoo model, its weights
+    frozen, behind a trainable per-channel scale of its input, ``steps`` AdamW steps of
+    ``batch`` training images on cross-entropy (one step first, untimed), once per repeat.
+
+    The backward runs through the whole frozen model to its input, as a refinement's runs
+    through the frozen model after the adapter it trains."""
+    names = ctx.zoo.names()
+    labels = ctx.labels("train")
+    batches = {name: list(_first(ctx.input_batches(name, "train"), batch)) for name in names}
+    rates = []
+    for _ in range(repeats):
+        seconds = macs = 0.0
+        for name in names:
+            model = ctx.segment(name, None, None)
+            x = torch.cat(batches[name])[:batch]
+            y = labels[: len(x)].to(x.device)
+            scale = torch.nn.Parameter(torch.ones(1, x.shape[1], *([1] * (x.dim() - 2))))
+            optimiser = torch.optim.AdamW([scale])
+            with only_training(model, []), torch.enable_grad():
+                for step in range(steps + 1):
+                    if step == 1:
+                        start = time.perf_counter()
+                    loss = torch.nn.functional.cross_entropy(model(x * scale), y)
+                    optimiser.zero_grad(set_to_none=True)
+                    loss.backward()
+                    optimiser.step()
+            seconds += time.perf_counter() - start
+            macs += fragment_macs(ctx, name, None, None) * len(x) * steps
+        rates.append(macs / seconds)
+    return rates
+
+
 def _first(batches: Iterable[torch.Tensor], images: int) -> Iterable[torch.Tensor]:
     taken = 0
     for batch in batches:
@@ -257,24 +297,43 @@ def necessary_work(folder: Path, phases: dict[str, Any]) -> dict[str, Any]:
     work = _work(study, ctx, settings)
     rates = plain_forward_rate(ctx)
     rate = statistics.median(rates)
+    step_rates = plain_training_rate(ctx, batch=_refining_batch(study) or 64)
+    step_rate = statistics.median(step_rates)
     out: dict[str, Any] = {
-        "plain_forward_gmacs_per_s": {
-            "median": round(rate / 1e9, 2),
-            "min": round(min(rates) / 1e9, 2),
-            "max": round(max(rates) / 1e9, 2),
-        },
+        "plain_forward_gmacs_per_s": _rates(rates),
+        "plain_training_step_gmacs_per_s": _rates(step_rates),
         "phases": {},
     }
     for name, row in phases.items():
         if name not in work:
             continue
-        seconds = work[name] / rate
+        seconds, macs = work[name] / rate, work[name]
+        if name == "refining":  # its training steps at the training steps' rate
+            seconds, macs = seconds + work[STEPS] / step_rate, macs + work[STEPS]
         spent = float(row["seconds"]["median"])
         out["phases"][name] = {
-            "image_gmacs": round(work[name] / 1e9, 1),
+            "image_gmacs": round(macs / 1e9, 1),
             "seconds": round(seconds, 1),
             "ratio": round(spent / seconds, 2) if seconds else None,
         }
         if name == "trials":  # of which the probe in the loop's proposals no trial measured
             out["phases"][name]["proposals_image_gmacs"] = round(work[PROPOSALS] / 1e9, 1)
+        if name == "refining":  # of which training steps (forward MACs)
+            out["phases"][name]["training_steps_image_gmacs"] = round(work[STEPS] / 1e9, 1)
     return out
+
+
+def _rates(rates: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(rates) / 1e9, 2),
+        "min": round(min(rates) / 1e9, 2),
+        "max": round(max(rates) / 1e9, 2),
+    }
+
+
+def _refining_batch(study: optuna.Study) -> int | None:
+    """The batch size the search's refinements trained at (the first one's)."""
+    for trial in study.get_trials(deepcopy=False):
+        if attrs.REFINES in trial.user_attrs and (how := _trained(trial)) is not None:
+            return how[1]
+    return None
