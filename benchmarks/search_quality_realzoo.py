@@ -26,13 +26,16 @@ one whose probe accuracy is below 1.5 x chance is pruned (it counts; it is not o
 - ``random``, ``tpe``, ``gp``, ``nsga2``: Optuna's samplers with the CLI's options
   (:mod:`stitch_nas.samplers`; NSGA-II's generation a fifth of the trials, at least 8, and
   its mutation probability 0.1);
-- ``seeded``: ``seed_trials: 8`` of a probe-scored pool of 32 random configs
-  (:func:`stitch_nas.search.seed_study`, its probe and costs read from the table), then TPE
-  (``proxy_candidates: 1``, the CLI's default before these tables chose 8);
+- ``seeded``: ``seed_trials: 8`` of a probe-scored pool of 32 random configs and the
+  space's own proposals (``pairwise``'s end swaps, a quarter of the seeds at most;
+  :func:`stitch_nas.search.seed_study`, its probe and costs read from the table), then TPE
+  (``proxy_candidates: 1``);
 - ``default``: what ``stitch-nas search`` does with its defaults: ``seeded`` with
   ``proxy_candidates: --candidates`` (8, the default; :class:`stitch_nas.search.ProxySampler`:
   TPE's proposals, the best by probe measured); its proxy cost is reported as probe scores
-  per trial.
+  per trial;
+- ``default_no_ends``: ``default`` with the space option ``end_seeds: false`` (seeding from
+  the random pool alone, as the CLI did before end swaps were proposed).
 
 Reported: the hypervolume of each found front (accuracy up, MACs down; reference point
 (reference accuracy, 1.1 x the largest MACs in the space)) as a fraction of the whole space's,
@@ -68,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "search_quality_realzoo.json"
 DIGITS_RESULTS = RESULTS.with_name("search_quality_digits.json")
 DIRECTIONS = ("maximize", "minimize")
-METHODS = ("random", "tpe", "nsga2", "gp", "seeded", "default")
+METHODS = ("random", "tpe", "nsga2", "gp", "seeded", "default", "default_no_ends")
 REFERENCES = (0.0, 0.8, 0.9)
 PROBE_THRESHOLD = 1.5  # times chance: the CLI's default
 
@@ -219,7 +222,7 @@ class TableSearch:
             study.tell(trial, (row["accuracy"], row["macs"]))
         return points
 
-    def seed(self, study: optuna.Study, count: int, pool: int, seed: int) -> None:
+    def seed(self, study: optuna.Study, count: int, pool: int, seed: int, options: dict) -> None:
         """:func:`stitch_nas.search.seed_study` as the CLI runs it, its probe and costs read
         from the table."""
         from stitch_nas.search import StitchObjective, _seeding, seed_study
@@ -249,7 +252,7 @@ class TableSearch:
         try:
             seed_study(
                 study,
-                StitchObjective(self.ctx, space_options=self.options),
+                StitchObjective(self.ctx, space_options={**self.options, **options}),
                 count,
                 seed=seed,
                 pool=pool,
@@ -278,15 +281,16 @@ class TableSearch:
 def run_method(search: TableSearch, method: str, n: int, seed: int, candidates: int):
     from stitch_nas.samplers import make_sampler
 
+    seeded = method in ("seeded", "default", "default_no_ends")
     # nsga2: the built-in's generation of a fifth of the trials and mutation probability 0.1
-    base = "tpe" if method in ("seeded", "default") else method
-    sampler = make_sampler(base, seed, trials=n)
+    sampler = make_sampler("tpe" if seeded else method, seed, trials=n)
     proxy = None
-    if method == "default" and candidates > 1:
+    if method.startswith("default") and candidates > 1:
         sampler = proxy = search.proxy(sampler, candidates, seed)
     study = optuna.create_study(directions=list(DIRECTIONS), sampler=sampler)
-    if method in ("seeded", "default"):
-        search.seed(study, min(8, n), 32, seed)
+    if seeded:
+        ends = {"end_seeds": method != "default_no_ends"}
+        search.seed(study, min(8, n), 32, seed, ends)
     points = search.run(study, n)
     return points, (proxy.scored if proxy else 0)
 
