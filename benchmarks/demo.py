@@ -7,9 +7,10 @@ run it once before would (the mini zoo cached in ``STITCH_NAS_CACHE``; a first r
 it is made beforehand and not counted), each as a new process: wall seconds (interpreter start,
 importing torch, the search, the report and the export) and the process's peak resident memory
 (:mod:`process_tree`). Then one more run without ``-q`` (``--out demo_out``), whose printout
-is kept whole (Getting started shows it) and its phases (``phases: zoo and data 4.6 s, ...``)
-as numbers. Run it in the venv a new user has (the
-README's first command: no extras); ``extras_importable`` records what that venv could import.
+is kept whole (Getting started shows it), its phases (``phases: zoo and data 4.6 s, ...``)
+as numbers, and the trial whose folder it offers to load (the README loads it). Run it in the
+venv a new user has (the README's first command: no extras); ``extras_importable`` records
+what that venv could import.
 Writes ``benchmarks/results/demo.json``.
 """
 
@@ -87,6 +88,10 @@ def main() -> None:
         "runs": runs,
         "printed_phases_seconds": phases(printed),
         "printout": printed.rstrip("\n"),
+        # the folder the demo offers to load: the README and the export guide load it
+        "first_exported_trial": int(
+            re.search(r"stitch_nas\.load\('demo_out/models/trial_(\d+)'\)", printed)[1]  # type: ignore[index]
+        ),
         "extras_importable": {
             name: subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode
             == 0
