@@ -31,12 +31,12 @@ or reuse could remove:
 A second of necessary work is timed as plain forwards on the same machine: every zoo model over
 ``images`` validation images as a frozen pass, as the search runs it (the context's pieces and
 memory layout, freed memory reused as ``stitch-nas`` sets up its process) and nothing else.
-Training steps are timed as plain training steps instead (:func:`plain_training_rate`): every
-zoo model, frozen, behind a trainable scale of its input, at the refinements' batch size, as
-a refinement trains an adapter through the frozen model after it; a step's forward MACs per
-second of steps is the rate its MACs are converted at. (Before, a step counted three forwards'
-MACs at the forward rate; on a CPU a backward at batch 64 runs well below that rate, so the
-yardstick undercounted what a step cannot avoid.)
+Training steps are timed as plain training steps instead (:func:`training_step_seconds`):
+for each distinct refined network, its trained adapter and the frozen network after it, built
+afresh, take a few AdamW steps at its batch size on random inputs of the joint's shape, and
+their seconds per step times its steps is its necessary time; no data is fetched, nothing is
+checked on held-out images, no weights are snapshotted. (Before, a step counted as three
+forwards at the forward rate, an assumption the measurement replaces.)
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from optuna.trial import FixedTrial, FrozenTrial, TrialState
 
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
-from stitch_nas.adapters import ADAPTERS, get_adapter, only_training, resolve_options
+from stitch_nas.adapters import ADAPTERS, create, get_adapter, only_training, resolve_options
 from stitch_nas.config import StitchConfig
 from stitch_nas.machine import reuse_freed_memory
 from stitch_nas.report import pareto_trials
@@ -148,16 +148,17 @@ def _trained(trial: FrozenTrial) -> tuple[int, int, str] | None:
     if config is None:
         return None
     for adapter in config.adapters:
-        if adapter.kind not in ADAPTERS or "loss" not in get_adapter(adapter.kind).options:
-            continue
-        options = resolve_options(adapter.kind, dict(adapter.options))
-        if options["loss"] != "none":
+        if _trains(adapter.kind, adapter.options):
+            options = resolve_options(adapter.kind, dict(adapter.options))
             return int(options["steps"]), int(options["batch_size"]), str(options["loss"])
     return None
 
 
-def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[str, float]:
-    """Each phase's necessary work, in image-MACs (see the module's docstring)."""
+def _work(
+    study: optuna.Study, ctx: StitchContext, settings: Settings
+) -> tuple[dict[str, float], list[tuple[StitchConfig, int, int]]]:
+    """Each phase's necessary work, in image-MACs (see the module's docstring), and each
+    refinement's config, steps and batch size (its training steps are timed apart)."""
     n = {split: len(ctx.labels(split)) for split in ("probe", "val", "test", "train")}
     zoo = {name: float(fragment_macs(ctx, name, None, None)) for name in ctx.zoo.names()}
     trials = study.get_trials(deepcopy=False)
@@ -190,11 +191,13 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
     work["trials"] += sum(probed.values()) * n["probe"]
     work[PROPOSALS] = sum(macs for key, macs in probed.items() if key not in own) * n["probe"]
     refined, stepped, prefixes, teachers = 0.0, 0.0, set(), set()
+    trained: list[tuple[StitchConfig, int, int]] = []
     for t in (t for t in ran if attrs.REFINES in t.user_attrs):
         config, how = _config(t), _trained(t)
         if config is None or how is None:
             continue
         steps, batch, loss = how
+        trained.append((config, steps, batch))
         new = _new_macs(ctx, config, t.user_attrs.get("macs"))
         stepped += new * steps * batch
         refined += new * _scored_images(t, n["val"])
@@ -219,7 +222,7 @@ def _work(study: optuna.Study, ctx: StitchContext, settings: Settings) -> dict[s
         for t in pareto_trials(study)
         if (c := _config(t)) is not None
     )
-    return work
+    return work, trained
 
 
 def plain_forward_rate(ctx: StitchContext, images: int = 1024, repeats: int = 3) -> list[float]:
@@ -242,39 +245,53 @@ def plain_forward_rate(ctx: StitchContext, images: int = 1024, repeats: int = 3)
     return rates
 
 
-def plain_training_rate(
-    ctx: StitchContext, batch: int = 64, steps: int = 8, repeats: int = 3
-) -> list[float]:
-    """Forward image-MACs per second of plain training steps: every zoo model, its weights
-    frozen, behind a trainable per-channel scale of its input, ``steps`` AdamW steps of
-    ``batch`` training images on cross-entropy (one step first, untimed), once per repeat.
+def training_step_seconds(
+    ctx: StitchContext, refined: list[tuple[StitchConfig, int, int]], timed: int = 3
+) -> float:
+    """Seconds of the refinements' training steps as plain training steps: for each distinct
+    ``(config, steps, batch)``, its first trained adapter (created, untrained) and what follows
+    it (the next fragment, frozen; with ``train`` other than ``adapter`` trained too), one
+    untimed step and ``timed`` timed AdamW steps of ``batch`` random inputs on cross-entropy;
+    ``steps`` x the median step."""
+    total, seen = 0.0, set()
+    for config, steps, batch in refined:
+        if config.stable_hash() in seen:
+            continue
+        seen.add(config.stable_hash())
+        joint = next(i for i, a in enumerate(config.adapters) if _trains(a.kind, a.options))
+        spec, src, dst = (
+            config.adapters[joint],
+            config.fragments[joint],
+            config.fragments[joint + 1],
+        )
+        src_cut = next(c for c in ctx.cuts(src.model) if c.name == src.end)
+        dst_cut = next(c for c in ctx.cuts(dst.model) if c.name == dst.start)
+        adapter = create(spec.kind, src_cut, dst_cut, **dict(spec.options)).to(ctx.device)
+        model = torch.nn.Sequential(adapter, ctx.segment(dst.model, dst.start, dst.end)).eval()
+        adapter.train()
+        options = resolve_options(spec.kind, dict(spec.options))
+        params = list((adapter if options["train"] == "adapter" else model).parameters())
+        x = torch.randn(batch, *src_cut.shape, device=ctx.device)
+        y = torch.zeros(batch, dtype=torch.long, device=ctx.device)
+        optimiser = torch.optim.AdamW(params)
+        seconds = []
+        with only_training(model, params), torch.enable_grad():
+            for _ in range(timed + 1):
+                start = time.perf_counter()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                optimiser.step()
+                seconds.append(time.perf_counter() - start)
+        total += steps * statistics.median(seconds[1:])
+    return total
 
-    The backward runs through the whole frozen model to its input, as a refinement's runs
-    through the frozen model after the adapter it trains."""
-    names = ctx.zoo.names()
-    labels = ctx.labels("train")
-    batches = {name: list(_first(ctx.input_batches(name, "train"), batch)) for name in names}
-    rates = []
-    for _ in range(repeats):
-        seconds = macs = 0.0
-        for name in names:
-            model = ctx.segment(name, None, None)
-            x = torch.cat(batches[name])[:batch]
-            y = labels[: len(x)].to(x.device)
-            scale = torch.nn.Parameter(torch.ones(1, x.shape[1], *([1] * (x.dim() - 2))))
-            optimiser = torch.optim.AdamW([scale])
-            with only_training(model, []), torch.enable_grad():
-                for step in range(steps + 1):
-                    if step == 1:
-                        start = time.perf_counter()
-                    loss = torch.nn.functional.cross_entropy(model(x * scale), y)
-                    optimiser.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimiser.step()
-            seconds += time.perf_counter() - start
-            macs += fragment_macs(ctx, name, None, None) * len(x) * steps
-        rates.append(macs / seconds)
-    return rates
+
+def _trains(kind: str, options: Any) -> bool:
+    """Whether an adapter of ``kind`` with ``options`` trains (a loss other than none)."""
+    if kind not in ADAPTERS or "loss" not in get_adapter(kind).options:
+        return False
+    return resolve_options(kind, dict(options))["loss"] != "none"
 
 
 def _first(batches: Iterable[torch.Tensor], images: int) -> Iterable[torch.Tensor]:
@@ -294,22 +311,24 @@ def necessary_work(folder: Path, phases: dict[str, Any]) -> dict[str, Any]:
     # line sets up (the setting holds for this process from here on)
     reuse_freed_memory()
     study, ctx, settings = _context(folder)
-    work = _work(study, ctx, settings)
+    work, trained = _work(study, ctx, settings)
     rates = plain_forward_rate(ctx)
     rate = statistics.median(rates)
-    step_rates = plain_training_rate(ctx, batch=_refining_batch(study) or 64)
-    step_rate = statistics.median(step_rates)
+    steps_seconds = training_step_seconds(ctx, trained)
     out: dict[str, Any] = {
-        "plain_forward_gmacs_per_s": _rates(rates),
-        "plain_training_step_gmacs_per_s": _rates(step_rates),
+        "plain_forward_gmacs_per_s": {
+            "median": round(rate / 1e9, 2),
+            "min": round(min(rates) / 1e9, 2),
+            "max": round(max(rates) / 1e9, 2),
+        },
         "phases": {},
     }
     for name, row in phases.items():
         if name not in work:
             continue
         seconds, macs = work[name] / rate, work[name]
-        if name == "refining":  # its training steps at the training steps' rate
-            seconds, macs = seconds + work[STEPS] / step_rate, macs + work[STEPS]
+        if name == "refining":  # and its training steps, timed as plain training steps
+            seconds, macs = seconds + steps_seconds, macs + work[STEPS]
         spent = float(row["seconds"]["median"])
         out["phases"][name] = {
             "image_gmacs": round(macs / 1e9, 1),
@@ -318,22 +337,7 @@ def necessary_work(folder: Path, phases: dict[str, Any]) -> dict[str, Any]:
         }
         if name == "trials":  # of which the probe in the loop's proposals no trial measured
             out["phases"][name]["proposals_image_gmacs"] = round(work[PROPOSALS] / 1e9, 1)
-        if name == "refining":  # of which training steps (forward MACs)
+        if name == "refining":  # of which training steps (forward MACs, and their seconds)
             out["phases"][name]["training_steps_image_gmacs"] = round(work[STEPS] / 1e9, 1)
+            out["phases"][name]["training_steps_seconds"] = round(steps_seconds, 1)
     return out
-
-
-def _rates(rates: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(rates) / 1e9, 2),
-        "min": round(min(rates) / 1e9, 2),
-        "max": round(max(rates) / 1e9, 2),
-    }
-
-
-def _refining_batch(study: optuna.Study) -> int | None:
-    """The batch size the search's refinements trained at (the first one's)."""
-    for trial in study.get_trials(deepcopy=False):
-        if attrs.REFINES in trial.user_attrs and (how := _trained(trial)) is not None:
-            return how[1]
-    return None
