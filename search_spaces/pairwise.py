@@ -118,19 +118,10 @@ def matched_depths(
     ctx: StitchContext,
     accuracy: Mapping[str, float],
     *,
-    models: Sequence[str] | None = None,
-    directions: Sequence[str] = DIRECTIONS,
-    adapter: str = "lstsq",
-    adapters: Sequence[str] | None = None,
-    resizes: Sequence[str] = registry.RESIZE_MODES,
-    losses: Sequence[str] = ("match",),
-    trains: Sequence[str] = ("adapter",),
-    adapter_options: Mapping[str, Any] | None = None,
-    cut_params: str = "named",
     matched_seeds: bool = False,
     matched_margin: float = 0.0,
-    end_seeds: bool = True,
     depths: Sequence[float] = MATCHED_DEPTHS,
+    **options: Any,
 ) -> list[dict[str, Any]]:
     """Trial params of ``cheap[input:cut] -> dear[cut:output]`` at matching relative depths.
 
@@ -148,13 +139,11 @@ def matched_depths(
     _check_margin(matched_margin)
     if not matched_seeds:
         return []
-    choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
-    routes = _allowed_routes(ctx, models, directions, choices, cut_params)
+    kinds, routes, cut_params = _proposal_space(ctx, **options)
     proposals = []
     for src, dst, direction in routes:
         if direction != "fast_to_slow" or not accuracy[src] < accuracy[dst] + matched_margin:
             continue
-        kinds = choices.kinds
         src_cuts = [c for c in ctx.cuts(src) if any(joins(kinds, c, d) for d in ctx.cuts(dst))]
         for depth in depths:
             src_cut = _nearest(ctx, src, src_cuts, depth)
@@ -172,21 +161,7 @@ def matched_depths(
 
 
 def end_swaps(
-    ctx: StitchContext,
-    accuracy: Mapping[str, float],
-    *,
-    models: Sequence[str] | None = None,
-    directions: Sequence[str] = DIRECTIONS,
-    adapter: str = "lstsq",
-    adapters: Sequence[str] | None = None,
-    resizes: Sequence[str] = registry.RESIZE_MODES,
-    losses: Sequence[str] = ("match",),
-    trains: Sequence[str] = ("adapter",),
-    adapter_options: Mapping[str, Any] | None = None,
-    cut_params: str = "named",
-    matched_seeds: bool = False,
-    matched_margin: float = 0.0,
-    end_seeds: bool = True,
+    ctx: StitchContext, accuracy: Mapping[str, float], *, end_seeds: bool = True, **options: Any
 ) -> list[dict[str, Any]]:
     """Trial params of each model on the zoo's own front with one end of another model's.
 
@@ -203,8 +178,7 @@ def end_swaps(
     """
     if not end_seeds:
         return []
-    choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
-    routes = _allowed_routes(ctx, models, directions, choices, cut_params)
+    kinds, routes, cut_params = _proposal_space(ctx, **options)
     names = {name for route in routes for name in route[:2]}
     front = {
         m
@@ -213,7 +187,7 @@ def end_swaps(
             model_macs(ctx, o) <= model_macs(ctx, m) and accuracy[o] > accuracy[m] for o in names
         )
     }
-    kinds, proposals = choices.kinds, []
+    proposals = []
     for src, dst, _ in routes:
         src_cuts = [c for c in ctx.cuts(src) if any(joins(kinds, c, d) for d in ctx.cuts(dst))]
         pairs = []  # (src cut, dst cut, the depth both must be near)
@@ -244,6 +218,28 @@ def proposals(
     """Seeding's proposals: :func:`end_swaps`, then :func:`matched_depths` (each per its option)."""
     found = end_swaps(ctx, accuracy, **options)
     return found + [p for p in matched_depths(ctx, accuracy, **options) if p not in found]
+
+
+def _proposal_space(
+    ctx: StitchContext,
+    *,
+    models: Sequence[str] | None = None,
+    directions: Sequence[str] = DIRECTIONS,
+    adapter: str = "lstsq",
+    adapters: Sequence[str] | None = None,
+    resizes: Sequence[str] = registry.RESIZE_MODES,
+    losses: Sequence[str] = ("match",),
+    trains: Sequence[str] = ("adapter",),
+    adapter_options: Mapping[str, Any] | None = None,
+    cut_params: str = "named",
+    matched_seeds: bool = False,
+    matched_margin: float = 0.0,
+    end_seeds: bool = True,
+) -> tuple[tuple[str, ...], list[tuple[str, str, str]], str]:
+    """From the space's options (those of seeding read by its callers): its adapter kinds, the
+    routes it samples and how it names cuts, so a proposal is one the space can sample."""
+    choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
+    return choices.kinds, _allowed_routes(ctx, models, directions, choices, cut_params), cut_params
 
 
 def _params(
