@@ -45,6 +45,7 @@ from stitch_nas.fragments import CutPoint
 from stitch_nas.stitching import fragment_macs, model_macs
 
 from ._adapter_choice import AdapterChoices, can_join, suggest_adapter
+from ._options import SPACE_OPTIONS
 from ._registry import register_space
 
 CUT_PARAMS = ("named", "depth")
@@ -139,7 +140,7 @@ def matched_depths(
     _check_margin(matched_margin)
     if not matched_seeds:
         return []
-    kinds, routes, cut_params = _proposal_space(ctx, **options)
+    kinds, routes, cut_params = _proposal_space(ctx, options)
     proposals = []
     for src, dst, direction in routes:
         if direction != "fast_to_slow" or not accuracy[src] < accuracy[dst] + matched_margin:
@@ -178,7 +179,7 @@ def end_swaps(
     """
     if not end_seeds:
         return []
-    kinds, routes, cut_params = _proposal_space(ctx, **options)
+    kinds, routes, cut_params = _proposal_space(ctx, options)
     names = {name for route in routes for name in route[:2]}
     front = {
         m
@@ -221,25 +222,21 @@ def proposals(
 
 
 def _proposal_space(
-    ctx: StitchContext,
-    *,
-    models: Sequence[str] | None = None,
-    directions: Sequence[str] = DIRECTIONS,
-    adapter: str = "lstsq",
-    adapters: Sequence[str] | None = None,
-    resizes: Sequence[str] = registry.RESIZE_MODES,
-    losses: Sequence[str] = ("match",),
-    trains: Sequence[str] = ("adapter",),
-    adapter_options: Mapping[str, Any] | None = None,
-    cut_params: str = "named",
-    matched_seeds: bool = False,
-    matched_margin: float = 0.0,
-    end_seeds: bool = True,
+    ctx: StitchContext, options: Mapping[str, Any]
 ) -> tuple[tuple[str, ...], list[tuple[str, str, str]], str]:
-    """From the space's options (those of seeding read by its callers): its adapter kinds, the
-    routes it samples and how it names cuts, so a proposal is one the space can sample."""
-    choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
-    return choices.kinds, _allowed_routes(ctx, models, directions, choices, cut_params), cut_params
+    """From the space's options (its declared defaults, :data:`._options.SPACE_OPTIONS`, for
+    those not given): its adapter kinds, the routes it samples and how it names cuts, so a
+    proposal is one the space can sample."""
+    unknown = sorted(set(options) - set(SPACE_OPTIONS["pairwise"]))
+    if unknown:
+        raise ConfigError(
+            f"pairwise: unknown option(s) {unknown}; use {sorted(SPACE_OPTIONS['pairwise'])}"
+        )
+    o = {**SPACE_OPTIONS["pairwise"], **options}
+    kinds = o["adapters"] or (o["adapter"],)
+    choices = AdapterChoices(kinds, o["resizes"], o["losses"], o["trains"], o["adapter_options"])
+    routes = _allowed_routes(ctx, o["models"], o["directions"], choices, o["cut_params"])
+    return choices.kinds, routes, o["cut_params"]
 
 
 def _params(
