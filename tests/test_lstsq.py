@@ -227,8 +227,10 @@ def test_normal_equations_accumulated_in_chunks_equal_one_solve():
         chunked.add(xs, ys)
     parts = chunked.solve(1e-4, "chunked")
     assert chunked.rows == 3000
+    # the bias is y's mean less x's mean (40) times the weights, so it carries their float32
+    # error times 40: about 1e-4 from the exact solution, chunked or not
     for a, b in zip(whole, parts, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("kernel", [1, 3])
