@@ -23,8 +23,9 @@ seconds per network written to the results file as ``export_command``.
 After the repeats, each phase's *necessary work* (the forward passes and training steps it
 cannot avoid, counted from the first repeat's study and timed as plain forwards on this
 machine; ``necessary_work.py`` says what counts) goes beside it as ``necessary_work``, with the
-phase's median seconds over it as ``ratio``; ``--necessary-from DIR`` adds it for a finished
-search to an existing results file.
+phase's median seconds over it as ``ratio``, and the search's median over all of it as
+``end_to_end``; ``--necessary-from DIR`` adds it for a finished search to an existing results
+file.
 
 Writes benchmarks/results/e2e.json (``--results`` elsewhere).
 """
@@ -105,7 +106,9 @@ def main() -> None:
         return
     if args.necessary_from:
         record = json.loads(Path(args.results).read_text())
-        record["necessary_work"] = necessary_work(Path(args.necessary_from), record["phases"])
+        record["necessary_work"] = necessary_work(
+            Path(args.necessary_from), record["phases"], record["wall_seconds"]["median"]
+        )
         # counted later than the runs, maybe by a newer yardstick: say when and by which code
         record["necessary_work"]["counted"] = {"date": _today(), "commit": _commit()}
         Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
@@ -135,7 +138,9 @@ def main() -> None:
     finally:
         if copy is not None:
             copy.unlink()
-    record["necessary_work"] = necessary_work(out / "repeat0", record["phases"])
+    record["necessary_work"] = necessary_work(
+        out / "repeat0", record["phases"], record["wall_seconds"]["median"]
+    )
     Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
     print(
         json.dumps({k: record[k] for k in ("wall_seconds", "phases", "necessary_work")}, indent=1)

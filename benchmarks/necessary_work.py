@@ -30,7 +30,12 @@ or reuse could remove:
 
 A second of necessary work is timed as plain forwards on the same machine: every zoo model over
 ``images`` validation images as a frozen pass, as the search runs it (the context's pieces and
-memory layout, freed memory reused as ``stitch-nas`` sets up its process) and nothing else.
+memory layout, freed memory reused as ``stitch-nas`` sets up its process) and nothing else. Each
+fragment's image-MACs are converted at its own model's rate (:func:`plain_forward_rates`), the
+stitches' at the zoo's overall rate: a MAC does not cost the same in every model (on two cores
+the MobileNet's depthwise layers ran at 9 GMAC/s, the all-conv CNN at 74), and a search whose
+networks lean on one model would otherwise be held to another's speed. (Before, every MAC was
+converted at the overall rate; ``ratio_at_overall_rate`` keeps that figure beside the ratio.)
 Training steps are timed as plain training steps instead (:func:`training_step_seconds`):
 for each distinct refined network, its trained adapter and the frozen network after it, built
 afresh, take a few AdamW steps at its batch size on random inputs of the joint's shape, and
@@ -79,13 +84,39 @@ def _context(folder: Path) -> tuple[optuna.Study, StitchContext, Settings]:
     return study, StitchContext(load_zoo(settings.zoo, data), data, device="cpu"), settings
 
 
-def _new_macs(ctx: StitchContext, config: StitchConfig, macs: float | None = None) -> float:
-    """MACs of ``config`` beyond its first fragment: its recorded MACs less that prefix, else
-    the sum of its later fragments (stitches left out: a lower bound)."""
+#: the stitches' part of a network's new MACs, converted at the zoo's overall rate
+STITCHES = "stitches"
+
+
+class Tally:
+    """Image-MACs of plain forwards and their seconds, each model's MACs at its own rate
+    (``rates``: image-MACs per second by model name, and :data:`STITCHES`)."""
+
+    def __init__(self, rates: dict[str, float]) -> None:
+        self.rates, self.macs, self.seconds = rates, 0.0, 0.0
+
+    def add(self, parts: Iterable[tuple[str, float]], images: int) -> None:
+        """``parts``, ``(model, MACs per image)`` pairs, over ``images`` images."""
+        for model, macs in parts:
+            self.macs += macs * images
+            self.seconds += macs * images / self.rates[model]
+
+
+def _new_parts(
+    ctx: StitchContext, config: StitchConfig, macs: float | None = None
+) -> list[tuple[str, float]]:
+    """MACs per image of ``config`` beyond its first fragment, by model: its later fragments,
+    and with its recorded MACs the rest of them, its stitches (without: left out, a lower
+    bound)."""
     first = config.fragments[0]
+    parts = [
+        (f.model, float(fragment_macs(ctx, f.model, f.start, f.end))) for f in config.fragments[1:]
+    ]
     if macs is not None:
-        return float(macs) - fragment_macs(ctx, first.model, first.start, first.end)
-    return float(sum(fragment_macs(ctx, f.model, f.start, f.end) for f in config.fragments[1:]))
+        prefix = fragment_macs(ctx, first.model, first.start, first.end)
+        stitches = float(macs) - prefix - sum(m for _, m in parts)
+        parts.append((STITCHES, max(stitches, 0.0)))
+    return parts
 
 
 def _config(trial: FrozenTrial) -> StitchConfig | None:
@@ -155,27 +186,31 @@ def _trained(trial: FrozenTrial) -> tuple[int, int, str] | None:
 
 
 def _work(
-    study: optuna.Study, ctx: StitchContext, settings: Settings
-) -> tuple[dict[str, float], list[tuple[StitchConfig, int, int]]]:
-    """Each phase's necessary work, in image-MACs (see the module's docstring), and each
-    refinement's config, steps and batch size (its training steps are timed apart)."""
+    study: optuna.Study, ctx: StitchContext, settings: Settings, rates: dict[str, float]
+) -> tuple[dict[str, Tally], list[tuple[StitchConfig, int, int]]]:
+    """Each phase's necessary work as a :class:`Tally` at ``rates`` (see the module's
+    docstring), and each refinement's config, steps and batch size (its training steps are
+    timed apart; their forward MACs are tallied as :data:`STEPS`, not converted)."""
     n = {split: len(ctx.labels(split)) for split in ("probe", "val", "test", "train")}
-    zoo = {name: float(fragment_macs(ctx, name, None, None)) for name in ctx.zoo.names()}
+    zoo = [(name, float(fragment_macs(ctx, name, None, None))) for name in ctx.zoo.names()]
+    work = {name: Tally(rates) for name in ("seeding", "trials", PROPOSALS, "refining", STEPS)}
+    work |= {name: Tally(rates) for name in ("test pass", "export")}
     trials = study.get_trials(deepcopy=False)
     ran = [t for t in trials if attrs.DUPLICATE_OF not in t.user_attrs and _config(t)]
     seeded = settings.search.seed_trials
-    work = {"seeding": sum(zoo.values()) * (n["val"] + n["probe"])}
-    work["seeding"] += sum(_new_macs(ctx, c) * n["probe"] for c in _pool(study, ctx, settings))
+    work["seeding"].add(zoo, n["val"] + n["probe"])
+    for pooled in _pool(study, ctx, settings):
+        work["seeding"].add(_new_parts(ctx, pooled), n["probe"])
     searched = [
         t for t in ran if attrs.REFINES not in t.user_attrs and attrs.FINETUNES not in t.user_attrs
     ]
-    with_configs = [(t, c) for t in searched if (c := _config(t)) is not None]
-    work["trials"] = sum(
-        _new_macs(ctx, c, t.user_attrs.get("macs")) * _scored_images(t, n["val"])
-        for t, c in with_configs
-    )
+    with_configs = [(t, c) for t, c in ((t, _config(t)) for t in searched) if c is not None]
+    for t, c in with_configs:
+        work["trials"].add(
+            _new_parts(ctx, c, t.user_attrs.get("macs")), _scored_images(t, n["val"])
+        )
     probed = {  # config hash -> what is new in it, for each distinct config the probe scored
-        c.stable_hash(): _new_macs(ctx, c, t.user_attrs.get("macs"))
+        c.stable_hash(): _new_parts(ctx, c, t.user_attrs.get("macs"))
         for t, c in with_configs
         if t.number >= seeded and c.is_stitched
     }
@@ -183,14 +218,16 @@ def _work(
     objective = _objective(ctx, settings)
     for t in searched:  # the proposals the probe in the loop scored (the chosen one among them)
         for params in t.user_attrs.get(attrs.PROXY_PROPOSALS) or []:
-            config = objective.config_of(FixedTrial(params))  # type: ignore[arg-type]
-            if config is None:  # no network for these params: nothing was scored
+            proposed = objective.config_of(FixedTrial(params))  # type: ignore[arg-type]
+            if proposed is None:  # no network for these params: nothing was scored
                 continue
-            if config.is_stitched and config.stable_hash() not in probed:
-                probed[config.stable_hash()] = _new_macs(ctx, config)
-    work["trials"] += sum(probed.values()) * n["probe"]
-    work[PROPOSALS] = sum(macs for key, macs in probed.items() if key not in own) * n["probe"]
-    refined, stepped, prefixes, teachers = 0.0, 0.0, set(), set()
+            if proposed.is_stitched and proposed.stable_hash() not in probed:
+                probed[proposed.stable_hash()] = _new_parts(ctx, proposed)
+    for key, parts in probed.items():
+        work["trials"].add(parts, n["probe"])
+        if key not in own:
+            work[PROPOSALS].add(parts, n["probe"])
+    prefixes, teachers = set(), set()
     trained: list[tuple[StitchConfig, int, int]] = []
     for t in (t for t in ran if attrs.REFINES in t.user_attrs):
         config, how = _config(t), _trained(t)
@@ -198,39 +235,38 @@ def _work(
             continue
         steps, batch, loss = how
         trained.append((config, steps, batch))
-        new = _new_macs(ctx, config, t.user_attrs.get("macs"))
-        stepped += new * steps * batch
-        refined += new * _scored_images(t, n["val"])
+        new = _new_parts(ctx, config, t.user_attrs.get("macs"))
+        work[STEPS].add(new, steps * batch)
+        work["refining"].add(new, _scored_images(t, n["val"]))
         first = config.fragments[0]
         if (first.model, first.end) not in prefixes:
             prefixes.add((first.model, first.end))
             rows = min(n["train"], steps * batch)
-            refined += fragment_macs(ctx, first.model, None, first.end) * rows
+            prefix = float(fragment_macs(ctx, first.model, None, first.end))
+            work["refining"].add([(first.model, prefix)], rows)
         if loss == "distill" and config.fragments[-1].model not in teachers:
             teachers.add(config.fragments[-1].model)
-            refined += zoo[config.fragments[-1].model] * n["train"]
-    work["refining"], work[STEPS] = refined, stepped
+            work["refining"].add([z for z in zoo if z[0] == config.fragments[-1].model], n["train"])
     tests = {int(k) for k in (study.user_attrs.get(attrs.TEST_RESULTS) or {})}
-    measured = [t for t in trials if t.number in tests and _config(t) is not None]
-    work["test pass"] = sum(zoo.values()) * n["test"] + sum(
-        _new_macs(ctx, c, t.user_attrs.get("macs")) * n["test"]
-        for t in measured
-        if (c := _config(t)) is not None
-    )
-    work["export"] = sum(
-        _new_macs(ctx, c, t.user_attrs.get("macs")) * SAMPLE_IMAGES
-        for t in pareto_trials(study)
-        if (c := _config(t)) is not None
-    )
+    work["test pass"].add(zoo, n["test"])
+    for t in trials:
+        if t.number in tests and (tested := _config(t)) is not None:
+            work["test pass"].add(_new_parts(ctx, tested, t.user_attrs.get("macs")), n["test"])
+    for t in pareto_trials(study):
+        if (exported := _config(t)) is not None:
+            work["export"].add(_new_parts(ctx, exported, t.user_attrs.get("macs")), SAMPLE_IMAGES)
     return work, trained
 
 
-def plain_forward_rate(ctx: StitchContext, images: int = 1024, repeats: int = 3) -> list[float]:
-    """Image-MACs per second of plain forwards: every zoo model over ``images`` validation
-    images, as a frozen pass of the context, once per repeat."""
+def plain_forward_rates(
+    ctx: StitchContext, images: int = 1024, repeats: int = 3
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Image-MACs per second of plain forwards, once per repeat: every zoo model over
+    ``images`` validation images as a frozen pass of the context, overall and by model."""
     names = ctx.zoo.names()
     batches = {name: list(_first(ctx.input_batches(name, "val"), images)) for name in names}
-    rates = []
+    overall: list[float] = []
+    by_model: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeats):
         seconds = macs = 0.0
         for name, inputs in batches.items():
@@ -239,10 +275,12 @@ def plain_forward_rate(ctx: StitchContext, images: int = 1024, repeats: int = 3)
             with ctx.frozen():  # as every pass that trains nothing runs
                 for x in inputs:
                     model(x)
-            seconds += time.perf_counter() - start
-            macs += fragment_macs(ctx, name, None, None) * sum(len(x) for x in inputs)
-        rates.append(macs / seconds)
-    return rates
+            spent = time.perf_counter() - start
+            done = fragment_macs(ctx, name, None, None) * sum(len(x) for x in inputs)
+            by_model[name].append(done / spent)
+            seconds, macs = seconds + spent, macs + done
+        overall.append(macs / seconds)
+    return overall, by_model
 
 
 def training_step_seconds(
@@ -303,41 +341,56 @@ def _first(batches: Iterable[torch.Tensor], images: int) -> Iterable[torch.Tenso
         taken += len(batch)
 
 
-def necessary_work(folder: Path, phases: dict[str, Any]) -> dict[str, Any]:
+def necessary_work(folder: Path, phases: dict[str, Any], wall: float) -> dict[str, Any]:
     """Per phase of the search in ``folder``: its necessary work (image-MACs), that work's
-    seconds as plain forwards on this machine, and the phase's median seconds (``phases``, as
-    e2e.json keeps them) over it."""
+    seconds as plain forwards on this machine (each model's at its own rate), and the phase's
+    median seconds (``phases``, as e2e.json keeps them) over it; and over the seconds the same
+    MACs take at the zoo's overall rate (``ratio_at_overall_rate``, the yardstick before);
+    ``end_to_end``: the search's median ``wall`` seconds over all phases' necessary seconds
+    (loading the zoo and writing the report count as none)."""
     # the forwards run as the search's process runs them: freed blocks reused, as its command
     # line sets up (the setting holds for this process from here on)
     reuse_freed_memory()
     study, ctx, settings = _context(folder)
-    work, trained = _work(study, ctx, settings)
-    rates = plain_forward_rate(ctx)
-    rate = statistics.median(rates)
+    overall, by_model = plain_forward_rates(ctx)
+    rate = statistics.median(overall)
+    rates = {name: statistics.median(r) for name, r in by_model.items()} | {STITCHES: rate}
+    work, trained = _work(study, ctx, settings, rates)
     steps_seconds = training_step_seconds(ctx, trained)
     out: dict[str, Any] = {
         "plain_forward_gmacs_per_s": {
             "median": round(rate / 1e9, 2),
-            "min": round(min(rates) / 1e9, 2),
-            "max": round(max(rates) / 1e9, 2),
+            "min": round(min(overall) / 1e9, 2),
+            "max": round(max(overall) / 1e9, 2),
+            "by_model": {name: round(r / 1e9, 2) for name, r in rates.items() if name != STITCHES},
         },
         "phases": {},
     }
+    totals = [0.0, 0.0]  # necessary seconds of every phase, at the models' rates and overall
     for name, row in phases.items():
         if name not in work:
             continue
-        seconds, macs = work[name] / rate, work[name]
+        seconds, macs = work[name].seconds, work[name].macs
+        at_overall = macs / rate
         if name == "refining":  # and its training steps, timed as plain training steps
-            seconds, macs = seconds + steps_seconds, macs + work[STEPS]
+            seconds, macs = seconds + steps_seconds, macs + work[STEPS].macs
+            at_overall += steps_seconds
         spent = float(row["seconds"]["median"])
         out["phases"][name] = {
             "image_gmacs": round(macs / 1e9, 1),
             "seconds": round(seconds, 1),
             "ratio": round(spent / seconds, 2) if seconds else None,
+            "ratio_at_overall_rate": round(spent / at_overall, 2) if at_overall else None,
         }
         if name == "trials":  # of which the probe in the loop's proposals no trial measured
-            out["phases"][name]["proposals_image_gmacs"] = round(work[PROPOSALS] / 1e9, 1)
+            out["phases"][name]["proposals_image_gmacs"] = round(work[PROPOSALS].macs / 1e9, 1)
         if name == "refining":  # of which training steps (forward MACs, and their seconds)
-            out["phases"][name]["training_steps_image_gmacs"] = round(work[STEPS] / 1e9, 1)
+            out["phases"][name]["training_steps_image_gmacs"] = round(work[STEPS].macs / 1e9, 1)
             out["phases"][name]["training_steps_seconds"] = round(steps_seconds, 1)
+        totals = [a + b for a, b in zip(totals, (seconds, at_overall), strict=True)]
+    out["end_to_end"] = {
+        "seconds": round(totals[0], 1),
+        "ratio": round(wall / totals[0], 2),
+        "ratio_at_overall_rate": round(wall / totals[1], 2),
+    }
     return out
