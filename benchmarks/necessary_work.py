@@ -32,9 +32,10 @@ A second of necessary work is timed as plain forwards on the same machine: every
 ``images`` validation images as a frozen pass, as the search runs it (the context's pieces and
 memory layout, freed memory reused as ``stitch-nas`` sets up its process) and nothing else. Each
 fragment's image-MACs are converted at its own model's rate (:func:`plain_forward_rates`), the
-stitches' at the zoo's overall rate: a MAC does not cost the same in every model (on two cores
-the MobileNet's depthwise layers ran at 9 GMAC/s, the all-conv CNN at 74), and a search whose
-networks lean on one model would otherwise be held to another's speed. (Before, every MAC was
+stitches' at the zoo's overall rate: a MAC does not cost the same in every model (e2e.json's
+``plain_forward_gmacs_per_s.by_model``: on two cores the MobileNet's depthwise layers run
+several times fewer MACs a second than the all-conv CNN), and a search whose networks lean on
+one model would otherwise be held to another's speed. (Before, every MAC was
 converted at the overall rate; ``ratio_at_overall_rate`` keeps that figure beside the ratio.)
 Training steps are timed as plain training steps instead (:func:`training_step_seconds`):
 for each distinct refined network, its trained adapter and the frozen network after it, built
@@ -192,13 +193,13 @@ def _work(
     docstring), and each refinement's config, steps and batch size (its training steps are
     timed apart; their forward MACs are tallied as :data:`STEPS`, not converted)."""
     n = {split: len(ctx.labels(split)) for split in ("probe", "val", "test", "train")}
-    zoo = [(name, float(fragment_macs(ctx, name, None, None))) for name in ctx.zoo.names()]
-    work = {name: Tally(rates) for name in ("seeding", "trials", PROPOSALS, "refining", STEPS)}
-    work |= {name: Tally(rates) for name in ("test pass", "export")}
+    zoo = {name: float(fragment_macs(ctx, name, None, None)) for name in ctx.zoo.names()}
+    phases = ("seeding", "trials", PROPOSALS, "refining", STEPS, "test pass", "export")
+    work = {name: Tally(rates) for name in phases}
     trials = study.get_trials(deepcopy=False)
     ran = [t for t in trials if attrs.DUPLICATE_OF not in t.user_attrs and _config(t)]
     seeded = settings.search.seed_trials
-    work["seeding"].add(zoo, n["val"] + n["probe"])
+    work["seeding"].add(zoo.items(), n["val"] + n["probe"])
     for pooled in _pool(study, ctx, settings):
         work["seeding"].add(_new_parts(ctx, pooled), n["probe"])
     searched = [
@@ -246,9 +247,10 @@ def _work(
             work["refining"].add([(first.model, prefix)], rows)
         if loss == "distill" and config.fragments[-1].model not in teachers:
             teachers.add(config.fragments[-1].model)
-            work["refining"].add([z for z in zoo if z[0] == config.fragments[-1].model], n["train"])
+            teacher = config.fragments[-1].model
+            work["refining"].add([(teacher, zoo[teacher])], n["train"])
     tests = {int(k) for k in (study.user_attrs.get(attrs.TEST_RESULTS) or {})}
-    work["test pass"].add(zoo, n["test"])
+    work["test pass"].add(zoo.items(), n["test"])
     for t in trials:
         if t.number in tests and (tested := _config(t)) is not None:
             work["test pass"].add(_new_parts(ctx, tested, t.user_attrs.get("macs")), n["test"])
