@@ -288,3 +288,11 @@ def test_the_ridge_term_matches_an_independent_augmented_least_squares_solve():
     np.testing.assert_allclose(fitted.bias.detach().numpy(), bias, rtol=1e-4, atol=1e-4)
     plain = fit_lstsq(torch.tensor(x), torch.tensor(y), src, dst, ridge=0.0)
     assert (plain.weight - fitted.weight).abs().max() > 0.05  # the ridge did shrink the map
+
+
+def test_normal_equations_without_rows_name_the_system():
+    from stitch_nas.adapters._lstsq import NormalEquations
+
+    equations = NormalEquations().add(torch.zeros(0, 3), torch.zeros(0, 2))
+    with pytest.raises(errors.SingularSystemError, match="has no rows"):
+        equations.solve(1e-4, "empty")
