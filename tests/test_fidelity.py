@@ -115,23 +115,31 @@ def test_each_slice_is_judged_on_everything_scored_so_far(ctx):
     assert stop.value.record[attrs.SLICE_IMAGES] == sizes[0] + sizes[1]
 
 
-def test_a_config_dropped_at_the_first_slice_runs_only_its_images(ctx):
-    """The first slice computes the prefix for its images only and stores nothing; a config
-    that goes on streams (and stores) the whole split; the figures are the same either way."""
-    from stitch_nas.activations._stream import stored
+def test_each_slice_runs_only_its_images_and_keeps_them(ctx):
+    """Each slice computes the prefix for its images only and keeps those rows under their own
+    key (never the whole split's); a second config with that first fragment reads them, and the
+    figures are the same either way."""
+    from stitch_nas.activations._stream import rows_split, stored
 
     config = _configs(ctx)[2]
     first = config.fragments[0]
     _, plain = measure(ctx, config)
     fresh = tiny_context()
     key = fresh.activation_key(first.model, first.end, "val")
+    slices = _gate([]).slices(len(ctx.labels("val")))
+    rows = [fresh.activation_key(first.model, first.end, rows_split("val", s)) for s in slices]
     with pytest.raises(SliceStop):
         measure(fresh, config, screen=_Recorder(stop_at=1))
-    assert stored(fresh, key) is None
+    assert stored(fresh, rows[0]) is not None
+    assert stored(fresh, key) is None and all(stored(fresh, k) is None for k in rows[1:])
     _, screened = measure(fresh, config, screen=_Recorder())
-    assert stored(fresh, key) is not None
+    assert stored(fresh, key) is None and all(stored(fresh, k) is not None for k in rows)
     assert screened.accuracy == plain.accuracy
     assert screened.sample_correct == plain.sample_correct
+    misses = fresh.cache.stats()["misses"]
+    _, again = measure(fresh, config, screen=_Recorder())  # every slice read from the cache
+    assert fresh.cache.stats()["misses"] == misses
+    assert again.accuracy == plain.accuracy
 
 
 def test_accuracy_with_the_gate_equals_accuracy_without(ctx):

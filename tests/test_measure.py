@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from stitch_nas.activations import ActivationCache, StitchContext
+from stitch_nas.activations._stream import rows_split
 from stitch_nas.config import AdapterSpec, Fragment, HeadSpec, StitchConfig
 from stitch_nas.data import load_digits_splits
 from stitch_nas.errors import ConfigError, UnknownNameError
@@ -278,14 +279,28 @@ def test_a_zoo_model_alone_is_measured_from_its_inputs_not_from_a_rounded_cached
 def test_rows_the_cache_lacks_are_computed_for_those_images_only():
     ctx = tiny_context()  # float16 storage, as a search runs
     index = torch.tensor([3, 10, 11, 57, 200])
-    rows = torch.cat(list(ctx.activation_rows("resnet", "layer2.0", "val", index, store=False)))
+    rows = torch.cat(
+        list(ctx.activation_rows("resnet", "layer2.0", "val", index, whole_split=False))
+    )
     key = ctx.activation_key("resnet", "layer2.0", "val")
-    assert key not in ctx.cache and ctx.cache.stats()["misses"] == 0  # nothing streamed
+    own = ctx.activation_key("resnet", "layer2.0", rows_split("val", index))
+    assert key not in ctx.cache  # the whole split did not stream
+    assert own in ctx.cache and len(ctx.cache.get(own)) == len(index)  # those rows are kept
+    # ... and read again from there, nothing computed
+    misses = ctx.cache.stats()["misses"]
+    again = torch.cat(
+        list(ctx.activation_rows("resnet", "layer2.0", "val", index, whole_split=False))
+    )
+    assert torch.equal(again, rows) and ctx.cache.stats()["misses"] == misses
+    # other rows are other entries
+    assert rows_split("val", index[:4]) != rows_split("val", index)
+    # a later cut starts from those rows' cached earlier cut: the stream's values, row for row
+    later = torch.cat(
+        list(ctx.activation_rows("resnet", "layer3.0", "val", index, whole_split=False))
+    )
     whole = ctx.activation("resnet", "layer2.0", "val")  # the stream, stored as it goes
     assert key in ctx.cache
-    assert torch.equal(rows, whole[index])  # the stream's rounded values, row for row
-    # from a cached earlier cut, as the stream would start
-    later = torch.cat(list(ctx.activation_rows("resnet", "layer3.0", "val", index, store=False)))
+    assert torch.equal(rows, whole[index])
     assert torch.equal(later, ctx.activation("resnet", "layer3.0", "val")[index])
 
 

@@ -280,20 +280,21 @@ class StitchContext(CutSimilarity):
         split: str,
         index: torch.Tensor,
         *,
-        store: bool = True,
+        whole_split: bool = True,
     ) -> Iterator[torch.Tensor]:
         """:meth:`activation_batches` for the images ``index`` (sorted) of ``split`` only.
 
-        Read from the cache when it holds the activation; otherwise the whole split streams
-        (and is stored, as on any first use) and only those rows go on. ``store=False``: only
-        those rows are computed, and nothing is stored (a one-off check of a few images).
+        Read from the cache when it holds the activation over the whole split; otherwise the
+        whole split streams (and is stored, as on any first use) and only those rows go on.
+        ``whole_split=False``: only those rows are computed, and stored under their own key
+        (the fidelity gate's slices and the checks' sample are the same rows every time).
         """
         self.split(split)
         self.check_budget(model)
         values = _stream.stored(self, self.activation_key(model, cut, split))
         if values is not None:
             return _stream.gathered_batches(self, model, values, index)
-        if not store:
+        if not whole_split:
             return _stream.computed_rows(self, model, cut, split, index)
         batches = self.activation_batches(model, cut, split)
         return _stream.selected_batches(batches, index, self.batch_size)

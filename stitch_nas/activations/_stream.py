@@ -19,6 +19,7 @@ Every batch handed out, fresh or cached, is that rounded value in float32.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ __all__ = [
     "stored_batches",
     "compute_batches",
     "computed_rows",
+    "rows_split",
     "Rounding",
     "cut_by_cut",
     "fill_every_cut",
@@ -166,48 +168,54 @@ def cut_by_cut(
     return run
 
 
+def rows_split(split: str, index: torch.Tensor) -> str:
+    """The name under which the rows ``index`` of ``split`` are cached apart from the whole
+    split: the split's name with the rows' count and a digest of the rows themselves."""
+    rows = np.ascontiguousarray(index.cpu().numpy(), dtype=np.int64)
+    return f"{split}[{len(rows)} rows {hashlib.sha256(rows.tobytes()).hexdigest()[:16]}]"
+
+
 def _source(
-    ctx: ContextView, model: str, cut: str | None, split: str
+    ctx: ContextView, model: str, cut: str | None, split: str, index: torch.Tensor | None = None
 ) -> tuple[str | None, Iterator[torch.Tensor]]:
-    """The nearest earlier cut whose activation is cached, and its batches (else the input)."""
-    start, values = _nearest(ctx, model, cut, split)
-    if values is None:
-        return None, ctx.input_batches(model, split)
-    return start, stored_batches(ctx, model, values)
-
-
-def _nearest(
-    ctx: ContextView, model: str, cut: str | None, split: str
-) -> tuple[str | None, Stored | None]:
-    """The nearest cut before ``cut`` whose activation on ``split`` is cached, and its values
-    (``None, None``: none is, so the computation starts from the images)."""
+    """The nearest cut before ``cut`` cached for the rows wanted (``index``: those rows,
+    sorted, under their own key or gathered from the whole split's; None: the whole split),
+    and its batches of them (``None`` and the images when no earlier cut is cached)."""
     names = [c.name for c in ctx.cuts(model)]
     end = len(names) if cut is None else names.index(cut)
-    for index in range(end - 1, -1, -1):
-        values = stored(ctx, ctx.activation_key(model, names[index], split))
-        if values is not None:
-            return names[index], values
-    return None, None
+    part = None if index is None else rows_split(split, index)
+    for name in reversed(names[:end]):
+        own = None if part is None else stored(ctx, ctx.activation_key(model, name, part))
+        if own is not None:
+            return name, stored_batches(ctx, model, own)
+        whole = stored(ctx, ctx.activation_key(model, name, split))
+        if whole is not None and index is not None:
+            return name, gathered_batches(ctx, model, whole, index)
+        if whole is not None:
+            return name, stored_batches(ctx, model, whole)
+    if index is None:
+        return None, ctx.input_batches(model, split)
+    return None, ctx.input_rows(model, split, index)
 
 
 def computed_rows(
     ctx: ContextView, model: str, cut: str | None, split: str, index: torch.Tensor
 ) -> Iterator[torch.Tensor]:
-    """The rows ``index`` (sorted) of ``model`` at ``cut`` on ``split``, batch by batch, computed
-    as :func:`compute_batches` computes them (from the nearest cached earlier cut, rounded to
-    the storage dtype) for those rows only, and stored nowhere: a one-off check of a few
-    images costs a few images' forward passes, not the whole split's."""
-    start, values = _nearest(ctx, model, cut, split)
-    if values is None:
-        rows = ctx.input_rows(model, split, index)
-    else:
-        rows = gathered_batches(ctx, model, values, index)
-    piece, rounding = cut_by_cut(ctx, model, start, cut), Rounding(ctx, model)
-    for x in rows:
-        with ctx.frozen():
-            out = piece(x)
-        check_finite(out, f"activations of {model!r} at {cut or 'output'!r} on {split}")
-        yield rounding(out)
+    """The rows ``index`` (sorted) of ``model`` at ``cut`` on ``split``, batch by batch: read
+    from their own cache entry (:func:`rows_split`), else computed for those rows only, as
+    :func:`compute_batches` computes them (from the nearest earlier cut cached for them or for
+    the whole split, rounded to the storage dtype), and stored under that entry as they stream.
+
+    The fidelity gate's slices and the checks' sample are the same rows every time, so a config
+    whose first fragment an earlier one shared reads them, and one that stops after a slice
+    costs that slice's forward passes, not the whole split's.
+    """
+    key = ctx.activation_key(model, cut, rows_split(split, index))
+    values = stored(ctx, key)
+    if values is not None:
+        yield from stored_batches(ctx, model, values)
+        return
+    yield from _streamed(ctx, key, len(index), *_source(ctx, model, cut, split, index))
 
 
 class _Sink:
@@ -256,10 +264,23 @@ def compute_batches(
     Stored only when the whole split went through (a caller that stops early stores nothing).
     """
     key = ctx.activation_key(model, cut, split)
+    yield from _streamed(ctx, key, len(ctx.split(split)), *_source(ctx, model, cut, split))
+
+
+def _streamed(
+    ctx: ContextView,
+    key: ActivationKey,
+    n: int,
+    start: str | None,
+    source: Iterator[torch.Tensor],
+) -> Iterator[torch.Tensor]:
+    """``key``'s activation (``n`` rows) computed from ``source``, the batches at cut ``start``
+    (None: the images), cut by cut, handed on batch by batch and stored when all ``n`` went
+    through."""
+    model, cut, split = key.model, key.cut, key.split
     ctx.cache.count_miss()
-    start, source = _source(ctx, model, cut, split)
     piece, rounding = cut_by_cut(ctx, model, start, cut), Rounding(ctx, model)
-    n, done, sink = len(ctx.split(split)), 0, None
+    done, sink = 0, None
     try:
         for x in source:
             with ctx.frozen():  # x is a copy (for_compute, input_batches): in-place is safe

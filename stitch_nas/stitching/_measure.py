@@ -115,16 +115,16 @@ def output_batches(
     split: str,
     index: torch.Tensor | None = None,
     *,
-    store: bool = True,
+    whole_split: bool = True,
 ) -> Iterator[torch.Tensor]:
     """``net``'s outputs on ``split`` batch by batch, continuing from the first model's cached
     activation (served or recomputed batch by batch by the context).
 
     When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
     stands for it, and the whole network runs on the preprocessed images, batch by batch.
-    ``index`` (sorted): only those images of the split, in that order; ``store=False``: a
-    first-fragment activation the cache lacks is computed for those images only and not stored
-    (:meth:`~stitch_nas.activations.StitchContext.activation_rows`).
+    ``index`` (sorted): only those images of the split, in that order; ``whole_split=False``: a
+    first-fragment activation the cache lacks is computed for those images only, and kept for
+    them (:meth:`~stitch_nas.activations.StitchContext.activation_rows`).
     """
     first = net.config.fragments[0]
     rest: torch.nn.Module
@@ -133,7 +133,9 @@ def output_batches(
         if index is None:
             source = ctx.activation_batches(first.model, first.end, split)
         else:
-            source = ctx.activation_rows(first.model, first.end, split, index, store=store)
+            source = ctx.activation_rows(
+                first.model, first.end, split, index, whole_split=whole_split
+            )
     else:
         rest = torch.nn.Sequential(*net.parts)
         if index is None:
@@ -161,11 +163,11 @@ def count_correct(
     head: torch.nn.Module | None,
     index: torch.Tensor | None = None,
     *,
-    store: bool = True,
+    whole_split: bool = True,
 ) -> tuple[int, int]:
     """Images of ``split`` (``index``: those only) that ``net`` then ``head`` gets right, and
-    how many were seen (``store``: as for :func:`output_batches`)."""
-    correct, seen, _ = _count(ctx, net, split, head, index, store=store)
+    how many were seen (``whole_split``: as for :func:`output_batches`)."""
+    correct, seen, _ = _count(ctx, net, split, head, index, whole_split=whole_split)
     return correct, seen
 
 
@@ -177,13 +179,13 @@ def _count(
     index: torch.Tensor | None = None,
     first: int = 0,
     *,
-    store: bool = True,
+    whole_split: bool = True,
 ) -> tuple[int, int, int]:
     """:func:`count_correct`, and how many of the right ones are among the split's ``first``
     images (``index``: sorted, so a batch's images are known by position)."""
     labels = ctx.labels(split) if index is None else ctx.labels(split)[index]
     correct = seen = in_first = 0
-    for outputs in output_batches(ctx, net, split, index, store=store):
+    for outputs in output_batches(ctx, net, split, index, whole_split=whole_split):
         if head is not None:
             with ctx.frozen():
                 outputs = head(outputs)
@@ -203,8 +205,8 @@ def sample_correct(
 ) -> int:
     """Images right among the first ``images`` of the validation split: what a trial recorded
     as ``sample_correct``, for a network rebuilt to be checked. Only those images run (a
-    prefix the cache lacks is not computed for the whole split, nor stored)."""
-    return count_correct(ctx, net, "val", head, torch.arange(images), store=False)[0]
+    prefix the cache lacks is computed for them, not for the whole split)."""
+    return count_correct(ctx, net, "val", head, torch.arange(images), whole_split=False)[0]
 
 
 def _mean(correct: int, seen: int) -> float:
@@ -317,11 +319,11 @@ def measure(
         for i, part in enumerate(screen.slices(len(ctx.labels(split)))):
             if i:  # the screen judges what has been scored before each further slice
                 screen.check(result, correct, seen)
-            # most configs stop after the first slice: a prefix the cache lacks is computed
-            # for its images only, and streamed (and stored) over the whole split only for a
-            # config that goes on; the values are the same either way (cut by cut)
-            whole = i > 0 or len(part) == len(ctx.labels(split))
-            more, extra, more_first = _count(ctx, net, split, head, part, first, store=whole)
+            # most configs stop after a slice: a prefix the cache lacks is computed for the
+            # slice's images only (and kept for them: every config's slices are the same
+            # images); the values are those of the whole split's pass (cut by cut)
+            whole = len(part) == len(ctx.labels(split))
+            more, extra, more_first = _count(ctx, net, split, head, part, first, whole_split=whole)
             correct, seen, in_first = correct + more, seen + extra, in_first + more_first
     if first:
         result.sample_correct, result.sample_images = in_first, first
