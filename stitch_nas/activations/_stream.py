@@ -7,7 +7,9 @@ buffer reserved against a memory budget when it fits (on the GPU that computes i
 device budget has room, else in host memory), else into a spill file written through a memory
 map, else nowhere (it is recomputed the next time). So at no moment does more than one batch
 exist outside the cache's budgets, and no code path holds every cut of a model over a whole
-split.
+split. A few rows of a split that are read again and again (the fidelity gate's slices, the
+checks' fixed sample) are computed and stored the same way, for those rows only, under a key
+of their own (:func:`rows_split`, :func:`computed_rows`).
 
 An activation is defined cut by cut: the output of every cut on the way from the input is
 rounded to the cache's storage dtype and handed on as a read from the cache hands it, whether
