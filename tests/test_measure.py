@@ -279,25 +279,19 @@ def test_a_zoo_model_alone_is_measured_from_its_inputs_not_from_a_rounded_cached
 def test_rows_the_cache_lacks_are_computed_for_those_images_only():
     ctx = tiny_context()  # float16 storage, as a search runs
     index = torch.tensor([3, 10, 11, 57, 200])
-    rows = torch.cat(
-        list(ctx.activation_rows("resnet", "layer2.0", "val", index, whole_split=False))
-    )
+    rows = torch.cat(list(ctx.activation_rows("resnet", "layer2.0", "val", index)))
     key = ctx.activation_key("resnet", "layer2.0", "val")
     own = ctx.activation_key("resnet", "layer2.0", rows_split("val", index))
     assert key not in ctx.cache  # the whole split did not stream
     assert own in ctx.cache and len(ctx.cache.get(own)) == len(index)  # those rows are kept
     # ... and read again from there, nothing computed
     misses = ctx.cache.stats()["misses"]
-    again = torch.cat(
-        list(ctx.activation_rows("resnet", "layer2.0", "val", index, whole_split=False))
-    )
+    again = torch.cat(list(ctx.activation_rows("resnet", "layer2.0", "val", index)))
     assert torch.equal(again, rows) and ctx.cache.stats()["misses"] == misses
     # other rows are other entries
     assert rows_split("val", index[:4]) != rows_split("val", index)
     # a later cut starts from those rows' cached earlier cut: the stream's values, row for row
-    later = torch.cat(
-        list(ctx.activation_rows("resnet", "layer3.0", "val", index, whole_split=False))
-    )
+    later = torch.cat(list(ctx.activation_rows("resnet", "layer3.0", "val", index)))
     whole = ctx.activation("resnet", "layer2.0", "val")  # the stream, stored as it goes
     assert key in ctx.cache
     assert torch.equal(rows, whole[index])

@@ -274,30 +274,23 @@ class StitchContext(CutSimilarity):
         return _stream.compute_batches(self, model, cut, split)
 
     def activation_rows(
-        self,
-        model: str,
-        cut: str | None,
-        split: str,
-        index: torch.Tensor,
-        *,
-        whole_split: bool = True,
+        self, model: str, cut: str | None, split: str, index: torch.Tensor
     ) -> Iterator[torch.Tensor]:
         """:meth:`activation_batches` for the images ``index`` (sorted) of ``split`` only.
 
-        Read from the cache when it holds the activation over the whole split; otherwise the
-        whole split streams (and is stored, as on any first use) and only those rows go on.
-        ``whole_split=False``: only those rows are computed, and stored under their own key
-        (the fidelity gate's slices and the checks' sample are the same rows every time).
+        Read from the cache when it holds the activation over the whole split; otherwise only
+        those rows are computed, and stored under their own key (the fidelity gate's slices and
+        the checks' sample are the same rows every time). An index of the whole split is the
+        whole split's activation (:meth:`activation_batches`).
         """
         self.split(split)
         self.check_budget(model)
+        if len(index) == len(self.split(split)):
+            return self.activation_batches(model, cut, split)
         values = _stream.stored(self, self.activation_key(model, cut, split))
         if values is not None:
             return _stream.gathered_batches(self, model, values, index)
-        if not whole_split:
-            return _stream.computed_rows(self, model, cut, split, index)
-        batches = self.activation_batches(model, cut, split)
-        return _stream.selected_batches(batches, index, self.batch_size)
+        return _stream.computed_rows(self, model, cut, split, index)
 
     def input_rows(self, model: str, split: str, index: torch.Tensor) -> Iterator[torch.Tensor]:
         """:meth:`input_batches` for the images ``index`` (sorted) of ``split`` only."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -48,7 +47,6 @@ __all__ = [
     "cut_by_cut",
     "fill_every_cut",
     "gathered_batches",
-    "selected_batches",
 ]
 
 Stored = torch.Tensor | np.ndarray
@@ -81,33 +79,6 @@ def gathered_batches(
         else:
             batch = _same_layout(values[part.to(values.device)], values)
         yield ctx.for_compute(model, batch)
-
-
-def selected_batches(
-    batches: Iterator[torch.Tensor], index: torch.Tensor, batch_size: int
-) -> Iterator[torch.Tensor]:
-    """The rows ``index`` (sorted) of a split streamed as ``batches``, ``batch_size`` at a time.
-
-    The whole stream is read, so an activation computed on the way is still stored (a pass
-    that stops early stores nothing); only the chosen rows go on.
-    """
-    wanted = index.tolist()
-    pending: list[torch.Tensor] = []
-    seen = count = 0
-    for batch in batches:
-        lo, hi = bisect_left(wanted, seen), bisect_left(wanted, seen + len(batch))
-        seen += len(batch)
-        if hi == lo:
-            continue
-        rows = torch.tensor(wanted[lo:hi], device=batch.device) - (seen - len(batch))
-        pending.append(_same_layout(batch[rows], batch))
-        count += hi - lo
-        while count >= batch_size:
-            joined = torch.cat(pending) if len(pending) > 1 else pending[0]
-            yield _same_layout(joined[:batch_size], batch)
-            pending, count = [joined[batch_size:]], count - batch_size
-    if count:
-        yield _same_layout(torch.cat(pending), pending[0])
 
 
 def _same_layout(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -178,26 +149,29 @@ def rows_split(split: str, index: torch.Tensor) -> str:
 
 
 def _source(
-    ctx: ContextView, model: str, cut: str | None, split: str, index: torch.Tensor | None = None
+    ctx: ContextView,
+    model: str,
+    cut: str | None,
+    split: str,
+    rows: tuple[torch.Tensor, str] | None = None,
 ) -> tuple[str | None, Iterator[torch.Tensor]]:
-    """The nearest cut before ``cut`` cached for the rows wanted (``index``: those rows,
-    sorted, under their own key or gathered from the whole split's; None: the whole split),
-    and its batches of them (``None`` and the images when no earlier cut is cached)."""
+    """The nearest cut before ``cut`` cached for the rows wanted (``rows``: a sorted index and
+    its :func:`rows_split` name, read under that name or gathered from the whole split's; None:
+    the whole split), and its batches of them (``None`` and the images when none is cached)."""
     names = [c.name for c in ctx.cuts(model)]
     end = len(names) if cut is None else names.index(cut)
-    part = None if index is None else rows_split(split, index)
     for name in reversed(names[:end]):
-        own = None if part is None else stored(ctx, ctx.activation_key(model, name, part))
+        own = None if rows is None else stored(ctx, ctx.activation_key(model, name, rows[1]))
         if own is not None:
             return name, stored_batches(ctx, model, own)
         whole = stored(ctx, ctx.activation_key(model, name, split))
-        if whole is not None and index is not None:
-            return name, gathered_batches(ctx, model, whole, index)
         if whole is not None:
-            return name, stored_batches(ctx, model, whole)
-    if index is None:
+            if rows is None:
+                return name, stored_batches(ctx, model, whole)
+            return name, gathered_batches(ctx, model, whole, rows[0])
+    if rows is None:
         return None, ctx.input_batches(model, split)
-    return None, ctx.input_rows(model, split, index)
+    return None, ctx.input_rows(model, split, rows[0])
 
 
 def computed_rows(
@@ -212,12 +186,13 @@ def computed_rows(
     whose first fragment an earlier one shared reads them, and one that stops after a slice
     costs that slice's forward passes, not the whole split's.
     """
-    key = ctx.activation_key(model, cut, rows_split(split, index))
+    part = rows_split(split, index)  # hashed once: the search below looks it up at every cut
+    key = ctx.activation_key(model, cut, part)
     values = stored(ctx, key)
     if values is not None:
         yield from stored_batches(ctx, model, values)
         return
-    yield from _streamed(ctx, key, len(index), *_source(ctx, model, cut, split, index))
+    yield from _streamed(ctx, key, len(index), *_source(ctx, model, cut, split, (index, part)))
 
 
 class _Sink:

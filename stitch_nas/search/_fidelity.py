@@ -199,8 +199,7 @@ def screen_before_training(gate: FidelityGate, ctx: StitchContext, net: Stitched
     )
     first = gate.slices(len(ctx.labels("val")))[0]
     # only the slice's images run: most configs stop here (see measure's first slice)
-    whole = len(first) == len(ctx.labels("val"))
-    correct, seen = count_correct(ctx, net, "val", fit_net_head(ctx, net), first, whole_split=whole)
+    correct, seen = count_correct(ctx, net, "val", fit_net_head(ctx, net), first)
     try:
         gate.check(costs, correct, seen)
     except SliceStop as stop:

@@ -114,17 +114,15 @@ def output_batches(
     net: StitchedNet,
     split: str,
     index: torch.Tensor | None = None,
-    *,
-    whole_split: bool = True,
 ) -> Iterator[torch.Tensor]:
     """``net``'s outputs on ``split`` batch by batch, continuing from the first model's cached
     activation (served or recomputed batch by batch by the context).
 
     When the first fragment was fine-tuned (adapter option ``train='all'``) the cache no longer
     stands for it, and the whole network runs on the preprocessed images, batch by batch.
-    ``index`` (sorted): only those images of the split, in that order; ``whole_split=False``: a
-    first-fragment activation the cache lacks is computed for those images only, and kept for
-    them (:meth:`~stitch_nas.activations.StitchContext.activation_rows`).
+    ``index`` (sorted): only those images of the split, in that order (a first-fragment
+    activation the cache lacks is computed for those images only, and kept for them:
+    :meth:`~stitch_nas.activations.StitchContext.activation_rows`).
     """
     first = net.config.fragments[0]
     rest: torch.nn.Module
@@ -133,9 +131,7 @@ def output_batches(
         if index is None:
             source = ctx.activation_batches(first.model, first.end, split)
         else:
-            source = ctx.activation_rows(
-                first.model, first.end, split, index, whole_split=whole_split
-            )
+            source = ctx.activation_rows(first.model, first.end, split, index)
     else:
         rest = torch.nn.Sequential(*net.parts)
         if index is None:
@@ -162,12 +158,10 @@ def count_correct(
     split: str,
     head: torch.nn.Module | None,
     index: torch.Tensor | None = None,
-    *,
-    whole_split: bool = True,
 ) -> tuple[int, int]:
     """Images of ``split`` (``index``: those only) that ``net`` then ``head`` gets right, and
-    how many were seen (``whole_split``: as for :func:`output_batches`)."""
-    correct, seen, _ = _count(ctx, net, split, head, index, whole_split=whole_split)
+    how many were seen."""
+    correct, seen, _ = _count(ctx, net, split, head, index)
     return correct, seen
 
 
@@ -178,14 +172,12 @@ def _count(
     head: torch.nn.Module | None,
     index: torch.Tensor | None = None,
     first: int = 0,
-    *,
-    whole_split: bool = True,
 ) -> tuple[int, int, int]:
     """:func:`count_correct`, and how many of the right ones are among the split's ``first``
     images (``index``: sorted, so a batch's images are known by position)."""
     labels = ctx.labels(split) if index is None else ctx.labels(split)[index]
     correct = seen = in_first = 0
-    for outputs in output_batches(ctx, net, split, index, whole_split=whole_split):
+    for outputs in output_batches(ctx, net, split, index):
         if head is not None:
             with ctx.frozen():
                 outputs = head(outputs)
@@ -206,7 +198,7 @@ def sample_correct(
     """Images right among the first ``images`` of the validation split: what a trial recorded
     as ``sample_correct``, for a network rebuilt to be checked. Only those images run (a
     prefix the cache lacks is computed for them, not for the whole split)."""
-    return count_correct(ctx, net, "val", head, torch.arange(images), whole_split=False)[0]
+    return count_correct(ctx, net, "val", head, torch.arange(images))[0]
 
 
 def _mean(correct: int, seen: int) -> float:
@@ -322,8 +314,7 @@ def measure(
             # most configs stop after a slice: a prefix the cache lacks is computed for the
             # slice's images only (and kept for them: every config's slices are the same
             # images); the values are those of the whole split's pass (cut by cut)
-            whole = len(part) == len(ctx.labels(split))
-            more, extra, more_first = _count(ctx, net, split, head, part, first, whole_split=whole)
+            more, extra, more_first = _count(ctx, net, split, head, part, first)
             correct, seen, in_first = correct + more, seen + extra, in_first + more_first
     if first:
         result.sample_correct, result.sample_images = in_first, first
