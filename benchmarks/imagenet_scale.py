@@ -37,8 +37,9 @@ workers, their image decoders, the driver; on a machine where nothing else runs)
 and ``ray_over_local`` the most workers' over the local run's (which uses ``--threads``
 threads). ``--append`` keeps the runs already in ``--results`` (a rerun of the same executor,
 workers and size replaces its row) and recomputes the summaries over all of them; the file is
-written after every run, and ``--rows LOG`` takes the rows a run printed before it was stopped
-(marked ``from_printed_rows``).
+written after every run. ``--cache-dir DIR`` gives each run a new spill folder under ``DIR``,
+shared by that run's driver and workers and by no other run. ``--rows LOG`` takes the rows a
+run printed before it was stopped (marked ``from_printed_rows``).
 
 A GPU section (trials per second at 224 px on one GPU, bfloat16 autocast's speed-up and
 agreement) runs with ``--gpu`` where CUDA is available; otherwise ``"gpu"`` records why it did
@@ -332,7 +333,9 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="also run the GPU section")
     parser.add_argument("--append", action="store_true", help="keep the runs in --results")
     parser.add_argument("--cache-gb", type=float, default=None, help="host cache budget (GiB)")
-    parser.add_argument("--cache-dir", default=None, help="spill folder of the cache")
+    parser.add_argument(
+        "--cache-dir", default=None, help="spill folders of the cache, one per run under it"
+    )
     parser.add_argument("--rows", default=None, help="also keep the rows a stopped run printed")
     parser.add_argument("--rows-commit", default=None, help="the commit that printed --rows")
     parser.add_argument("--one", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -366,9 +369,13 @@ def main() -> None:
             command = [sys.executable, __file__, "--one", executor, str(size)]
             for flag in ("probe", "trials", "threads", "models", "folder", "device"):
                 command += [f"--{flag}", str(getattr(args, flag))]
-            for flag in ("cache_gb", "cache_dir"):
-                if getattr(args, flag) is not None:
-                    command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+            if args.cache_gb is not None:
+                command += ["--cache-gb", str(args.cache_gb)]
+            if args.cache_dir is not None:  # a new folder per run: none reads another's files
+                spill = Path(args.cache_dir) / f"{executor}-w{workers}-{size}"
+                if spill.exists():
+                    raise SystemExit(f"{spill} exists: choose another --cache-dir")
+                command += ["--cache-dir", str(spill)]
             command += ["--workers", workers, "--out", str(Path(args.out) / f"w{workers}")]
             seconds, memory, output = run_measured(
                 command, env=env, stdout=subprocess.PIPE, text=True
