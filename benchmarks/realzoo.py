@@ -15,7 +15,13 @@ was re-measured on the test split by the search itself. Reported, on test accura
   head``, ``new stem``, ``zoo model``: only ``stitched`` networks count as stitched), test
   accuracy with its 95 % Wilson interval, MACs and config;
 - the zoo models a stitched network strictly dominates under the report's rule (lower end of
-  its interval above the zoo model's test accuracy, at no more MACs), and by how much.
+  its interval above the zoo model's test accuracy, at no more MACs), and by how much;
+- ``headroom_at``: at reference accuracies 0.80 and 0.90, the zoo front's interpolation headroom
+  (the area between its staircase and the lines joining adjacent front models, in accuracy x
+  decades of MACs: :func:`stitch_nas.report.interpolation_headroom`), the part the stitched
+  networks recover, its share, and each gap's.
+
+``train_images`` is the train split's size (adapters and fine-tunes train on it).
 
 Writes benchmarks/results/realzoo.json; with ``--seed N`` (the search's seed instead of the
 settings file's) realzoo_seedN.json. Needs ``../shared/realzoo`` (or ``REALZOO=...``).
@@ -26,10 +32,13 @@ the figures above for the networks after fine-tuning, plus ``before_finetune`` (
 the fine-tuned trials) and ``zoo_finetuned`` (against the zoo's front fine-tuned alike), each
 with hypervolumes at reference accuracy 0.70, 0.80 and 0.90, and ``finetune_seconds`` (the
 stage's wall time) with ``finetuned``: per network and control model the split that judged it,
-epochs run, seconds, validation accuracy before and after, and ``kept_start``.
+epochs run, optimizer steps, images seen, seconds, validation accuracy before and after, and
+``kept_start``.
 
 ``--set`` changes one setting of the copy that runs (recorded as ``overrides``), e.g. on a GPU:
-``--set search.device=auto --set search.export=false --set finetune.recipe.epochs=15``.
+``--set search.device=auto --set search.export=false --set finetune.recipe.epochs=15``; all
+50,000 CIFAR-10 training images as the train split: ``--set "data.splits.train={file:
+cifar10_train.npz}"``.
 """
 
 from __future__ import annotations
@@ -49,21 +58,25 @@ import numpy as np
 import yaml
 
 from stitch_nas import attrs
+from stitch_nas.pipeline import load_data
 from stitch_nas.report import (
     first_of_each_network,
     holdout_accuracies,
     hypervolume,
+    interpolation_headroom,
     wilson_interval,
     zoo_references,
 )
 from stitch_nas.report._holdout import split_sizes
 from stitch_nas.report._kinds import recorded_kinds, trial_kind
 from stitch_nas.search import load_folder_study
+from stitch_nas.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "realzoo.json"
 FLOOR = 0.70  #: the reference accuracy: networks below it add no hypervolume
 FLOORS = (0.70, 0.80, 0.90)  #: with --finetune, hypervolumes at each
+HEADROOM_AT = (0.80, 0.90)  #: reference accuracies of the interpolation headroom
 
 
 def overrides_from(pairs: list[str]) -> dict[str, Any]:
@@ -148,6 +161,8 @@ def finetune_costs(out: str) -> dict[str, Any]:
                 "source": source,
                 "judged_on": report.get("judged_on", "train"),
                 "epochs": report["epochs"],
+                "steps": report["steps"],
+                "images_seen": report.get("images_seen"),  # not recorded before it was
                 "seconds": round(report["seconds"], 1),
                 "stopped": report["stopped"],
                 "val_before": before,
@@ -265,6 +280,35 @@ def evaluate(
             }
             for floor in floors
         },
+        "headroom_at": {
+            str(reference): _headroom(zoo, stitched, reference) for reference in HEADROOM_AT
+        },
+    }
+
+
+def _headroom(
+    zoo: list[dict[str, Any]], stitched: list[dict[str, Any]], reference: float
+) -> dict[str, Any]:
+    """The zoo front's interpolation headroom at ``reference`` and what ``stitched`` recovers."""
+    h = interpolation_headroom(
+        [(r["test_accuracy"], r["macs"]) for r in zoo],
+        [(r["test_accuracy"], r["macs"]) for r in stitched],
+        reference,
+    )
+    share = h.recovered_share
+    return {
+        "headroom": round(h.headroom, 5),
+        "recovered": round(h.recovered, 5),
+        "recovered_share": None if share is None else round(share, 4),
+        "gaps": [
+            {
+                "from_macs": g.low_macs,
+                "to_macs": g.high_macs,
+                "headroom": round(g.headroom, 5),
+                "recovered": round(g.recovered, 5),
+            }
+            for g in h.gaps
+        ],
     }
 
 
@@ -279,11 +323,13 @@ def _budget(settings: str, trials: int) -> dict[str, Any]:
     """The settings that decide the run's cost, as the search reads them."""
     raw = yaml.safe_load(Path(settings).read_text())
     search, finetune = raw.get("search", {}), raw.get("finetune", {})
+    train = load_data(load_settings(settings).data).train
     keys = ("trials", "seed_trials", "seed_pool", "refine_trials")
     return {
         **{key: search.get(key) for key in keys},
         **({"trials": trials} if trials else {}),
         "val_images": raw.get("data", {}).get("splits", {}).get("val", {}).get("count"),
+        "train_images": None if train is None else len(train),
         "finetune_networks": finetune.get("networks"),
         "finetune_recipe": finetune.get("recipe"),
     }
@@ -362,6 +408,7 @@ def main() -> None:
         "command": f"stitch-nas search {name} --out {args.out}"
         + ("" if args.seed is None else f" (search.seed: {args.seed})"),
         "budget": budget,
+        "train_images": budget["train_images"],
         "overrides": overrides,
         "wall_seconds": None if seconds is None else round(seconds, 1),
         "peak_rss_gb": None if peak_gb is None else round(peak_gb, 2),

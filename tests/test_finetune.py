@@ -157,6 +157,7 @@ def _report(initial_holdout: float, holdout_images: int = 974) -> FinetuneReport
         train_images=8770,
         holdout_images=holdout_images,
         steps=207,
+        images_seen=3 * 8770,
         epochs=3,
         seconds=1.0,
         initial_holdout=initial_holdout,
@@ -270,6 +271,7 @@ def test_finetune_streams_batches_and_augments_only_training_batches(ctx, monkey
     )
     assert max(reads) <= 40
     assert len(augmented) == report.steps and sum(augmented) == 2 * len(train_rows)
+    assert report.images_seen == 2 * len(train_rows)
     # the held-out slice was read unaugmented: once at the start and after each epoch
     assert sum(reads) == 2 * len(train_rows) + 3 * len(held_rows)
 
@@ -422,6 +424,7 @@ def test_the_timm_recipe_mixes_averages_and_accumulates_reproducibly(ctx, monkey
     assert np.array_equal(np.random.get_state()[1], numpy_state)
     assert torch.equal(torch.get_rng_state(), torch_state)
     assert report.steps == 4 and len(mixed) == 8 and all(n % 2 == 0 for n in mixed)
+    assert report.images_seen == sum(mixed)  # two batches a step, each counted once
     b, _ = finetune(ctx, build(ctx, STITCH), teacher, recipe)
     assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
     plain, _ = finetune(

@@ -65,6 +65,7 @@ class FinetuneReport:
     train_images: int  #: training images per epoch (the held-out slice excluded)
     holdout_images: int  #: images of the held-out slice that judged each epoch
     steps: int
+    images_seen: int  #: training images the steps took (an image twice in two epochs)
     epochs: int  #: epochs run (complete or not)
     seconds: float
     initial_holdout: float  #: held-out accuracy of the network it was given
@@ -303,13 +304,14 @@ def _train_copy(
     # beyond the start's interval, an epoch moved it (stop_unmoved)
     _, moved = wilson_interval(_share(initial, len(held_rows)), len(held_rows))
     best_state = copy.deepcopy(student.state_dict())
-    best_epoch, since_best, steps, stopped = 0, 0, 0, "epochs"
+    best_epoch, since_best, steps, seen, stopped = 0, 0, 0, 0, "epochs"
     start = time.perf_counter()
     epoch = 0
     for epoch in range(1, recipe.epochs + 1):
         for part in training:  # the rest stays in eval mode (module docstring)
             part.train()
         optimizer.zero_grad(set_to_none=True)
+        pending = 0  # images of batches whose gradients wait for the next step
         for batch, (images, labels) in enumerate(
             _batches(ctx, train_rows, recipe.batch_size, shuffle)
         ):
@@ -340,11 +342,12 @@ def _train_copy(
                 stopped = "diverged"
                 break
             (loss / recipe.grad_accum_steps).backward()
+            pending += len(images)  # counted when a step applies their gradients
             if (batch + 1) % recipe.grad_accum_steps:
                 continue  # gradients add up over grad_accum_steps batches
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            steps += 1
+            steps, seen, pending = steps + 1, seen + pending, 0
             schedule.step_update(steps)
             if ema is not None:
                 ema.update(student, step=steps)
@@ -384,6 +387,7 @@ def _train_copy(
         train_images=len(train_rows),
         holdout_images=len(held_rows),
         steps=steps,
+        images_seen=seen,
         epochs=epoch,
         seconds=time.perf_counter() - start,
         initial_holdout=initial,

@@ -3,6 +3,7 @@ hypervolumes, claims over zoo models, and the CSV / JSON / PNG / HTML files of a
 """
 
 from ._claims import DOMINATION_RULE, split_hypervolumes, zoo_claims
+from ._headroom import Headroom, HeadroomGap, interpolation_headroom
 from ._history import HypervolumeHistory, hypervolume_history
 from ._holdout import (
     HoldoutPass,
@@ -39,6 +40,8 @@ from ._write import (
 
 __all__ = [
     "DOMINATION_RULE",
+    "Headroom",
+    "HeadroomGap",
     "HoldoutPass",
     "HypervolumeHistory",
     "Rechecked",
@@ -54,6 +57,7 @@ __all__ = [
     "hypervolume",
     "hypervolume_box",
     "hypervolume_history",
+    "interpolation_headroom",
     "is_feasible",
     "measure_holdout",
     "objective_names",
