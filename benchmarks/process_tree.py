@@ -5,7 +5,11 @@ Ray starts its workers as grandchildren of the driver (through the raylet), so t
 ``ru_maxrss`` says nothing about them and ``RUSAGE_CHILDREN`` folds them into one number.
 :class:`ProcessTree` polls ``/proc`` every ``interval`` seconds for the command's descendants and
 keeps, per process, the kernel's own high-water mark (``VmHWM``: the peak resident set, not a
-sample of it), so a short spike between two polls is still counted. Ray's object store on Linux
+sample of it), so a short spike between two polls is still counted. The resident set also
+counts the pages of files a process maps (a spill file it writes or reads through a memory
+map), which the kernel writes back or drops under memory pressure; so the largest anonymous
+resident set seen at a poll (``RssAnon``: memory nothing but swap could free) is kept beside it,
+a sample that can miss a spike shorter than ``interval``. Ray's object store on Linux
 is a memory-mapped file in ``/dev/shm`` whose pages, once written, stay allocated for the life of
 the cluster: the folder's use at its largest is the store's peak (on a machine where nothing else
 writes there; the starting use is subtracted).
@@ -37,15 +41,15 @@ def _parents() -> dict[int, int]:
     return parents
 
 
-def _status(pid: int) -> tuple[str, int] | None:
-    """(command name, VmHWM in bytes) of ``pid``, or None once it is gone."""
+def _status(pid: int) -> tuple[str, int, int] | None:
+    """(command name, VmHWM, RssAnon) of ``pid`` in bytes, or None once it is gone."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    hwm = fields.get("VmHWM", "0 kB").split()[0]
-    return fields.get("Name", "?").strip(), int(hwm) * 1024
+    hwm, anon = (int(fields.get(key, "0 kB").split()[0]) * 1024 for key in ("VmHWM", "RssAnon"))
+    return fields.get("Name", "?").strip(), hwm, anon
 
 
 def busy_jiffies() -> tuple[int, int] | None:
@@ -80,7 +84,7 @@ class ProcessTree:
 
     root: int
     interval: float = 0.2
-    peaks: dict[int, tuple[str, int]] = field(default_factory=dict)
+    peaks: dict[int, tuple[str, int, int]] = field(default_factory=dict)  #: name, VmHWM, anon
     shm_start: int = field(default_factory=_shm_used)
     shm_peak: int = 0
 
@@ -106,9 +110,9 @@ class ProcessTree:
             seen.add(pid)
             status = _status(pid)
             if status is not None:
-                name, hwm = status
-                old = self.peaks.get(pid, (name, 0))[1]
-                self.peaks[pid] = (name, max(old, hwm))
+                name, hwm, anon = status
+                _, old_hwm, old_anon = self.peaks.get(pid, (name, 0, 0))
+                self.peaks[pid] = (name, max(old_hwm, hwm), max(old_anon, anon))
             todo += children.get(pid, [])
         self.shm_peak = max(self.shm_peak, _shm_used())
 
@@ -117,11 +121,13 @@ class ProcessTree:
         self._thread.join()
 
     def summary(self) -> dict:
-        """Each process's peak RSS in GB (largest first, by name) and the object store's peak."""
+        """Each process's peak RSS and largest anonymous RSS seen in GB (largest peak first,
+        by name) and the object store's peak."""
         rows = sorted(self.peaks.values(), key=lambda row: -row[1])
         return {
-            "peak_rss_gb_per_process": [round(hwm / 1e9, 3) for _, hwm in rows],
-            "process_names": [name for name, _ in rows],
+            "peak_rss_gb_per_process": [round(hwm / 1e9, 3) for _, hwm, _ in rows],
+            "peak_anon_rss_gb_per_process": [round(anon / 1e9, 3) for _, _, anon in rows],
+            "process_names": [name for name, _, _ in rows],
             "object_store_peak_gb": round(max(0, self.shm_peak - self.shm_start) / 1e9, 3),
         }
 
@@ -143,6 +149,6 @@ def run_measured(command: list[str], **kwargs) -> tuple[float, dict, str]:  # ty
     summary = tree.summary()
     big = [i for i, gb in enumerate(summary["peak_rss_gb_per_process"]) if gb >= 0.05]
     summary["processes_seen"] = len(summary["process_names"])
-    summary["peak_rss_gb_per_process"] = [summary["peak_rss_gb_per_process"][i] for i in big]
-    summary["process_names"] = [summary["process_names"][i] for i in big]
+    for key in ("peak_rss_gb_per_process", "peak_anon_rss_gb_per_process", "process_names"):
+        summary[key] = [summary[key][i] for i in big]
     return seconds, summary, output or ""
