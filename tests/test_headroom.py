@@ -84,5 +84,5 @@ def test_the_exact_areas_equal_a_fine_numeric_integration(seed: int) -> None:
 
 
 def test_macs_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="MACs must be > 0"):
+    with pytest.raises(ValueError, match="MACs 0.0 is not > 0"):
         interpolation_headroom(ZOO, [(0.7, 0.0)], 0.6)

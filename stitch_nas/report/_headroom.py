@@ -78,8 +78,9 @@ def interpolation_headroom(
         networks: ``(accuracy, macs)`` of the other networks (stitched ones).
         reference: The accuracy below which nothing counts.
     """
-    if any(macs <= 0 for _, macs in [*zoo, *networks]):
-        raise ValueError("every network's MACs must be > 0 (the axis is log10 MACs)")
+    bad = [macs for _, macs in [*zoo, *networks] if not macs > 0]
+    if bad:
+        raise ValueError(f"MACs {bad[0]!r} is not > 0: give each network its MACs (log10 axis)")
     front = _front(zoo)
     others = sorted((math.log10(m), a) for a, m in networks)
     gaps = []
