@@ -32,8 +32,9 @@ the figures above for the networks after fine-tuning, plus ``before_finetune`` (
 the fine-tuned trials) and ``zoo_finetuned`` (against the zoo's front fine-tuned alike), each
 with hypervolumes at reference accuracy 0.70, 0.80 and 0.90, and ``finetune_seconds`` (the
 stage's wall time) with ``finetuned``: per network and control model the split that judged it,
-epochs run, optimizer steps, images seen, seconds, validation accuracy before and after, and
-``kept_start``.
+epochs run, optimizer steps, images seen, seconds, validation accuracy before and after (none
+before for a network started from a trial the fidelity gate pruned), the judging split's
+accuracy before the first epoch and of the weights kept, and ``kept_start``.
 
 ``--set`` changes one setting of the copy that runs (recorded as ``overrides``), e.g. on a GPU:
 ``--set search.device=auto --set search.export=false --set finetune.recipe.epochs=15``; all
@@ -153,12 +154,24 @@ def finetune_costs(out: str) -> dict[str, Any]:
     study = load_folder_study(out)
     phases = study.user_attrs.get(attrs.PHASES) or {}
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    tested = holdout_accuracies(study)
     rows = []
 
-    def row(source: int | str, before: float | None, after: float | None, report: dict) -> None:
+    def row(
+        source: int | str,
+        before: float | None,
+        after: float | None,
+        report: dict,
+        trial: Any = None,
+    ) -> None:
         rows.append(
             {
                 "source": source,
+                # the fine-tuned network's trial, MACs and test accuracy (when the test pass
+                # measured it: it stood on a front)
+                "trial": None if trial is None else trial.number,
+                "macs": None if trial is None else trial.user_attrs.get("macs"),
+                "test_accuracy": None if trial is None else tested.get(trial.number),
                 "judged_on": report.get("judged_on", "train"),
                 "epochs": report["epochs"],
                 "steps": report["steps"],
@@ -167,6 +180,11 @@ def finetune_costs(out: str) -> dict[str, Any]:
                 "stopped": report["stopped"],
                 "val_before": before,
                 "val_after": after,
+                # what the judging split (all of validation by default) scored before the
+                # first epoch and for the weights kept: a network started from a trial the
+                # fidelity gate pruned has no whole-split validation figure of its own
+                "judged_before": report["initial_holdout"],
+                "judged_after": report["best_holdout"],
                 "kept_start": report["best_epoch"] == 0,
             }
         )
@@ -180,6 +198,7 @@ def finetune_costs(out: str) -> dict[str, Any]:
                 source.user_attrs.get("accuracy"),
                 t.user_attrs.get("accuracy") if kept else source.user_attrs.get("accuracy"),
                 t.user_attrs[attrs.FINETUNED]["report"],
+                t,
             )
     refs = {r["name"]: r.get("accuracy") for r in study.user_attrs.get(attrs.REFERENCES) or []}
     for name, entry in (study.user_attrs.get(attrs.FINETUNE_CONTROL) or {}).items():
