@@ -203,9 +203,17 @@ def finetune_costs(out: str) -> dict[str, Any]:
     refs = {r["name"]: r.get("accuracy") for r in study.user_attrs.get(attrs.REFERENCES) or []}
     for name, entry in (study.user_attrs.get(attrs.FINETUNE_CONTROL) or {}).items():
         row(name, refs.get(name), entry.get("accuracy"), entry["finetuned"]["report"])
+    stitched = [r for r in rows if r["trial"] is not None]
     return {
         "finetune_seconds": (phases.get("fine-tune") or {}).get("seconds"),
         "finetuned": rows,
+        # how many of the stage's networks, and of the control's models, kept their start
+        "kept_start": {
+            "networks": sum(r["kept_start"] for r in stitched),
+            "of_networks": len(stitched),
+            "control": sum(r["kept_start"] for r in rows if r["trial"] is None),
+            "of_control": len(rows) - len(stitched),
+        },
     }
 
 
