@@ -34,7 +34,8 @@ with hypervolumes at reference accuracy 0.70, 0.80 and 0.90, and ``finetune_seco
 stage's wall time) with ``finetuned``: per network and control model the split that judged it,
 epochs run, optimizer steps, images seen, seconds, validation accuracy before and after (none
 before for a network started from a trial the fidelity gate pruned), the judging split's
-accuracy before the first epoch and of the weights kept, and ``kept_start``.
+accuracy before the first epoch and of the weights kept, and ``kept_start``; the top-level
+``kept_start`` counts the networks and the control's models that kept their starting weights.
 
 ``--set`` changes one setting of the copy that runs (recorded as ``overrides``), e.g. on a GPU:
 ``--set search.device=auto --set search.export=false --set finetune.recipe.epochs=15``; all
