@@ -348,6 +348,19 @@ def main() -> None:
     if Path(args.out).exists():
         raise SystemExit(f"{args.out} exists: choose another --out or move it away")
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    jobs = [
+        (executor, workers)
+        for executor in args.executors.split(",")
+        for workers in (args.workers.split(",") if executor == "ray" else ["1"])
+    ]
+    taken = [
+        _spill_folder(args, e, w, v)
+        for v in sizes
+        for e, w in jobs
+        if args.cache_dir is not None and _spill_folder(args, e, w, v).exists()
+    ]
+    if taken:  # before any run: a run must not read another's spill files
+        raise SystemExit(f"{taken[0]} exists: choose another --cache-dir")
     if sizes:
         write_folder(Path(args.folder), args.probe + 100, 2 * max(sizes))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -359,11 +372,6 @@ def main() -> None:
         rows = [json.loads(line) for line in lines if line.startswith('{"executor"')]
         marks = {"from_printed_rows": Path(args.rows).name, "commit": args.rows_commit}
         runs = _merge(runs, [{**r, **marks} for r in rows])
-    jobs = [
-        (executor, workers)
-        for executor in args.executors.split(",")
-        for workers in (args.workers.split(",") if executor == "ray" else ["1"])
-    ]
     for size in sizes:
         for executor, workers in jobs:
             command = [sys.executable, __file__, "--one", executor, str(size)]
@@ -372,10 +380,7 @@ def main() -> None:
             if args.cache_gb is not None:
                 command += ["--cache-gb", str(args.cache_gb)]
             if args.cache_dir is not None:  # a new folder per run: none reads another's files
-                spill = Path(args.cache_dir) / f"{executor}-w{workers}-{size}"
-                if spill.exists():
-                    raise SystemExit(f"{spill} exists: choose another --cache-dir")
-                command += ["--cache-dir", str(spill)]
+                command += ["--cache-dir", str(_spill_folder(args, executor, workers, size))]
             command += ["--workers", workers, "--out", str(Path(args.out) / f"w{workers}")]
             seconds, memory, output = run_measured(
                 command, env=env, stdout=subprocess.PIPE, text=True
@@ -392,6 +397,11 @@ def main() -> None:
         _gpu_section(args, env) if args.gpu else {"ran": False, "why": "--gpu not given"},
     )
     print(json.dumps({k: v for k, v in record.items() if k != "runs"}, indent=1))
+
+
+def _spill_folder(args: argparse.Namespace, executor: str, workers: str, size: int) -> Path:
+    """The spill folder of one run under ``--cache-dir``."""
+    return Path(args.cache_dir) / f"{executor}-w{workers}-{size}"
 
 
 def _commit() -> str:
