@@ -59,6 +59,7 @@ SPACE_OPTIONS: dict[str, dict[str, Any]] = {
         "matched_seeds": False,
         "matched_margin": 0.0,
         "end_seeds": True,
+        "skips": False,
     },
     "restnet": {
         "models": None,

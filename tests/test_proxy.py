@@ -204,6 +204,35 @@ def test_pairwise_proposes_each_front_model_with_one_end_of_another(ctx):
     assert both[: len(found)] == found and len(both) == len({repr(p) for p in both})
 
 
+def test_pairwise_proposes_front_models_with_blocks_skipped_in_the_gap_below_them(ctx):
+    """Each proposal skips blocks of a front model but the cheapest, its MACs between the next
+    cheaper front model's and its own, and builds through the space as it says."""
+    from search_spaces.pairwise import block_skips, proposals
+    from stitch_nas.stitching import fragment_macs, model_macs
+
+    names = sorted(ctx.zoo.names(), key=lambda n: model_macs(ctx, n))
+    accuracy = {n: 0.5 + 0.1 * i for i, n in enumerate(names)}  # every model on the front
+    assert block_skips(ctx, accuracy) == []  # off unless the space's option says so
+    found = block_skips(ctx, accuracy, skips=True)
+    space = StitchObjective(ctx).space
+    skipped = set()
+    for params in found:
+        a, b = space(optuna.trial.FixedTrial(params), ctx, skips=True).fragments
+        assert (
+            a.model == b.model and ctx.cut(a.model, b.start).index > ctx.cut(a.model, a.end).index
+        )
+        below = names[names.index(a.model) - 1]
+        macs = fragment_macs(ctx, a.model, None, a.end) + fragment_macs(ctx, a.model, b.start, None)
+        assert a.model != names[0] and model_macs(ctx, below) < macs < model_macs(ctx, a.model)
+        skipped.add(a.model)
+    assert len(skipped) >= 2
+    # the cheapest model the most accurate: it is the front alone, with no gap below it
+    assert block_skips(ctx, {n: -accuracy[n] for n in names}, skips=True) == []
+    # seeding's proposals: these after the end swaps, none twice
+    every = proposals(ctx, accuracy, skips=True)
+    assert every[-len(found) :] == found and len(every) == len({repr(p) for p in every})
+
+
 def test_seeding_gives_a_share_of_the_seeds_to_the_spaces_proposals(ctx):
     from stitch_nas.search._seeding import MATCHED_SHARE
 

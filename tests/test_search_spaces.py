@@ -71,6 +71,30 @@ def test_pairwise_depth_cut_params_are_shared_by_every_route(ctx):
         _sample("pairwise", ctx, n=1, cut_params="deep")
 
 
+def test_pairwise_skips_route_each_model_to_a_deeper_cut_of_its_own(ctx):
+    """With ``skips`` a model also joins itself, always forward (blocks skipped, never repeated),
+    in both cut parameter modes and under TPE, whose parameters must keep fixed choices."""
+    assert all(c.fragments[0].model != c.fragments[1].model for c in _sample("pairwise", ctx))
+    for cut_params in ("named", "depth"):
+        configs = _sample("pairwise", ctx, n=60, skips=True, cut_params=cut_params)
+        skips = [c for c in configs if c.fragments[0].model == c.fragments[1].model]
+        assert skips and len(skips) < len(configs)  # beside the two-model routes
+        for config in skips:
+            src, dst = config.fragments
+            a, b = ctx.cut(src.model, src.end), ctx.cut(dst.model, dst.start)
+            assert b.index > a.index
+            check_pair(a, b)
+            assert fragment_macs(ctx, src.model, None, src.end) + fragment_macs(
+                ctx, dst.model, dst.start, None
+            ) < fragment_macs(ctx, src.model, None, None)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=5))
+    for i in range(30):  # TPE refuses a parameter whose choices change between trials
+        trial = study.ask()
+        search_spaces.sample("pairwise", trial, ctx, skips=True)
+        study.tell(trial, float(i % 7))
+    assert any(t.user_attrs["direction"] == "skip" for t in study.trials)
+
+
 def _proposals(sampler, space, ctx, **options):
     """The params of 40 trials of ``space`` told (source cut name length, source MACs)."""
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
