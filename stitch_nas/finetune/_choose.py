@@ -19,7 +19,9 @@ noisier estimate, used only to choose). Only those at or above ``floor`` take pa
 networks with the same fragments (they differ in the adapter, and training every weight makes
 them nearly one network) the most accurate; then the most accurate in each of ``count`` bands
 of cost (equal ratios: MACs span decades), and any band left empty gives its place to the most
-accurate network not yet chosen.
+accurate network not yet chosen. Where the cost is MACs, the most accurate network in the gap of
+the zoo's front with the most interpolation headroom above the floor comes first
+(:func:`largest_gap`): that is where stitching adds what the zoo lacks.
 
 A network whose head is fitted on the probe split (``knn``, ``linear_probe``) is no candidate:
 its last fragment ends in features, not in a classifier's scores, so it has no logits for the
@@ -39,10 +41,15 @@ from optuna.trial import FrozenTrial, TrialState
 from stitch_nas import attrs
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import StitchConfig
-from stitch_nas.report import objective_names, stitched_trials, trial_config
+from stitch_nas.report import (
+    interpolation_headroom,
+    objective_names,
+    stitched_trials,
+    trial_config,
+)
 from stitch_nas.stitching import STITCHED, network_kind
 
-__all__ = ["FLOOR_BELOW_BEST", "Candidate", "candidates", "choose"]
+__all__ = ["FLOOR_BELOW_BEST", "Candidate", "candidates", "choose", "largest_gap"]
 
 #: the default floor: this far below the most accurate zoo model on validation. Measured on the
 #: ten-model real zoo (H100, ``benchmarks/results/finetune_cuda_lr0.005.json``): fine-tuning
@@ -122,8 +129,16 @@ def candidates(
     return out
 
 
-def choose(pool: list[Candidate], count: int, floor: float) -> list[Candidate]:
-    """Up to ``count`` of ``pool`` to fine-tune (the module's rule), cheapest first."""
+def choose(
+    pool: list[Candidate], count: int, floor: float, aim: tuple[float, float] | None = None
+) -> list[Candidate]:
+    """Up to ``count`` of ``pool`` to fine-tune (the module's rule), cheapest first.
+
+    ``aim``: a range of cost (exclusive) whose most accurate candidate is chosen first, its band
+    then taken: the gap of the zoo's front with the most interpolation headroom
+    (:func:`largest_gap`), where a network is worth most and a band of equal ratios may hold
+    none of the stitched networks' best.
+    """
     best: dict[str, Candidate] = {}
     for c in pool:
         if c.accuracy >= floor and (
@@ -136,11 +151,27 @@ def choose(pool: list[Candidate], count: int, floor: float) -> list[Candidate]:
     if count < len(ranked) and len(costs) == len(ranked):
         low = max(min(costs), 1e-12)
         span = math.log(max(max(costs), low) / low)
-        taken: set[int] = set()
+
+        def band(cost: float) -> int:
+            return min(int(count * math.log(max(cost, low) / low) / span), count - 1) if span else 0
+
+        aimed = [c for c, cost in zip(ranked, costs, strict=True) if aim and aim[0] < cost < aim[1]]
+        chosen += aimed[:1]
+        taken = {band(c.cost) for c in chosen if c.cost is not None}
         for c, cost in zip(ranked, costs, strict=True):  # the most accurate first
-            band = min(int(count * math.log(max(cost, low) / low) / span), count - 1) if span else 0
-            if band not in taken:  # the most accurate of its band
-                taken.add(band)
+            if band(cost) not in taken:  # the most accurate of its band
+                taken.add(band(cost))
                 chosen.append(c)
     chosen += [c for c in ranked if c not in chosen][: count - len(chosen)]
     return sorted(chosen, key=lambda c: (c.cost if c.cost is not None else 0.0, c.trial.number))
+
+
+def largest_gap(zoo: list[tuple[float, float]], reference: float) -> tuple[float, float] | None:
+    """The MACs between the two adjacent models of the zoo's front (``(accuracy, macs)`` of each
+    zoo model) with the most interpolation headroom above ``reference``; None where none has
+    any (:func:`stitch_nas.report.interpolation_headroom`)."""
+    gaps = interpolation_headroom(zoo, [], reference).gaps
+    if not gaps:
+        return None
+    widest = max(gaps, key=lambda g: g.headroom)
+    return widest.low_macs, widest.high_macs

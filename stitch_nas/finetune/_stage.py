@@ -47,7 +47,7 @@ from stitch_nas.report import (
 )
 from stitch_nas.stitching import STITCHED, Measurement
 
-from ._choose import FLOOR_BELOW_BEST, candidates, choose
+from ._choose import FLOOR_BELOW_BEST, candidates, choose, largest_gap
 from ._jobs import Job, JobResult, StageSetup, run_in_worker, run_job
 from ._recipe import FinetuneRecipe
 from ._summary import FinetuneStage, Tuned
@@ -167,13 +167,17 @@ def finetune_front(
     if floor is None:
         floor = max(val.values(), default=0.0) - FLOOR_BELOW_BEST
     pool = candidates(study, ctx, budgets)
-    chosen = choose(pool, networks, floor)
+    zoo = [(float(r["accuracy"]), float(r["macs"])) for r in refs if {"accuracy", "macs"} <= set(r)]
+    aim = largest_gap(zoo, floor) if "macs" in names else None
+    chosen = choose(pool, networks, floor, aim)
     if progress:
         pruned = sum(not c.whole for c in pool)
+        low, high = aim or (0.0, 0.0)
+        aimed = f"; first {low / 1e6:.3g}-{high / 1e6:.3g} M MACs, the zoo front's widest gap"
         echo(
             f"fine-tune: {len(chosen)} of {len(pool)} stitched networks chosen ({pruned} of "
             f"them pruned by the fidelity gate on a slice), validation >= {floor:.4f}, the "
-            "most accurate per band of cost"
+            f"most accurate per band of cost{aimed if aim else ''}"
         )
     jobs: list[Job] = []
     sources: dict[int, FrozenTrial] = {}  # job index -> the trial it trains further
