@@ -24,7 +24,9 @@ that has parameters. Then:
 
 - ``"zoo model"``: one fragment, the whole model;
 - ``"truncated"``: one fragment cut short, classified by a fitted head;
-- ``"stitched"``: two or more models, each contributing a block;
+- ``"stitched"``: two or more fragments, each model contributing a block (a model with the
+  blocks between two of its cuts skipped, stitched to itself, is one too: ``pairwise``'s
+  ``skips``, ``gap``'s ``model_rule="same"``);
 - ``"new stem"``: the first model contributes no block (only its stem, or nothing with weights):
   the later model with a new stem;
 - ``"new head"``: a later model contributes no block (only its head, or pooling onward): the
