@@ -61,25 +61,29 @@ def test_choose_takes_the_most_accurate_per_band_of_macs_above_the_floor() -> No
     assert numbers(3, 0.95) == []
 
 
-def test_choose_takes_the_most_accurate_in_the_zoo_fronts_widest_gap_first() -> None:
-    """A LeNet-5 at 0.65 M MACs and a MobileNet at 10.1 M (the real zoo's front below 0.95):
-    the headroom lies between them, and the best network there is chosen before the bands."""
-    from stitch_nas.finetune import largest_gap
+def test_choose_takes_first_the_network_that_fills_most_of_the_zoo_fronts_gaps() -> None:
+    """A LeNet-5 at 0.65 M MACs and a MobileNet at 10.1 M (the real zoo's front): the headroom
+    lies between them. The most accurate network there, at nearly the MobileNet's MACs, covers
+    little of it; one halfway covers most, and it is chosen before the bands."""
+    from stitch_nas.report import interpolation_headroom
 
     zoo = [(0.67, 6.5e5), (0.936, 1.01e7), (0.93, 4.1e7), (0.94, 1.25e8)]
-    aim = largest_gap(zoo, 0.786)
-    assert aim == (6.5e5, 1.01e7)
-    assert largest_gap(zoo, 0.95) is None  # no line rises above the reference
     pool = [
-        _candidate(1, 0.80, 6.3e6, "skip"),  # in the gap, the least accurate
-        _candidate(2, 0.93, 1.02e7, "b"),
+        _candidate(1, 0.86, 4e6, "halfway"),
+        _candidate(2, 0.935, 1.0e7, "nearly the MobileNet"),
         _candidate(3, 0.91, 1.1e7, "c"),
         _candidate(4, 0.92, 4e7, "d"),
         _candidate(5, 0.90, 1.2e8, "e"),
     ]
-    assert [c.trial.number for c in choose(pool, 2, 0.786)] == [2, 4]
-    assert [c.trial.number for c in choose(pool, 2, 0.786, aim)] == [1, 4]
-    assert [c.trial.number for c in choose(pool, 2, 0.85, aim)] == [2, 4]  # the floor holds
+    gain = {
+        c.trial.number: interpolation_headroom(zoo, [(c.accuracy, c.cost)], 0.786).recovered
+        for c in pool[:2]
+    }
+    assert gain[1] > gain[2] > 0
+    assert [c.trial.number for c in choose(pool, 2, 0.786)] == [2, 4]  # bands alone
+    assert [c.trial.number for c in choose(pool, 2, 0.786, zoo)] == [1, 4]
+    assert [c.trial.number for c in choose(pool, 2, 0.9, zoo)] == [2, 4]  # the floor holds
+    assert [c.trial.number for c in choose(pool, 2, 0.95, zoo)] == []
 
 
 def test_a_teacher_the_zoo_lacks_or_too_large_an_ensemble_is_one_line() -> None:

@@ -20,7 +20,7 @@ from ._recipe import TRAINS, FinetuneRecipe
 
 if TYPE_CHECKING:
     from ._augment import Augment, pad_crop_flip
-    from ._choose import FLOOR_BELOW_BEST, Candidate, candidates, choose, largest_gap
+    from ._choose import FLOOR_BELOW_BEST, Candidate, candidates, choose
     from ._stage import check_stage, finetune_front
     from ._summary import FinetuneStage, Tuned
     from ._teacher import Teacher, best_models, make_teacher
@@ -44,7 +44,6 @@ _LAZY = {
     "Candidate": "._choose",
     "candidates": "._choose",
     "choose": "._choose",
-    "largest_gap": "._choose",
     "FLOOR_BELOW_BEST": "._choose",
     "Teacher": "._teacher",
     "best_models": "._teacher",
@@ -72,7 +71,6 @@ __all__ = [
     "candidates",
     "check_stage",
     "choose",
-    "largest_gap",
     "distillation_loss",
     "finetune",
     "finetune_front",

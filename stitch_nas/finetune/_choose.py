@@ -19,9 +19,11 @@ noisier estimate, used only to choose). Only those at or above ``floor`` take pa
 networks with the same fragments (they differ in the adapter, and training every weight makes
 them nearly one network) the most accurate; then the most accurate in each of ``count`` bands
 of cost (equal ratios: MACs span decades), and any band left empty gives its place to the most
-accurate network not yet chosen. Where the cost is MACs, the most accurate network in the gap of
-the zoo's front with the most interpolation headroom above the floor comes first
-(:func:`largest_gap`): that is where stitching adds what the zoo lacks.
+accurate network not yet chosen. Where the cost is MACs and the zoo's are known, the network
+that as it stands recovers the most of the zoo front's interpolation headroom above the floor
+(:func:`stitch_nas.report.interpolation_headroom`) comes first: the budgets between two of the
+zoo's models are where stitching adds what the zoo lacks, and bands of equal ratio may hold none
+of them (a network of nearly a zoo model's MACs is the most accurate of its band).
 
 A network whose head is fitted on the probe split (``knn``, ``linear_probe``) is no candidate:
 its last fragment ends in features, not in a classifier's scores, so it has no logits for the
@@ -49,7 +51,7 @@ from stitch_nas.report import (
 )
 from stitch_nas.stitching import STITCHED, network_kind
 
-__all__ = ["FLOOR_BELOW_BEST", "Candidate", "candidates", "choose", "largest_gap"]
+__all__ = ["FLOOR_BELOW_BEST", "Candidate", "candidates", "choose"]
 
 #: the default floor: this far below the most accurate zoo model on validation. Measured on the
 #: ten-model real zoo (H100, ``benchmarks/results/finetune_cuda_lr0.005.json``): fine-tuning
@@ -130,14 +132,16 @@ def candidates(
 
 
 def choose(
-    pool: list[Candidate], count: int, floor: float, aim: tuple[float, float] | None = None
+    pool: list[Candidate],
+    count: int,
+    floor: float,
+    zoo: list[tuple[float, float]] | None = None,
 ) -> list[Candidate]:
     """Up to ``count`` of ``pool`` to fine-tune (the module's rule), cheapest first.
 
-    ``aim``: a range of cost (exclusive) whose most accurate candidate is chosen first, its band
-    then taken: the gap of the zoo's front with the most interpolation headroom
-    (:func:`largest_gap`), where a network is worth most and a band of equal ratios may hold
-    none of the stitched networks' best.
+    ``zoo``: ``(accuracy, cost)`` of the zoo's models, on the candidates' split and cost (MACs);
+    with it, the candidate that recovers the most interpolation headroom above ``floor`` is
+    chosen first and its band taken.
     """
     best: dict[str, Candidate] = {}
     for c in pool:
@@ -155,8 +159,13 @@ def choose(
         def band(cost: float) -> int:
             return min(int(count * math.log(max(cost, low) / low) / span), count - 1) if span else 0
 
-        aimed = [c for c, cost in zip(ranked, costs, strict=True) if aim and aim[0] < cost < aim[1]]
-        chosen += aimed[:1]
+        if zoo:
+            gains = [
+                interpolation_headroom(zoo, [(c.accuracy, cost)], floor).recovered
+                for c, cost in zip(ranked, costs, strict=True)
+            ]
+            if max(gains, default=0.0) > 0:
+                chosen.append(ranked[gains.index(max(gains))])
         taken = {band(c.cost) for c in chosen if c.cost is not None}
         for c, cost in zip(ranked, costs, strict=True):  # the most accurate first
             if band(cost) not in taken:  # the most accurate of its band
@@ -164,14 +173,3 @@ def choose(
                 chosen.append(c)
     chosen += [c for c in ranked if c not in chosen][: count - len(chosen)]
     return sorted(chosen, key=lambda c: (c.cost if c.cost is not None else 0.0, c.trial.number))
-
-
-def largest_gap(zoo: list[tuple[float, float]], reference: float) -> tuple[float, float] | None:
-    """The MACs between the two adjacent models of the zoo's front (``(accuracy, macs)`` of each
-    zoo model) with the most interpolation headroom above ``reference``; None where none has
-    any (:func:`stitch_nas.report.interpolation_headroom`)."""
-    gaps = interpolation_headroom(zoo, [], reference).gaps
-    if not gaps:
-        return None
-    widest = max(gaps, key=lambda g: g.headroom)
-    return widest.low_macs, widest.high_macs

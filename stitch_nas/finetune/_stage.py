@@ -47,7 +47,7 @@ from stitch_nas.report import (
 )
 from stitch_nas.stitching import STITCHED, Measurement
 
-from ._choose import FLOOR_BELOW_BEST, candidates, choose, largest_gap
+from ._choose import FLOOR_BELOW_BEST, candidates, choose
 from ._jobs import Job, JobResult, StageSetup, run_in_worker, run_job
 from ._recipe import FinetuneRecipe
 from ._summary import FinetuneStage, Tuned
@@ -168,16 +168,14 @@ def finetune_front(
         floor = max(val.values(), default=0.0) - FLOOR_BELOW_BEST
     pool = candidates(study, ctx, budgets)
     zoo = [(float(r["accuracy"]), float(r["macs"])) for r in refs if {"accuracy", "macs"} <= set(r)]
-    aim = largest_gap(zoo, floor) if "macs" in names else None
-    chosen = choose(pool, networks, floor, aim)
+    chosen = choose(pool, networks, floor, zoo if "macs" in names else None)  # MACs: the cost
     if progress:
         pruned = sum(not c.whole for c in pool)
-        low, high = aim or (0.0, 0.0)
-        aimed = f"; first {low / 1e6:.3g}-{high / 1e6:.3g} M MACs, the zoo front's widest gap"
         echo(
             f"fine-tune: {len(chosen)} of {len(pool)} stitched networks chosen ({pruned} of "
             f"them pruned by the fidelity gate on a slice), validation >= {floor:.4f}, the "
-            f"most accurate per band of cost{aimed if aim else ''}"
+            "most accurate per band of cost after the one that fills most of the gaps between "
+            "the zoo's models"
         )
     jobs: list[Job] = []
     sources: dict[int, FrozenTrial] = {}  # job index -> the trial it trains further
