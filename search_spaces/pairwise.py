@@ -1,4 +1,4 @@
-"""``pairwise``: two zoo models, one cut each (SN-Net / ReStNet style).
+"""``pairwise``: two zoo models, one cut each (SN-Net / ReStNet style), or one model and itself.
 
 The front of one model up to a cut, a least-squares stitch, and the back of another model from a
 cut. The sampled ``route`` ("src>dst") fixes which goes first; ``directions`` restricts routes
@@ -92,7 +92,8 @@ def pairwise(
     end_seeds: bool = True,
     skips: bool = False,
 ) -> StitchConfig:
-    """Sample ``A[input:cut_a] -stitch-> B[cut_b:output]`` from two different models.
+    """Sample ``A[input:cut_a] -stitch-> B[cut_b:output]`` from two different models (or, with
+    ``skips``, from one model and a deeper cut of its own).
 
     Args:
         adapter: the one adapter kind to use, when ``adapters`` is not given.
