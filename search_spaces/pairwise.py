@@ -54,7 +54,7 @@ from stitch_nas.adapters import joinable
 from stitch_nas.config import DIRECTIONS, AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
-from stitch_nas.stitching import fragment_macs, model_macs
+from stitch_nas.stitching import fragment_macs, model_macs, piece_roles
 
 from ._adapter_choice import AdapterChoices, can_join, suggest_adapter
 from ._options import SPACE_OPTIONS
@@ -400,9 +400,17 @@ def _source_cuts(ctx: StitchContext, kinds: Sequence[str], src: str, dst: str) -
 def _destination_cuts(
     ctx: StitchContext, kinds: Sequence[str], src: str, src_cut: CutPoint, dst: str
 ) -> list[CutPoint]:
-    """The cuts of ``dst`` that ``src_cut`` joins; in its own model, only deeper ones (a skip)."""
-    deeper = [d for d in ctx.cuts(dst) if src != dst or d.index > src_cut.index]
-    return [d for d in deeper if joins(kinds, src_cut, d)]
+    """The cuts of ``dst`` that ``src_cut`` joins; in its own model, only those past at least one
+    block with weights (a skip of a normalisation layer or an activation is the model itself,
+    and in :func:`~stitch_nas.stitching.network_kind`'s terms no block is skipped)."""
+    if src != dst:
+        return [d for d in ctx.cuts(dst) if joins(kinds, src_cut, d)]
+    roles = piece_roles(ctx, src)  # piece i runs from cut i - 1 to cut i
+    return [
+        d
+        for d in ctx.cuts(dst)
+        if roles.contributes(range(src_cut.index + 1, d.index + 1)) and joins(kinds, src_cut, d)
+    ]
 
 
 def _destination_param(src: str, src_cut: CutPoint, dst: str) -> str:

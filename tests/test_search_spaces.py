@@ -10,7 +10,7 @@ from stitch_nas import errors
 from stitch_nas.adapters._lstsq import check_pair
 from stitch_nas.config import StitchConfig
 from stitch_nas.samplers import make_sampler
-from stitch_nas.stitching import fragment_macs
+from stitch_nas.stitching import fragment_macs, piece_roles
 from tests._tiny import tiny_context
 
 
@@ -83,6 +83,8 @@ def test_pairwise_skips_route_each_model_to_a_deeper_cut_of_its_own(ctx):
             src, dst = config.fragments
             a, b = ctx.cut(src.model, src.end), ctx.cut(dst.model, dst.start)
             assert b.index > a.index
+            skipped = range(a.index + 1, b.index + 1)  # piece i: from cut i - 1 to cut i
+            assert piece_roles(ctx, src.model).contributes(skipped)  # a block, not a norm layer
             check_pair(a, b)
             assert fragment_macs(ctx, src.model, None, src.end) + fragment_macs(
                 ctx, dst.model, dst.start, None
