@@ -24,7 +24,8 @@ from stitch_nas.fragments import CutPoint
 
 from ._adapter_choice import ADAPTER_KINDS, AdapterChoices, can_join, suggest_adapter
 from ._registry import register_space
-from .pairwise import CUT_PARAMS, _suggest_cut, zoo_models
+from ._routes import CUT_PARAMS, suggest_cut
+from .pairwise import zoo_models
 
 _MODEL_RULES = ("any", "same", "different")
 
@@ -88,9 +89,9 @@ def gap(
     route = trial.suggest_categorical("route", sorted(routes))
     src_model, dst_model = route.split(">")
     sources = [ctx.cut(src_model, name) for name in routes[route]]
-    src = _suggest_cut(trial, cut_params, f"src_{route}", "src_depth", sources)
+    src = suggest_cut(trial, cut_params, f"src_{route}", "src_depth", sources)
     targets = _targets(ctx, src_model, src, dst_model, min_gap, choices.kinds)
-    dst = _suggest_cut(trial, cut_params, f"dst_{route}_{src.name}", "dst_depth", targets)
+    dst = suggest_cut(trial, cut_params, f"dst_{route}_{src.name}", "dst_depth", targets)
     spec = suggest_adapter(trial, ctx, choices, src, dst, dst_model)
     trial.set_user_attr("gap", [src.depth, dst.depth])
     return StitchConfig(

@@ -50,28 +50,47 @@ from typing import Any
 import optuna
 
 from stitch_nas import adapters as registry
-from stitch_nas.activations import Memo, StitchContext, zoo_models
+from stitch_nas.activations import StitchContext, zoo_models
 from stitch_nas.adapters import joinable
 from stitch_nas.config import DIRECTIONS, AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint
-from stitch_nas.stitching import fragment_macs, model_macs, piece_roles
+from stitch_nas.stitching import fragment_macs, model_macs
 
-from ._adapter_choice import AdapterChoices, can_join, suggest_adapter
+from ._adapter_choice import AdapterChoices, suggest_adapter
 from ._options import SPACE_OPTIONS
 from ._registry import register_space
+from ._routes import (
+    CUT_PARAMS,
+    SKIP,
+    allowed_routes,
+    destination_cuts,
+    destination_param,
+    joins,
+    source_cuts,
+    suggest_cut,
+)
 
-CUT_PARAMS = ("named", "depth")
+#: what other spaces and plug-ins import from here
+__all__ = [
+    "CUT_PARAMS",
+    "DIRECTIONS",
+    "MATCHED_DEPTHS",
+    "MATCHED_TOLERANCE",
+    "block_skips",
+    "end_swaps",
+    "joinable",
+    "joins",
+    "matched_depths",
+    "pairwise",
+    "proposals",
+    "zoo_models",
+]
+
 #: the relative depths (share of the model's MACs before the cut) seed proposals stitch at,
 #: and how far from one a cut's share may be (no proposal where a model has no cut that near)
 MATCHED_DEPTHS = (0.25, 0.5, 0.75)
 MATCHED_TOLERANCE = 0.15
-#: the direction of a route from a model to itself (``skips``)
-SKIP = "skip"
-
-
-#: the ordered model pairs a zoo can join, by models and adapter kinds
-_ROUTES: Memo[tuple[Any, ...], list[tuple[str, str, str]]] = Memo("pairwise routes")
 
 
 @register_space("pairwise")
@@ -113,16 +132,16 @@ def pairwise(
     """
     _check_margin(matched_margin)
     choices = AdapterChoices(adapters or (adapter,), resizes, losses, trains, adapter_options)
-    routes = _allowed_routes(ctx, models, directions, choices, cut_params, skips)
+    routes = allowed_routes(ctx, models, directions, choices, cut_params, skips)
     choice = trial.suggest_categorical("route", [f"{src}>{dst}" for src, dst, _ in routes])
     src, dst = choice.split(">")
     trial.set_user_attr("direction", next(r[2] for r in routes if r[:2] == (src, dst)))
     kinds = choices.kinds
-    src_cuts = _source_cuts(ctx, kinds, src, dst)
-    src_cut = _suggest_cut(trial, cut_params, f"src_{src}_to_{dst}", "src_depth", src_cuts)
-    dst_cuts = _destination_cuts(ctx, kinds, src, src_cut, dst)
-    dst_name = _destination_param(src, src_cut, dst)
-    dst_cut = _suggest_cut(trial, cut_params, dst_name, "dst_depth", dst_cuts)
+    src_cuts = source_cuts(ctx, kinds, src, dst)
+    src_cut = suggest_cut(trial, cut_params, f"src_{src}_to_{dst}", "src_depth", src_cuts)
+    dst_cuts = destination_cuts(ctx, kinds, src, src_cut, dst)
+    dst_name = destination_param(src, src_cut, dst)
+    dst_cut = suggest_cut(trial, cut_params, dst_name, "dst_depth", dst_cuts)
     spec = (
         AdapterSpec("lstsq")
         if choices.only_lstsq
@@ -163,10 +182,10 @@ def matched_depths(
     for src, dst, direction in routes:
         if direction != "fast_to_slow" or not accuracy[src] < accuracy[dst] + matched_margin:
             continue
-        src_cuts = _source_cuts(ctx, kinds, src, dst)
+        src_cuts = source_cuts(ctx, kinds, src, dst)
         for depth in depths:
             src_cut = _nearest(ctx, src, src_cuts, depth)
-            dst_cuts = _destination_cuts(ctx, kinds, src, src_cut, dst)
+            dst_cuts = destination_cuts(ctx, kinds, src, src_cut, dst)
             dst_cut = _nearest(ctx, dst, dst_cuts, depth)
             if any(
                 abs(_share(ctx, model, cut) - depth) > MATCHED_TOLERANCE
@@ -203,7 +222,7 @@ def end_swaps(
     for src, dst, _ in routes:
         if src == dst:  # a model's own stem or classifier: no swap
             continue
-        src_cuts = _source_cuts(ctx, kinds, src, dst)
+        src_cuts = source_cuts(ctx, kinds, src, dst)
         pairs = []  # (src cut, dst cut, the depth both must be near)
         if dst in front:  # src's stem into dst: both cut as early as they join
             first = src_cuts[0]
@@ -219,7 +238,7 @@ def end_swaps(
                 for model, cut in ((src, src_cut), (dst, dst_cut))
             ):
                 continue
-            dst_cuts = _destination_cuts(ctx, kinds, src, src_cut, dst)
+            dst_cuts = destination_cuts(ctx, kinds, src, src_cut, dst)
             params = _params(src, dst, (src_cut, src_cuts), (dst_cut, dst_cuts), cut_params)
             if params not in proposals:
                 proposals.append(params)
@@ -247,9 +266,9 @@ def block_skips(
         if (model, model, SKIP) not in routes:
             continue
         low, high = model_macs(ctx, below), model_macs(ctx, model)
-        src_cuts = _source_cuts(ctx, kinds, model, model)
+        src_cuts = source_cuts(ctx, kinds, model, model)
         for src_cut in src_cuts:
-            dst_cuts = _destination_cuts(ctx, kinds, model, src_cut, model)
+            dst_cuts = destination_cuts(ctx, kinds, model, src_cut, model)
             for dst_cut in dst_cuts:
                 macs = fragment_macs(ctx, model, None, src_cut.name) + fragment_macs(
                     ctx, model, dst_cut.name, None
@@ -284,9 +303,7 @@ def _proposal_space(
     o = {**SPACE_OPTIONS["pairwise"], **options}
     kinds = o["adapters"] or (o["adapter"],)
     choices = AdapterChoices(kinds, o["resizes"], o["losses"], o["trains"], o["adapter_options"])
-    routes = _allowed_routes(
-        ctx, o["models"], o["directions"], choices, o["cut_params"], o["skips"]
-    )
+    routes = allowed_routes(ctx, o["models"], o["directions"], choices, o["cut_params"], o["skips"])
     return choices.kinds, routes, o["cut_params"]
 
 
@@ -317,8 +334,8 @@ def _params(
     params: dict[str, Any] = {"route": f"{src}>{dst}"}
     if cut_params == "named":
         params[f"src_{src}_to_{dst}"] = src_cut.name
-        params[_destination_param(src, src_cut, dst)] = dst_cut.name
-    else:  # the middle of the cut's share of [0, 1), as _suggest_cut reads it
+        params[destination_param(src, src_cut, dst)] = dst_cut.name
+    else:  # the middle of the cut's share of [0, 1), as suggest_cut reads it
         params["src_depth"] = (src_cuts.index(src_cut) + 0.5) / len(src_cuts)
         params["dst_depth"] = (dst_cuts.index(dst_cut) + 0.5) / len(dst_cuts)
     return params
@@ -342,109 +359,3 @@ def _nearest(ctx: StitchContext, model: str, cuts: list[CutPoint], depth: float)
 def _share(ctx: StitchContext, model: str, cut: CutPoint) -> float:
     """The share of ``model``'s MACs before ``cut``: its relative depth."""
     return fragment_macs(ctx, model, None, cut.name) / model_macs(ctx, model)
-
-
-def _allowed_routes(
-    ctx: StitchContext,
-    models: Sequence[str] | None,
-    directions: Sequence[str],
-    choices: AdapterChoices,
-    cut_params: str,
-    skips: bool = False,
-) -> list[tuple[str, str, str]]:
-    """The routes the space samples from: checked options, at least one route."""
-    if cut_params not in CUT_PARAMS:
-        raise ConfigError(f"unknown cut_params {cut_params!r}; use one of {CUT_PARAMS}")
-    names = zoo_models(ctx, models, 2)
-    bad = set(directions) - set(DIRECTIONS)
-    if bad:
-        raise ConfigError(f"unknown direction(s) {sorted(bad)}; use {DIRECTIONS}")
-    wanted = (*directions, SKIP) if skips else tuple(directions)
-    routes = [r for r in _routes(ctx, names, choices.kinds) if r[2] in wanted]
-    if not routes:
-        raise ConfigError(
-            f"no two of {names} can be joined by {list(choices.kinds)} in directions "
-            f"{list(directions)}; add CNN models, other adapters, or allow both directions"
-        )
-    return routes
-
-
-def _routes(
-    ctx: StitchContext, names: list[str], kinds: tuple[str, ...] = ("lstsq",)
-) -> list[tuple[str, str, str]]:
-    """Ordered (source, destination, direction) pairs with at least one joinable cut pair (a
-    model to itself too, direction :data:`SKIP`)."""
-    return _ROUTES.fetch(ctx, (tuple(names), kinds), lambda: _find_routes(ctx, names, kinds))
-
-
-def _find_routes(
-    ctx: StitchContext, names: list[str], kinds: tuple[str, ...]
-) -> list[tuple[str, str, str]]:
-    routes = []
-    for src in names:
-        for dst in names:
-            if not _source_cuts(ctx, kinds, src, dst):
-                continue
-            if src == dst:
-                routes.append((src, dst, SKIP))
-                continue
-            fast = (model_macs(ctx, src), src) <= (model_macs(ctx, dst), dst)
-            routes.append((src, dst, "fast_to_slow" if fast else "slow_to_fast"))
-    return routes
-
-
-def _source_cuts(ctx: StitchContext, kinds: Sequence[str], src: str, dst: str) -> list[CutPoint]:
-    """The cuts of ``src`` that some cut of ``dst`` joins (:func:`_destination_cuts`)."""
-    return [c for c in ctx.cuts(src) if _destination_cuts(ctx, kinds, src, c, dst)]
-
-
-def _destination_cuts(
-    ctx: StitchContext, kinds: Sequence[str], src: str, src_cut: CutPoint, dst: str
-) -> list[CutPoint]:
-    """The cuts of ``dst`` that ``src_cut`` joins; in its own model, only those past at least one
-    block with weights (a skip of a normalisation layer or an activation is the model itself,
-    and in :func:`~stitch_nas.stitching.network_kind`'s terms no block is skipped)."""
-    if src != dst:
-        return [d for d in ctx.cuts(dst) if joins(kinds, src_cut, d)]
-    roles = piece_roles(ctx, src)  # piece i runs from cut i - 1 to cut i
-    return [
-        d
-        for d in ctx.cuts(dst)
-        if roles.contributes(range(src_cut.index + 1, d.index + 1)) and joins(kinds, src_cut, d)
-    ]
-
-
-def _destination_param(src: str, src_cut: CutPoint, dst: str) -> str:
-    """The name of the destination cut's parameter. Each keeps a fixed set of choices, as
-    Optuna requires: one per kind of source layout (what joins a grid joins any grid), and per
-    source cut in a skip (only cuts deeper than it)."""
-    if src == dst:
-        return f"dst_{dst}_after_{src_cut.name}"
-    return f"dst_{dst}_from_{_layout_group(src_cut)}"
-
-
-def _names(cuts: list[CutPoint]) -> list[str]:
-    return [c.name for c in cuts]
-
-
-def _suggest_cut(
-    trial: optuna.Trial, mode: str, name: str, depth_name: str, cuts: list[CutPoint]
-) -> CutPoint:
-    """One of ``cuts``: by its name, or by a relative depth (equal odds for every cut)."""
-    if mode == "named":
-        chosen = trial.suggest_categorical(name, _names(cuts))
-        return next(c for c in cuts if c.name == chosen)
-    depth = trial.suggest_float(depth_name, 0.0, 1.0)
-    return cuts[min(int(depth * len(cuts)), len(cuts) - 1)]
-
-
-def _layout_group(cut: CutPoint) -> str:
-    layout = cut.join_layout  # a 1x1 grid joins what a vector joins
-    if layout in ("nchw", "nhwc"):
-        return "grid"
-    return f"tokens{cut.prefix_tokens}" if layout == "tokens" else layout
-
-
-def joins(kinds: Sequence[str], src: CutPoint, dst: CutPoint) -> bool:
-    """Whether any adapter of ``kinds`` can join ``src`` to ``dst``."""
-    return any(joinable(src, dst) if k == "lstsq" else can_join(k, src, dst) for k in kinds)
