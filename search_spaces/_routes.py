@@ -25,7 +25,6 @@ __all__ = [
     "destination_cuts",
     "destination_param",
     "joins",
-    "layout_group",
     "source_cuts",
     "suggest_cut",
 ]
@@ -114,7 +113,7 @@ def destination_param(src: str, src_cut: CutPoint, dst: str) -> str:
     source cut in a skip (only cuts deeper than it)."""
     if src == dst:
         return f"dst_{dst}_after_{src_cut.name}"
-    return f"dst_{dst}_from_{layout_group(src_cut)}"
+    return f"dst_{dst}_from_{_layout_group(src_cut)}"
 
 
 def _names(cuts: list[CutPoint]) -> list[str]:
@@ -132,7 +131,7 @@ def suggest_cut(
     return cuts[min(int(depth * len(cuts)), len(cuts) - 1)]
 
 
-def layout_group(cut: CutPoint) -> str:
+def _layout_group(cut: CutPoint) -> str:
     layout = cut.join_layout  # a 1x1 grid joins what a vector joins
     if layout in ("nchw", "nhwc"):
         return "grid"
