@@ -38,6 +38,7 @@ __all__ = [
     "check_budgets",
     "check_cka_threshold",
     "check_device",
+    "check_disk_gb",
     "check_fidelity",
     "check_gpus_per_worker",
     "check_image_size",
@@ -195,6 +196,16 @@ def check_memory_gb(value: Any, where: str = "memory_gb") -> float:
     nothing in memory: every activation is spilled, or recomputed when it is needed)."""
     if not _number(value) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{where}={value!r}: give a number of GiB >= 0 (0: keep none in memory)")
+    return float(value)
+
+
+def check_disk_gb(value: Any, where: str = "disk_gb") -> float:
+    """``value`` as the GiB a spill folder may take: a finite number >= 0 (0 spills nothing)."""
+    if not _number(value) or not math.isfinite(value) or value < 0:
+        raise ConfigError(
+            f"{where}={value!r}: give a number of GiB >= 0 (0: spill nothing), or leave it out "
+            "(half the disk's free space)"
+        )
     return float(value)
 
 

@@ -402,3 +402,36 @@ def test_device_entries_count_against_the_device_budget_and_overflow_to_the_host
     cache.put(_key(4), torch.empty(MB, device=meta))  # 4 MiB: above the device budget
     assert _key(4) not in cache and _key(3) in cache  # returned, not kept; nothing evicted
     assert ActivationCache(memory_gb=1.0).reserve(MB, meta) == torch.device("cpu")  # no device part
+
+
+def test_the_spill_folder_keeps_within_its_size_and_warns_once(tmp_path, caplog):
+    size = 2.5 * MB / 2**30  # two 1 MiB entries
+    cache = ActivationCache(memory_gb=1.5 * MB / 2**30, spill_dir=tmp_path, disk_gb=size)
+    computes = [Counter(seed=i) for i in range(5)]
+    with caplog.at_level(logging.WARNING, logger="stitch_nas.activations"):
+        for i, compute in enumerate(computes):  # each insert evicts (and tries to spill) one
+            cache.get_or_compute(_key(i), compute)
+        spilled = sorted(tmp_path.glob("*.npy"))
+        assert len(spilled) == 2 and cache.stats()["disk_bytes"] <= 2.5 * MB
+        # an entry that found no room is recomputed; one that did is read back
+        cache.get_or_compute(_key(0), computes[0])
+        cache.get_or_compute(_key(2), computes[2])
+    assert computes[0].calls == 1 and computes[2].calls == 2
+    warnings = [r for r in caplog.records if "cache_disk_gb" in r.getMessage()]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0].getMessage()
+    assert cache.spilling  # a size is no disk failure: a smaller entry may still fit
+    assert cache.spill_writer(KEY, (1024, 1024), torch.float32) is None  # 4 MiB: no room
+
+
+def test_a_spill_folder_takes_half_the_free_disk_unless_told(tmp_path, monkeypatch):
+    import shutil
+
+    from stitch_nas.activations import _spill
+
+    usage = shutil.disk_usage(tmp_path)._replace(free=10 * MB)
+    monkeypatch.setattr(_spill.shutil, "disk_usage", lambda path: usage)
+    (tmp_path / "a.npy").write_bytes(b"x" * MB)  # what the folder holds counts as its own
+    assert _spill.SpillFolder(tmp_path, 1).max_bytes == MB + 5 * MB
+    assert _spill.SpillFolder(tmp_path, 1, disk_gb=0).max_bytes == 0
+    with pytest.raises(errors.ConfigError, match="disk_gb=-1.*spill nothing"):
+        ActivationCache(spill_dir=tmp_path, disk_gb=-1)

@@ -41,6 +41,7 @@ BAD = {
     "search.autocast": "float16",
     "search.cache_memory_gb": -1.0,
     "search.cache_device_memory_gb": -1.0,
+    "search.cache_disk_gb": -1.0,
     "search.export_formats": ["safetensors", "tflite"],
     "search.latency": {"backend": "tpu"},
     "search.executor": "slurm",

@@ -103,7 +103,7 @@ def test_the_trainable_ships_no_activation_and_measures_what_the_driver_does(tmp
 
     # float32 storage: a worker's cache must keep the driver's dtype, or its keys and its
     # rounding differ from the driver's
-    cache = ActivationCache(memory_gb=0.05, spill_dir=tmp_path, dtype="float32")
+    cache = ActivationCache(memory_gb=0.05, spill_dir=tmp_path, dtype="float32", disk_gb=0.5)
     ctx = tiny_context(cache=cache)
     objective = StitchObjective(ctx, fidelity=0, cka_threshold=0.0, probe_threshold=0.0)
     # what make_trainable hands to tune.with_parameters, pickled as the object store holds it
@@ -112,6 +112,7 @@ def test_the_trainable_ships_no_activation_and_measures_what_the_driver_does(tmp
     assert ctx.cache.stats()["misses"] == 0  # nothing computed on the driver to ship
     worker = cloudpickle.loads(shipped).materialize()  # as a Tune worker process builds it
     assert worker.cache is not ctx.cache and worker.cache.spill_dir == tmp_path
+    assert worker.cache.disk_gb == 0.5  # the folder's size the driver was given
     assert (worker.cache.budget_bytes, worker.cache.dtype) == (cache.budget_bytes, torch.float32)
     assert worker.activation_key("resnet", None, "val") == ctx.activation_key("resnet", None, "val")
     searcher = StitchOptunaSearch(objective, sampler=optuna.samplers.RandomSampler(seed=3))

@@ -7,8 +7,9 @@ one of the memory it is in, as do buffers still being filled: :meth:`reserve`), 
 every moment. Least recently used entries are evicted first, probe-split entries last (every
 stitch fit reads the probe). Evicted entries go to ``<spill_dir>/<digest>.npy`` (plain
 ``.npy``, never a pickle) plus a JSON sidecar with the key, shape, dtype, size and sha256, so a
-damaged file is recomputed instead of returned (see :mod:`._spill`). A full disk stops spilling
-with one warning; entries are then recomputed. Tensors stay where they are given (a buffer for a
+damaged file is recomputed instead of returned (see :mod:`._spill`). The folder keeps within a
+size (``disk_gb``), and a full disk stops spilling, each with one warning; entries that are not
+spilled are recomputed. Tensors stay where they are given (a buffer for a
 GPU's batches goes to the GPU while its budget has room, else to host memory); tensors read from
 disk are on the CPU.
 """
@@ -34,6 +35,7 @@ from stitch_nas.activations._keys import (  # re-exported: the cache's public fa
     weights_fingerprint,
 )
 from stitch_nas.activations._spill import SpillFolder, SpillWriter
+from stitch_nas.choices import check_disk_gb
 from stitch_nas.errors import CacheError
 
 __all__ = [
@@ -69,6 +71,9 @@ class ActivationCache:
             spilled) but not kept. Both budgets' defaults: :func:`cache_budgets`.
         spill_dir: Folder for evicted entries, created if missing; None drops evicted entries,
             which are then recomputed when asked for again.
+        disk_gb: GiB the spill folder's files may take, every process's counted (processes
+            may share it); an entry past it is not spilled. None: what the folder holds plus
+            half the disk's free space when the cache is made.
         progress: Show a progress bar when spilling many entries at once
             (:meth:`clear_memory` with ``spill=True``); callers may read it for their own loops.
         dtype: Storage dtype of activations that a :class:`StitchContext` caches
@@ -80,7 +85,8 @@ class ActivationCache:
             in host memory. A :class:`StitchContext` makes its default cache for its device.
 
     Raises:
-        ConfigError: If a budget is negative or not finite, or ``dtype`` is unsupported.
+        ConfigError: If a budget (or ``disk_gb``) is negative or not finite, or ``dtype`` is
+            unsupported.
         CacheError: If ``spill_dir`` cannot be created.
     """
 
@@ -93,6 +99,7 @@ class ActivationCache:
         *,
         device_memory_gb: float | None = None,
         device: str | torch.device = "cpu",
+        disk_gb: float | None = None,
     ) -> None:
         host, on_device = cache_budgets(memory_gb, device_memory_gb, device)
         #: bytes entries may hold in host memory, and in the device's (a GPU's)
@@ -100,7 +107,11 @@ class ActivationCache:
         self.dtype = storage_dtype(dtype)
         self.progress = progress
         self.spill_dir = Path(spill_dir).expanduser() if spill_dir is not None else None
-        self._disk = SpillFolder(self.spill_dir, FORMAT) if self.spill_dir is not None else None
+        #: the spill folder's size as given (None: decided from the free space on opening)
+        self.disk_gb = disk_gb if disk_gb is None else check_disk_gb(disk_gb)
+        self._disk = (
+            SpillFolder(self.spill_dir, FORMAT, disk_gb) if self.spill_dir is not None else None
+        )
         self._entries: OrderedDict[str, tuple[ActivationKey, torch.Tensor]] = OrderedDict()
         # per budget (False: host, True: device): entries' bytes, buffers being filled, peak
         self._bytes, self._reserved, self._peaks = ({False: 0, True: 0} for _ in range(3))

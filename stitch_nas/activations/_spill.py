@@ -17,6 +17,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -208,20 +209,29 @@ def read_verified(npy_path: Path, meta_path: Path, key: ActivationKey) -> np.nda
     return np.array(mapped, copy=True, order="C")
 
 
+#: share of the disk's free space a spill folder may fill when no size is given
+DEFAULT_DISK_FRACTION = 0.5
+
+
 class SpillFolder:
     """The activation cache's spill folder: which entries it holds, writing and reading them
-    verified, and stopping with one warning once the disk refuses a write (entries are then
-    recomputed instead). Not thread-safe: the cache calls it under its lock.
+    verified, keeping its ``.npy`` files within a size, and stopping with one warning once the
+    disk refuses a write (entries are then recomputed instead). Not thread-safe: the cache
+    calls it under its lock.
 
     Args:
         path: The folder, created if missing.
         fmt: The cache format number recorded in each sidecar.
+        disk_gb: GiB the folder's files may take, counting every process's (the folder is
+            shared); an entry that would pass it is not written, and is recomputed when next
+            needed. None: what the folder holds now plus half the disk's free space
+            (:data:`DEFAULT_DISK_FRACTION`), so that spilling never fills a node's disk.
 
     Raises:
         CacheError: If the folder cannot be created.
     """
 
-    def __init__(self, path: Path, fmt: int) -> None:
+    def __init__(self, path: Path, fmt: int, disk_gb: float | None = None) -> None:
         self.path, self.fmt = path, fmt
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -230,8 +240,14 @@ class SpillFolder:
                 f"cannot create spill_dir {str(path)!r} ({exc}); "
                 "pass a writable folder or spill_dir=None"
             ) from exc
+        if disk_gb is None:
+            free = shutil.disk_usage(path).free
+            self.max_bytes = self.size_bytes() + int(free * DEFAULT_DISK_FRACTION)
+        else:
+            self.max_bytes = int(disk_gb * 2**30)
         self.failed = False  # set once the disk refused a write
         self.files_written = 0
+        self._full_warned = False
         self._hashed: dict[str, tuple[int, int]] = {}  # digest -> (size, mtime_ns) verified
 
     def holds(self, digest: str) -> bool:
@@ -239,11 +255,22 @@ class SpillFolder:
         return all(path.is_file() for path in spill_paths(self.path, digest))
 
     def size_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.glob("*.npy") if p.is_file())
+        """Bytes of the folder's ``.npy`` files, those being written included (their blocks are
+        taken); the sidecars' few hundred bytes each are not counted."""
+        total = 0
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                if not entry.name.endswith((".npy", ".tmp")):
+                    continue
+                try:  # another process may delete a file between listing and stat
+                    total += entry.stat().st_size if entry.is_file() else 0
+                except FileNotFoundError:
+                    pass
+        return total
 
     def write(self, key: ActivationKey, digest: str, array: np.ndarray) -> None:
         """Write ``array`` unless its entry is there; a disk failure stops spilling."""
-        if self.failed or self.holds(digest):
+        if self.failed or self.holds(digest) or not self._fits(array.nbytes):
             return
         try:
             write_spill(self.path, digest, self.fmt, key, array)
@@ -257,7 +284,8 @@ class SpillFolder:
     ) -> SpillWriter | None:
         """A :class:`SpillWriter` for ``key``, or None when spilling stopped or the entry is
         there; a disk that is full now stops spilling."""
-        if self.failed or self.holds(digest):
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self.failed or self.holds(digest) or not self._fits(nbytes):
             return None
         try:
             return SpillWriter(self.path, digest, self.fmt, key, shape, dtype)
@@ -304,6 +332,25 @@ class SpillFolder:
             return None
         self._hashed[digest] = stamp
         return array
+
+    def _fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more stay within the folder's size (warning once when not).
+
+        The folder's files are counted afresh each time: other processes write there too.
+        """
+        held = self.size_bytes()
+        if held + nbytes <= self.max_bytes:
+            return True
+        if not self._full_warned:
+            logger.warning(
+                "spill folder %s holds %.2f GiB of its %.2f GiB (search.cache_disk_gb); "
+                "activations that do not fit are recomputed instead",
+                self.path,
+                held / 2**30,
+                self.max_bytes / 2**30,
+            )
+            self._full_warned = True
+        return False
 
     def _stop(self, exc: OSError) -> None:
         if not self.failed:

@@ -162,6 +162,7 @@ def _prepare(
     cache = ActivationCache(
         memory_gb=search.cache_memory_gb,
         spill_dir=search.cache_dir,
+        disk_gb=search.cache_disk_gb,
         device_memory_gb=search.cache_device_memory_gb,
         device=device,
     )

@@ -103,7 +103,9 @@ def cache_options(cache: ActivationCache) -> dict[str, Any]:
     The same budget, so a worker's cache holds what the driver's (a local run's) may; the same
     storage dtype, which is part of every activation's key and sets its rounding, so a worker
     measures what a local run measures; the same spill folder, which workers on one machine
-    (and the driver) share: an activation one of them spilled there is read, not recomputed.
+    (and the driver) share: an activation one of them spilled there is read, not recomputed;
+    and the folder's size as the driver was given it (left out, each process takes half its
+    own disk's free space).
     A driver on the CPU has no device budget: a worker on a GPU then takes its own default
     share of that GPU's free memory (:func:`~stitch_nas.activations.cache_budgets`).
     """
@@ -112,6 +114,7 @@ def cache_options(cache: ActivationCache) -> dict[str, Any]:
         "memory_gb": cache.budget_bytes / 2**30,
         "device_memory_gb": on_device,
         "spill_dir": None if cache.spill_dir is None else str(cache.spill_dir),
+        "disk_gb": cache.disk_gb,
         "dtype": cache.dtype_name,
     }
 

@@ -110,6 +110,9 @@ class SearchSettings:
     #: null: 25 % of the GPU's free memory; unused on the CPU
     cache_device_memory_gb: float | None = None
     cache_dir: str | None = None  #: folder activations spill to, shared by processes (None: none)
+    #: GiB the spill folder's files may take, every process's counted; null: what it holds
+    #: plus half the disk's free space when a process opens it
+    cache_disk_gb: float | None = None
     export: bool = True  #: export the Pareto front (and an elastic package) to DIR/models
     #: files each exported network gets besides model.safetensors: pt2, onnx, torchscript
     #: (``stitch-nas export DIR`` writes pt2 and onnx unless told; each costs seconds a network)
@@ -165,6 +168,7 @@ _OR_NONE: dict[str, type] = {
     "mini_zoo": bool,
     "cache_memory_gb": float,
     "cache_device_memory_gb": float,
+    "cache_disk_gb": float,
     "seed_pool": int,
     "proxy_candidates": int,
     "floor": float,

@@ -27,6 +27,7 @@ from stitch_nas.choices import (
     check_budgets,
     check_cka_threshold,
     check_device,
+    check_disk_gb,
     check_fidelity,
     check_gpus_per_worker,
     check_image_size,
@@ -76,6 +77,11 @@ def _memory_gb(value: float | None, where: str) -> float | None:
     return value if value is None else check_memory_gb(value, where)
 
 
+def _disk_gb(value: float | None, where: str) -> float | None:
+    """A spill folder's size in GiB, or None (its default, decided when the folder opens)."""
+    return value if value is None else check_disk_gb(value, where)
+
+
 def _formats(value: list, where: str) -> list:
     for fmt in value:
         check_one_of(fmt, where, EXPORT_FORMATS)
@@ -119,6 +125,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.autocast": _autocast,
     "search.cache_memory_gb": _memory_gb,
     "search.cache_device_memory_gb": _memory_gb,
+    "search.cache_disk_gb": _disk_gb,
     "search.export_formats": _formats,
     "search.latency": _latency,
     "search.executor": _one_of(EXECUTORS),
