@@ -277,8 +277,9 @@ class ActivationCache:
     ) -> SpillWriter | None:
         """A writer that fills ``key``'s spill file batch by batch, or None.
 
-        None when there is no spill folder, spilling stopped after a disk failure, or the file
-        exists already; a disk that is full now stops spilling with one warning.
+        None when there is no spill folder, spilling stopped after a disk failure, the file
+        exists already or it would pass the folder's size (``disk_gb``); a disk that is full
+        now stops spilling with one warning.
         """
         with self._lock:
             if self._disk is None:

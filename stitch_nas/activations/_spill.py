@@ -282,8 +282,8 @@ class SpillFolder:
     def writer(
         self, key: ActivationKey, digest: str, shape: tuple[int, ...], dtype: np.dtype
     ) -> SpillWriter | None:
-        """A :class:`SpillWriter` for ``key``, or None when spilling stopped or the entry is
-        there; a disk that is full now stops spilling."""
+        """A :class:`SpillWriter` for ``key``, or None when spilling stopped, the entry is
+        there or it would pass the folder's size; a disk that is full now stops spilling."""
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         if self.failed or self.holds(digest) or not self._fits(nbytes):
             return None
@@ -336,7 +336,8 @@ class SpillFolder:
     def _fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more stay within the folder's size (warning once when not).
 
-        The folder's files are counted afresh each time: other processes write there too.
+        The folder's files are counted afresh each time: other processes write there too (so
+        processes that check at once may each write one entry past the size).
         """
         held = self.size_bytes()
         if held + nbytes <= self.max_bytes:
