@@ -2,7 +2,8 @@
 
 Every key is checked: a wrong key or type is a one-line ``ConfigError`` that names it and lists
 what is allowed; each value's limits are checked once, by
-:func:`~stitch_nas.settings.check_settings`. ``examples/search.yaml`` shows every key.
+:func:`~stitch_nas.settings.check_settings`. ``examples/search.yaml`` shows most keys; the
+YAML reference page lists them all.
 """
 
 from __future__ import annotations
