@@ -24,7 +24,8 @@ was re-measured on the test split by the search itself. Reported, on test accura
 ``train_images`` is the train split's size (adapters and fine-tunes train on it).
 
 Writes benchmarks/results/realzoo.json; with ``--seed N`` (the search's seed instead of the
-settings file's) realzoo_seedN.json. Needs ``../shared/realzoo`` (or ``REALZOO=...``).
+settings file's, and with ``--finetune`` the fine-tune recipe's too) realzoo_seedN.json. Needs
+``../shared/realzoo`` (or ``REALZOO=...``).
 
 With ``--finetune`` the search runs its fine-tune stage with the control on (the settings'
 ``finetune:`` section says how; ``control`` is forced on) and writes realzoo_finetune_seedN.json:
@@ -95,7 +96,9 @@ def overrides_from(pairs: list[str]) -> dict[str, Any]:
 def settings_copy(
     settings: str, seed: int | None, finetune: bool, overrides: dict[str, Any] | None = None
 ) -> Path:
-    """A copy of ``settings`` with ``search.seed`` set, the fine-tune control on and
+    """A copy of ``settings`` with ``search.seed`` set (and, with ``finetune``, the recipe's
+    seed, unless ``overrides`` set it: the stage's training is seeded by the recipe, so seeds
+    that choose the same network would otherwise train it alike), the fine-tune control on and
     ``overrides`` applied, beside it (its paths are relative to it)."""
     raw = yaml.safe_load(Path(settings).read_text())
     for dotted, value in (overrides or {}).items():
@@ -108,6 +111,8 @@ def settings_copy(
         raw.setdefault("search", {})["seed"] = seed
     if finetune:
         raw.setdefault("finetune", {}).update(enabled=True, control=True)
+        if seed is not None and "finetune.recipe.seed" not in (overrides or {}):
+            raw["finetune"].setdefault("recipe", {})["seed"] = seed
     copy = Path(settings).with_name(f".{Path(settings).stem}.seed{seed}.finetune{finetune:d}.yaml")
     copy.write_text(yaml.safe_dump(raw, sort_keys=False))
     return copy
