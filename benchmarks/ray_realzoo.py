@@ -92,7 +92,7 @@ def main() -> None:
         "command": f"stitch-nas search {Path(args.settings).name} --no-progress "
         f"[--executor ray --workers {args.workers}]",
         "overrides": overrides,
-        "trials": args.trials or "the settings file's",
+        "trials": len(load_folder_study(out / "local").trials),
         "val_images": _val_images(out / "local"),
         "local": {
             "peak_rss_gb": runs["local"]["peak_rss_gb_per_process"][0],
