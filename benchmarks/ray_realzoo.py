@@ -37,19 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "ray_realzoo.json"
 
 
-def _values(out: Path) -> dict[str, list[float]]:
+def _values(study: optuna.Study) -> dict[str, list[float]]:
     """Each completed trial's config (JSON) -> its values."""
-    study = load_folder_study(out)
     return {
         json.dumps(t.user_attrs[attrs.CONFIG], sort_keys=True): list(t.values)
         for t in study.trials
         if t.state == optuna.trial.TrialState.COMPLETE and attrs.CONFIG in t.user_attrs
     }
-
-
-def _val_images(out: Path) -> int:
-    """The number of validation images the search measured on, as its study recorded."""
-    return int(load_folder_study(out).user_attrs[attrs.SPLIT_SIZES]["val"])
 
 
 def main() -> None:
@@ -84,7 +78,8 @@ def main() -> None:
     finally:
         if copy is not None:
             copy.unlink()
-    local, ray = _values(out / "local"), _values(out / "ray")
+    local_study = load_folder_study(out / "local")
+    local, ray = _values(local_study), _values(load_folder_study(out / "ray"))
     common = sorted(set(local) & set(ray))
     differing = [c for c in common if local[c] != ray[c]]
     record = {
@@ -92,8 +87,9 @@ def main() -> None:
         "command": f"stitch-nas search {Path(args.settings).name} --no-progress "
         f"[--executor ray --workers {args.workers}]",
         "overrides": overrides,
-        "trials": len(load_folder_study(out / "local").trials),
-        "val_images": _val_images(out / "local"),
+        "trials": len(local_study.trials),
+        # the validation images the search measured on, as its study recorded
+        "val_images": int(local_study.user_attrs[attrs.SPLIT_SIZES]["val"]),
         "local": {
             "peak_rss_gb": runs["local"]["peak_rss_gb_per_process"][0],
             **runs["local"],

@@ -239,12 +239,16 @@ def test_the_readme_is_what_its_template_renders_from_the_results_files():
     )
 
 
+def _kept_demo_printout() -> str:
+    """What the demo printed, as ``benchmarks/demo.py`` keeps it in ``demo.json``."""
+    return json.loads((ROOT / "benchmarks/results/demo.json").read_text())["printout"]
+
+
 def test_the_readmes_demo_excerpt_is_lines_of_the_kept_printout():
     """The excerpt is typed into the template; each of its lines (one ending in ``...`` cut
     there) must be a line of the printout ``demo.json`` keeps, so a re-measured demo that
     prints otherwise fails here until the excerpt is taken from it again."""
-    printout = json.loads((ROOT / "benchmarks/results/demo.json").read_text())["printout"]
-    printed = [line.rstrip() for line in printout.splitlines()]
+    printed = [line.rstrip() for line in _kept_demo_printout().splitlines()]
     template = figures.TEMPLATE.read_text()
     excerpt = template.split("```\n50 trials in", 1)[1].split("```", 1)[0]
     lines = ["50 trials in" + excerpt.splitlines()[0], *excerpt.splitlines()[1:]]
@@ -260,8 +264,7 @@ def test_the_readmes_demo_excerpt_is_lines_of_the_kept_printout():
 def test_the_trials_the_claims_page_names_are_in_the_kept_printout():
     """``docs/concepts/claims.md`` reads the demo's printout by trial number (``#18``); each
     number it names must be a row of the printout ``demo.json`` keeps."""
-    printout = json.loads((ROOT / "benchmarks/results/demo.json").read_text())["printout"]
-    rows = set(re.findall(r"^\s+(#\d+) ", printout, re.M))
+    rows = set(re.findall(r"^\s+(#\d+) ", _kept_demo_printout(), re.M))
     named = set(re.findall(r"#\d+\b", (ROOT / "docs/concepts/claims.md").read_text()))
     assert named, "the page names no trial"
     assert named <= rows, f"not rows of demo.json's printout: {sorted(named - rows)}"
