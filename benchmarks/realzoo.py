@@ -439,7 +439,13 @@ def main() -> None:
                 copy.unlink()
     record = {
         "command": f"stitch-nas search {name} --out {args.out}"
-        + ("" if args.seed is None else f" (search.seed: {args.seed})"),
+        + ("" if args.seed is None else f" (search.seed: {args.seed}")
+        + (
+            f", finetune.recipe.seed: {args.seed}"
+            if args.seed is not None and args.finetune and "finetune.recipe.seed" not in overrides
+            else ""
+        )
+        + ("" if args.seed is None else ")"),
         "budget": budget,
         "train_images": budget["train_images"],
         "overrides": overrides,
