@@ -67,6 +67,18 @@ def test_cached_activations_survive_in_place_ops_after_the_cut():
     assert torch.allclose(cached, direct, atol=1e-6)
 
 
+def test_the_context_keeps_no_copy_of_the_probes_images():
+    """Preprocessed inputs are not held outside the cache's budget (1.2 GB a model at 224 px
+    for a 2,000-image probe): each call preprocesses anew, equal and independent."""
+    ctx = tiny_context()
+    first = ctx.inputs("resnet", "probe")
+    kept = first.clone()
+    first.zero_()  # a memoised tensor would hand this one back on the next call
+    again = ctx.inputs("resnet", "probe")
+    assert kept.abs().sum() > 0 and torch.equal(again, kept)
+    assert torch.equal(torch.cat(list(ctx.input_batches("resnet", "probe"))), kept)
+
+
 def test_train_activations_do_not_depend_on_what_else_is_cached():
     """Adapter training amplifies rounding: a train-split activation computed from a stored
     (float16) earlier cut is the one computed from the input, so a network rebuilt later
