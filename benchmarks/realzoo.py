@@ -93,6 +93,12 @@ def overrides_from(pairs: list[str]) -> dict[str, Any]:
     return parsed
 
 
+def _seeds_set(seed: int, finetune: bool, overrides: dict[str, Any]) -> str:
+    """The seeds ``--seed`` set, as ``settings_copy`` sets them, for the record's command."""
+    recipe = finetune and "finetune.recipe.seed" not in overrides
+    return f"search.seed: {seed}" + (f", finetune.recipe.seed: {seed}" if recipe else "")
+
+
 def settings_copy(
     settings: str, seed: int | None, finetune: bool, overrides: dict[str, Any] | None = None
 ) -> Path:
@@ -439,13 +445,7 @@ def main() -> None:
                 copy.unlink()
     record = {
         "command": f"stitch-nas search {name} --out {args.out}"
-        + ("" if args.seed is None else f" (search.seed: {args.seed}")
-        + (
-            f", finetune.recipe.seed: {args.seed}"
-            if args.seed is not None and args.finetune and "finetune.recipe.seed" not in overrides
-            else ""
-        )
-        + ("" if args.seed is None else ")"),
+        + ("" if args.seed is None else f" ({_seeds_set(args.seed, args.finetune, overrides)})"),
         "budget": budget,
         "train_images": budget["train_images"],
         "overrides": overrides,
