@@ -167,8 +167,8 @@ def reuse_freed_memory(largest: int = REUSED_BYTES, arenas: int = ARENAS) -> boo
 
 
 def release_freed_memory(keep: int = RELEASED_ABOVE) -> bool:
-    """Give the system back the freed memory glibc's heaps hold once it passes ``keep`` bytes
-    (``malloc_trim``); returns whether it did.
+    """Give the system back the freed memory glibc's heaps hold (``malloc_trim``) once more
+    than ``keep`` bytes of it is resident; returns whether it did.
 
     :func:`reuse_freed_memory` keeps freed blocks for the next batch, but a heap only returns
     its free top to the system: a freed block with a block in use above it stays resident. Over
@@ -176,22 +176,56 @@ def release_freed_memory(keep: int = RELEASED_ABOVE) -> bool:
     an ImageNet-size search (``benchmarks/imagenet_scale.py``, 1,000 validation images) the
     heaps held 0.8 to 1.6 GB free beside 0.6 to 1.5 GB in use (``mallinfo2``), and the process
     peaked at 3.79 GB and ran 66.3 trials an hour; releasing everything free at the end of
-    every pass once 256 MiB was, 3.36 GB and 70.6 trials an hour (one run each). Called at
-    the end of each pass, so a pass's later batches still reuse its first batch's memory.
+    every pass once 256 MiB was, 3.36 GB and 70.6 trials an hour (one run each).
+
+    Holes also add up within one pass, batch after batch, so the passes call this after every
+    batch, not only at their end: in the sixteen-trial search of that benchmark (one thread,
+    sampled every 0.25 s) one pass's free memory grew from 1.45 to 2.49 GB while the memory in
+    use stayed at 2.3 GB. What is resident is what counts: ``malloc_trim`` leaves
+    the blocks it gave back on the heap's free lists (``mallinfo2`` still counts them free), so
+    the free memory still resident is estimated as the process's anonymous resident set less
+    the heap's memory in use less what was resident beside the heap right after the last
+    release; until the first release all free memory counts as resident.
 
     ``malloc_trim`` gives back every free page, not only what is beyond ``keep``, and the next
-    pass takes the same memory from the system again, a page fault per page. So ``keep`` is
-    well above what one pass frees: at 256 MiB, the real-zoo search (``examples/realzoo.yaml``
-    at 140 trials without refining; probe passes of 256 images, slices of 750) released about
-    1,230 times in 320 s, its trials took 172 and 169 s and its seeding 90 and 89 s (two
-    runs); at 1 GiB it released none, and took 144 and 147 s, 83 and 81 s, the same trials,
-    peaking at 6.1 GB instead of 5.7 GB. The 1,000-image ImageNet-size search above peaked
-    at 3.69 GB at 1 GiB (3.44 GB at 256 MiB, another day).
+    batch takes the same memory from the system again, a page fault per page. So ``keep`` is
+    well above what one pass frees: at 256 MiB (of free memory, resident or not, checked at the
+    end of each pass), the real-zoo search (``examples/realzoo.yaml`` at 140 trials without
+    refining; probe passes of 256 images, slices of 750) released about 1,230 times in 320 s,
+    its trials took 172 and 169 s and its seeding 90 and 89 s (two runs); at 1 GiB it released
+    none, and took 144 and 147 s, 83 and 81 s, the same trials, peaking at 6.1 GB instead of
+    5.7 GB. The 1,000-image ImageNet-size search above peaked at 3.69 GB at 1 GiB (3.44 GB at
+    256 MiB, another day).
     """
     libc = _glibc()
     if libc is None or not hasattr(libc, "mallinfo2"):  # mallinfo2: glibc 2.33 on
         return False
-    if libc.mallinfo2().fordblks <= keep:
+    info = libc.mallinfo2()
+    in_use, anonymous = info.uordblks + info.hblkhd, _anonymous_resident_bytes()
+    if anonymous == 0:  # /proc unreadable: count all free memory as resident
+        resident_free = info.fordblks
+    else:
+        if _BESIDE_HEAP[0] is None:
+            _BESIDE_HEAP[0] = anonymous - in_use - info.fordblks
+        resident_free = anonymous - in_use - _BESIDE_HEAP[0]
+    if resident_free <= keep:
         return False
     libc.malloc_trim(0)
+    _BESIDE_HEAP[0] = _anonymous_resident_bytes() - in_use
     return True
+
+
+#: this process's anonymous resident memory outside glibc's heaps' blocks in use, as of its
+#: last release (None: none yet); see :func:`release_freed_memory`
+_BESIDE_HEAP: list[int | None] = [None]
+
+
+def _anonymous_resident_bytes() -> int:
+    """This process's anonymous resident set (``/proc/self/statm``: resident less the pages of
+    files and shared memory) in bytes; 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm", "rb") as stream:
+            fields = stream.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

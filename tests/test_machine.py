@@ -147,6 +147,37 @@ def test_freed_memory_beyond_what_is_kept_goes_back_to_the_system():
     assert beyond["after_release"] < 1, beyond
 
 
+# a child process: the blocks above are freed and released; then released again at once (the
+# free lists still hold them, but none is resident), then filled and freed again and released
+_RELEASE_AGAIN_CHILD = (
+    _RELEASE_CHILD.rsplit("kept = ", 1)[0]
+    + """
+keep = SIZE
+first = release_freed_memory(keep=keep)
+again = release_freed_memory(keep=keep)
+for i in range(8):  # the same blocks again: their pages come back from the system
+    blocks[i] = libc.malloc(SIZE)
+    libc.memset(blocks[i], 1, SIZE)
+refilled = (resident() - before) / SIZE
+for block in blocks:
+    libc.free(block)
+print(json.dumps({"first": first, "again": again, "refilled_blocks": refilled,
+                  "after_refill": release_freed_memory(keep=keep),
+                  "after_release": (resident() - before) / SIZE}))
+"""
+)
+
+
+@pytest.mark.skipif(not GLIBC, reason="release_freed_memory calls glibc's malloc_trim")
+def test_only_freed_memory_still_resident_counts_towards_a_release():
+    # malloc_trim leaves the blocks it gave back on the free lists: a rule on free memory alone
+    # would release again at every call (each a page fault per page for the next batch)
+    out = _child("0", _RELEASE_AGAIN_CHILD)
+    assert out["first"] and not out["again"], out
+    assert out["refilled_blocks"] > 7, out  # reused: resident again
+    assert out["after_refill"] and out["after_release"] < 1, out
+
+
 def test_the_command_line_reuses_freed_memory_before_any_command(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(_main, "reuse_freed_memory", lambda: calls.append(True) or True)

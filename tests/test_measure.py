@@ -313,3 +313,21 @@ def test_the_probe_is_filled_cut_by_cut_where_every_cut_would_not_fit():
     assert torch.equal(value, roomy.activation("resnet", cuts[1], "probe"))
     held = [c for c in cuts if tight.activation_key("resnet", c, "probe") in tight.cache]
     assert held == [cuts[1]], held
+
+
+def test_every_pass_offers_its_freed_memory_back_after_each_batch(monkeypatch):
+    # holes in the heap add up batch after batch within one pass (an ImageNet-size split's pass
+    # grew its free memory by a GB), so the check runs per batch, not only at a pass's end
+    import stitch_nas.activations._stream as stream
+    import stitch_nas.stitching._measure as measuring
+
+    calls = []
+    monkeypatch.setattr(stream, "release_freed_memory", lambda: calls.append("stream"))
+    monkeypatch.setattr(measuring, "release_freed_memory", lambda: calls.append("network"))
+    ctx = _pair_context(ActivationCache(memory_gb=0), batch_size=16)  # nothing kept: all computed
+    measure(ctx, PAIR)
+    batches = {s: math.ceil(len(ctx.split(s)) / 16) for s in ("probe", "val")}
+    # the first model to the cut and the second to the joint over the probe, the network over
+    # the validation split (each pass once more at its end)
+    assert calls.count("stream") >= 2 * batches["probe"] + batches["val"], (calls, batches)
+    assert calls.count("network") >= batches["val"], (calls, batches)

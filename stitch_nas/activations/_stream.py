@@ -269,6 +269,7 @@ def _streamed(
             sink.write(done, rounded)  # a copy: the consumer may change ``rounded`` in place
             done += len(rounded)
             yield rounded
+            release_freed_memory()  # holes that add up batch after batch, not only per pass
     finally:
         if sink is not None:
             sink.close(complete=done == n)
@@ -322,6 +323,7 @@ def fill_every_cut(ctx: ContextView, model: str, split: str) -> None:
                             sinks[i] = _Sink(ctx, keys[i], n, x)
                         sinks[i].write(done, x)  # type: ignore[union-attr]
             done += len(x)
+            release_freed_memory()  # holes that add up batch after batch, not only per pass
     finally:
         for sink in sinks:
             if sink is not None:

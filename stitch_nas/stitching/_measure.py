@@ -143,6 +143,7 @@ def output_batches(
             with ctx.frozen():  # not around the yield: the caller's code must not run under it
                 out = rest(batch)
             yield out.float()
+            release_freed_memory()  # holes that add up batch after batch, not only per pass
     finally:
         release_freed_memory()  # what this pass's batches freed, beyond what is kept for reuse
 
