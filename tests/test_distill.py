@@ -32,7 +32,6 @@ def _joint(ctx, src, dst):
         dst[0],
         ctx.cut(*dst),
         None,
-        ctx.activation(*src, "probe"),
         lambda split: ctx.activation(*src, split),
         Fragment(src[0], None, src[1]),
     )

@@ -17,7 +17,7 @@ from ._context import (
 )
 from ._device import AUTOCAST_DTYPES, is_convolutional, resolve_device, to_device
 from ._memo import Memo
-from ._rows import ActivationRows, ChainRows, InputRows, Rows, take
+from ._rows import ActivationRows, ChainRows, InputRows, Rows, in_order, take
 
 __all__ = [
     "AUTOCAST_DTYPES",
@@ -40,6 +40,7 @@ __all__ = [
     "cache_budgets",
     "default_device_memory_gb",
     "default_memory_gb",
+    "in_order",
     "is_convolutional",
     "resolve_device",
     "take",

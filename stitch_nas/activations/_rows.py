@@ -12,7 +12,7 @@ batch-size rounding).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -23,7 +23,7 @@ from . import _stream
 if TYPE_CHECKING:
     from ._view import ContextView
 
-__all__ = ["ActivationRows", "ChainRows", "InputRows", "Rows", "take"]
+__all__ = ["ActivationRows", "ChainRows", "InputRows", "Rows", "in_order", "take"]
 
 
 class Rows(Protocol):
@@ -41,6 +41,13 @@ def take(source: torch.Tensor | Rows, index: torch.Tensor) -> torch.Tensor:
     if isinstance(source, torch.Tensor):
         return source[index.to(source.device)]
     return source.take(index)
+
+
+def in_order(source: torch.Tensor | Rows, size: int) -> Iterator[torch.Tensor]:
+    """All rows of ``source``, ``size`` at a time in order: a pass over a split that reads a
+    batch's rows at a time (initialising an adapter, its held-out loss), never the whole."""
+    for start in range(0, len(source), size):
+        yield take(source, torch.arange(start, min(start + size, len(source))))
 
 
 class ActivationRows:

@@ -25,6 +25,7 @@ _HOMES = {
     "fuse_into_segment": "._fuse",
     "fit_conv": "._init",
     "initialise": "._init",
+    "initialise_batches": "._init",
     "Joint": "._joint",
     "JointFit": "._joint",
     "feature_cut": "._joint",
@@ -81,6 +82,7 @@ __all__ = [
     "get_adapter",
     "INIT_MODES",
     "initialise",
+    "initialise_batches",
     "joinable",
     "Joint",
     "JointFit",
@@ -109,7 +111,7 @@ __all__ = [
 if TYPE_CHECKING:  # what static checkers see; at run time __getattr__ imports lazily
     from ._bodies import StitchAdapter
     from ._fuse import FusedStitch, fusable_consumer, fuse_into_segment
-    from ._init import fit_conv, initialise
+    from ._init import fit_conv, initialise, initialise_batches
     from ._joint import Joint, JointFit, feature_cut, fit_joint, resolve_teacher
     from ._lowrank import LowRankStitch
     from ._lstsq import LinearStitch, fit_lstsq, fit_lstsq_batches, joinable

@@ -30,12 +30,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stitch_nas.activations import ActivationRows, InputRows, Memo, Rows, StitchContext
+from stitch_nas.activations import (
+    ActivationRows,
+    InputRows,
+    Memo,
+    Rows,
+    StitchContext,
+    in_order,
+)
 from stitch_nas.config import AdapterSpec, Fragment
 from stitch_nas.errors import ConfigError
 from stitch_nas.fragments import CutPoint, segment
 
-from ._init import initialise
+from ._init import initialise_batches
 from ._options import TRAIN_OPTIONS
 from ._registry import create, resolve_options
 from ._train import TrainData, TrainReport, train
@@ -55,8 +62,8 @@ class Joint:
     dst_model: str
     dst_cut: CutPoint
     end: str | None  #: end cut of the destination fragment
-    probe_x: torch.Tensor  #: the chain's output at the joint on the probe split
-    #: the same on any split, whole or as rows fetched per mini-batch (``activations.Rows``)
+    #: the chain's output at the joint on a split, whole or as rows fetched per mini-batch
+    #: (``activations.Rows``): the train split's for training, the probe's for the rest
     chain_input: Callable[[str], torch.Tensor | Rows]
     first: Fragment  #: the network's first fragment (the prefix that ``train='all'`` trains)
 
@@ -208,12 +215,14 @@ def fit_joint(
     _check(spec, opts, joint, ctx)
     adapter = create(spec.kind, joint.src_cut, joint.dst_cut, **dict(spec.options))
     adapter = adapter.to(ctx.device)
-    y = ctx.activation(joint.dst_model, joint.dst_cut.name, "probe")
     ridge = ctx.ridge if opts["ridge"] is None else float(opts["ridge"])
-    initialise(
+    probe_x = joint.chain_input("probe")
+    probe_y = ActivationRows(ctx, joint.dst_model, joint.dst_cut.name, "probe")
+    initialise_batches(
         adapter,
-        joint.probe_x,
-        y,
+        lambda: zip(
+            in_order(probe_x, ctx.batch_size), in_order(probe_y, ctx.batch_size), strict=True
+        ),
         src=joint.src_cut,
         dst=joint.dst_cut,
         init=opts["init"],
@@ -295,15 +304,18 @@ def _data(ctx: StitchContext, joint: Joint, opts: dict) -> TrainData:
     split = str(opts["split"])
     inputs: torch.Tensor | Rows  # the split's rows, read a mini-batch at a time
     targets: torch.Tensor | Rows
+    val_inputs: torch.Tensor | Rows  # the probe's, held out: read a batch at a time too
+    val_targets: torch.Tensor | Rows
     if opts["train"] == "all":
         inputs = InputRows(ctx, joint.first.model, split)
-        val_inputs = ctx.inputs(joint.first.model, "probe")
+        val_inputs = InputRows(ctx, joint.first.model, "probe")
     else:
-        inputs, val_inputs = joint.chain_input(split), joint.probe_x
+        inputs, val_inputs = joint.chain_input(split), joint.chain_input("probe")
     loss, dst = opts["loss"], joint.dst_model
     if loss in ("match", "feature"):
         at = feature_cut(ctx, dst).name if loss == "feature" else joint.dst_cut.name
-        targets, val_targets = ActivationRows(ctx, dst, at, split), ctx.activation(dst, at, "probe")
+        targets = ActivationRows(ctx, dst, at, split)
+        val_targets = ActivationRows(ctx, dst, at, "probe")
     elif loss == "distill":  # cached logits: each teacher runs once per split
         source = resolve_teacher(ctx, str(opts["teacher"]), dst)
         targets = ctx.activation(source, None, split)

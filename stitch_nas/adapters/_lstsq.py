@@ -283,13 +283,6 @@ def _column_sums(t: torch.Tensor) -> torch.Tensor:
     return blocks.sum(0, dtype=torch.float64)
 
 
-def solve_normal(
-    x: torch.Tensor, y: torch.Tensor, ridge: float, what: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ridge regression with an unpenalised bias on all rows at once (one chunk)."""
-    return NormalEquations().add(x, y).solve(ridge, what)
-
-
 def _solve_centred(
     gram: torch.Tensor, cross: torch.Tensor, ridge: float, what: str, rows: int
 ) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stitch_nas.activations import Rows, take
+from stitch_nas.activations import Rows, in_order, take
 from stitch_nas.errors import NonFiniteError
 
 __all__ = [
@@ -54,8 +54,8 @@ class TrainData:
 
     inputs: torch.Tensor | Rows  #: a whole tensor, or rows fetched per mini-batch
     targets: torch.Tensor | Rows
-    val_inputs: torch.Tensor
-    val_targets: torch.Tensor
+    val_inputs: torch.Tensor | Rows
+    val_targets: torch.Tensor | Rows
 
 
 @dataclass
@@ -90,11 +90,6 @@ def training_loss(
     return kl * temperature**2
 
 
-def _batches(x: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
-    for i in range(0, x.shape[0], size):
-        yield x[i : i + size]
-
-
 def _held_out(
     model: nn.Module,
     data: TrainData,
@@ -109,12 +104,12 @@ def _held_out(
     total = 0.0
     with torch.no_grad():
         for xb, yb in zip(
-            _batches(data.val_inputs, size), _batches(data.val_targets, size), strict=True
+            in_order(data.val_inputs, size), in_order(data.val_targets, size), strict=True
         ):
             out = model(xb.to(device))
             total += float(training_loss(loss, out, yb.to(device), temperature)) * xb.shape[0]
     model.train(was)
-    return total / max(data.val_inputs.shape[0], 1)
+    return total / max(len(data.val_inputs), 1)
 
 
 @contextlib.contextmanager

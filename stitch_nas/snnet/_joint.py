@@ -36,7 +36,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -136,15 +136,21 @@ class JointSNNet:
         for key in dict.fromkeys(self._layer_of):
             members = [s for s, k in zip(self.stitches, self._layer_of, strict=True) if k == key]
             src, dst = self._cuts(members[0])
-            xs, ys = [], []
-            for s in members:
-                front, back = s.config.fragments
-                xs.append(ctx.activation(front.model, front.end, "probe"))
-                ys.append(ctx.activation(back.model, back.start, "probe"))
+
+            def pairs(
+                members: list[SNStitch] = members,
+            ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                """Each member's probe activations on both sides, a batch at a time."""
+                for s in members:
+                    front, back = s.config.fragments
+                    yield from zip(
+                        ctx.activation_batches(front.model, front.end, "probe"),
+                        ctx.activation_batches(back.model, back.start, "probe"),
+                        strict=True,
+                    )
+
             layer = joint_layer(self.spec, src, dst).to(ctx.device)
-            adapters.initialise(
-                layer, torch.cat(xs), torch.cat(ys), src=src, dst=dst, ridge=ctx.ridge
-            )
+            adapters.initialise_batches(layer, pairs, src=src, dst=dst, ridge=ctx.ridge)
             self.layers[key] = layer.eval()
 
     # -- networks ----------------------------------------------------------------------------

@@ -16,7 +16,14 @@ import torch
 from torch import nn
 
 from stitch_nas import adapters
-from stitch_nas.activations import ActivationRows, ChainRows, InputRows, Rows, StitchContext
+from stitch_nas.activations import (
+    ActivationRows,
+    ChainRows,
+    InputRows,
+    Rows,
+    StitchContext,
+    in_order,
+)
 from stitch_nas.adapters import (
     LinearStitch,
     fit_lstsq_batches,
@@ -166,25 +173,6 @@ def _through(ctx: StitchContext, module: nn.Module, x: ProbeBatches) -> ProbeBat
     return batches
 
 
-def _whole(ctx: StitchContext, x: torch.Tensor) -> ProbeBatches:
-    """A probe output a trained joint made whole (it trains on it), read batch by batch."""
-    return lambda: ctx.batches(x)
-
-
-def _chain_input(
-    ctx: StitchContext, first: Fragment, parts: list[nn.Module], cached: bool
-) -> Callable[[str], torch.Tensor]:
-    """``split -> output of the network built so far on that split`` (for adapter training)."""
-
-    def run(split: str) -> torch.Tensor:
-        if cached:  # start from the first model's cached activation, as measure does
-            act = ctx.activation(first.model, first.end, split)
-            return ctx.run(nn.Sequential(*parts[1:]), act)
-        return ctx.run(nn.Sequential(*parts), ctx.inputs(first.model, split))
-
-    return run
-
-
 def _chain_rows(
     ctx: StitchContext, first: Fragment, parts: list[nn.Module], cached: bool
 ) -> Callable[[str], Rows]:
@@ -251,7 +239,8 @@ def build(
         (("fragment", first.model, None, first.end), ctx.input_shape(first.model)[1:])
     ]
     # the probe's output of the chain so far, batch by batch: the first fragment's cached
-    # activation, run on through each joint fitted since; a trained joint takes it whole
+    # activation, run on through each joint fitted since (after a trained joint, the rows
+    # of the chain it trained, read in order)
     x: ProbeBatches | None = None
     if config.is_stitched:
         x = functools.partial(ctx.activation_batches, first.model, first.end, "probe")
@@ -272,7 +261,6 @@ def build(
                 frag.model,
                 dst,
                 frag.end,
-                torch.cat(list(x())),
                 _chain_rows(ctx, first, parts, cached),
                 first,
             )
@@ -284,7 +272,8 @@ def build(
             info.append((("fragment", frag.model, frag.start, frag.end), dst.shape))
             parts.extend([fit.adapter, fit.fragment])
             if i + 1 < len(joints):
-                x = _whole(ctx, _chain_input(ctx, first, parts, cached)("probe"))
+                probe = _chain_rows(ctx, first, parts, cached)("probe")
+                x = functools.partial(in_order, probe, ctx.batch_size)
                 x_cut = _next_cut(ctx, frag)
             continue
         stitch = _fit_adapter(ctx, adapter, x, frag, x_cut, dst)
