@@ -8,6 +8,9 @@ activation the readers need already in the cache (what the cache holds is bounde
 budget, a setting), it records the most bytes of tensors alive at once while each reader runs:
 
 - ``fit``: building a pairwise least-squares stitch (the normal equations, batch by batch);
+- ``fit_trained``: building the same joint with a trained ``conv3x3`` adapter (least-squares
+  initialisation on the probe, a few ``match`` steps on the train split, the held-out loss on
+  the probe);
 - ``cka``: the joint's CKA score (two probe Grams, read batch by batch: ``n x n`` float64 each);
 - ``proxy``: the least-squares probe accuracy with the native head;
 - ``proxy_knn``: the same with a k-NN head (fitted on the network's probe outputs, held out).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import weakref
 from pathlib import Path
 
@@ -78,6 +82,19 @@ def _context(probe: int, classes: int, side: int) -> StitchContext:
     return StitchContext(zoo, data, batch_size=64, cache=ActivationCache(memory_gb=2.0))
 
 
+READERS = ("fit", "fit_trained", "cka", "proxy", "proxy_knn")
+
+
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+
+
 def _peak(run) -> int:  # type: ignore[no-untyped-def]
     with PeakTensorBytes() as mode:
         run()
@@ -89,12 +106,15 @@ def measure(probe: int, classes: int, side: int) -> dict[str, object]:
     src, dst = ctx.cuts("a")[1], ctx.cuts("b")[1]
     frags = (Fragment("a", None, src.name), Fragment("b", dst.name, None))
     config = StitchConfig(frags, (AdapterSpec(),))
+    steps = {"loss": "match", "steps": 4, "eval_every": 2, "batch_size": 32, "patience": 0}
+    trained = StitchConfig(frags, (AdapterSpec("conv3x3", steps),))
     knn = StitchConfig(frags, (AdapterSpec(),), HeadSpec("knn"))
     for model in ("a", "b"):  # every cut of both models in the cache first
         for _ in ctx.activation_batches(model, None, "probe"):
             pass
     out: dict[str, object] = {"probe": probe, "classes": classes}
     out["fit"] = _peak(lambda: build(ctx, config))
+    out["fit_trained"] = _peak(lambda: build(ctx, trained))
     out["cka"] = _peak(lambda: ctx.joint_cka("a", src.name, "b", dst.name))
     out["proxy"] = _peak(lambda: probe_accuracy(ctx, config))
     out["proxy_knn"] = _peak(lambda: probe_accuracy(ctx, knn))
@@ -124,8 +144,9 @@ def main() -> None:
         "rows": rows,
         "peak_ratio_largest_over_smallest": {
             reader: round(int(large[reader]) / int(small[reader]), 3)  # type: ignore[call-overload]
-            for reader in ("fit", "cka", "proxy", "proxy_knn")
+            for reader in READERS
         },
+        "commit": _commit(),
     }
     results = Path(__file__).parent / "results" / "probe_memory.json"
     results.write_text(json.dumps(record, indent=1) + "\n")
