@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from necessary_work import necessary_work
+from provenance import commit
 from realzoo import overrides_from, settings_copy
 
 from stitch_nas import attrs
@@ -110,7 +111,7 @@ def main() -> None:
             Path(args.necessary_from), record["phases"], record["wall_seconds"]["median"]
         )
         # counted later than the runs, maybe by a newer yardstick: say when and by which code
-        record["necessary_work"]["counted"] = {"date": _today(), "commit": _commit()}
+        record["necessary_work"]["counted"] = {"date": _today(), "commit": commit()}
         Path(args.results).write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record["necessary_work"], indent=1))
         return
@@ -200,21 +201,12 @@ def _record(
         "each_repeat": repeats,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "date": _today(),
-        "commit": _commit(),
+        "commit": commit(),
     }
 
 
 def _today() -> str:
     return time.strftime("%Y-%m-%d", time.gmtime())
-
-
-def _commit() -> str:
-    return (
-        os.environ.get("STITCH_NAS_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-    )
 
 
 if __name__ == "__main__":

@@ -20,19 +20,15 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from provenance import commit
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "export_realzoo.json"
 BATCHES = (1, 7)
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
-    return out.stdout.decode().strip()
 
 
 def _count_legacy_calls() -> dict[str, int]:
@@ -118,7 +114,7 @@ def main() -> None:
         "what": __doc__.split("\n\n")[2].replace("\n", " "),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
-        "commit": _commit(),
+        "commit": commit(),
         "networks": len(rows),
         "exported_pt2_and_dynamo_onnx": sum(
             "pt2" in r["formats"] and r["format_notes"].get("onnx", "").startswith("dynamo")

@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 from process_tree import busy_jiffies, cores_busy, run_measured
+from provenance import commit
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "imagenet_scale.json"
@@ -387,7 +388,7 @@ def main() -> None:
             )
             row = json.loads(output.strip().splitlines()[-1])
             row.pop("accuracy")
-            row = {**row, "wall_seconds": round(seconds, 1), **memory, "commit": _commit()}
+            row = {**row, "wall_seconds": round(seconds, 1), **memory, "commit": commit()}
             runs = _merge(runs, [row])
             print(json.dumps(row), flush=True)
             _write(args, runs, {"ran": False, "why": "the runs have not finished"})
@@ -402,12 +403,6 @@ def main() -> None:
 def _spill_folder(args: argparse.Namespace, executor: str, workers: str, size: int) -> Path:
     """The spill folder of one run under ``--cache-dir``."""
     return Path(args.cache_dir) / f"{executor}-w{workers}-{size}"
-
-
-def _commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
 
 
 def _merge(runs: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -425,7 +420,7 @@ def _write(args: argparse.Namespace, runs: list[dict[str, Any]], gpu: dict) -> d
     record: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "date": datetime.date.today().isoformat(),
-        "commit": _commit(),  # that wrote the file; each row names the one that measured it
+        "commit": commit(),  # that wrote the file; each row names the one that measured it
         "classes": CLASSES,
         "models": args.models.split(","),
         "probe_images": args.probe,

@@ -26,12 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import weakref
 from pathlib import Path
 
 import timm
 import torch
+from provenance import commit
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -85,16 +85,6 @@ def _context(probe: int, classes: int, side: int) -> StitchContext:
 READERS = ("fit", "fit_trained", "cka", "proxy", "proxy_knn")
 
 
-def _commit() -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=Path(__file__).parent,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-
-
 def _peak(run) -> int:  # type: ignore[no-untyped-def]
     with PeakTensorBytes() as mode:
         run()
@@ -146,7 +136,7 @@ def main() -> None:
             reader: round(int(large[reader]) / int(small[reader]), 3)  # type: ignore[call-overload]
             for reader in READERS
         },
-        "commit": _commit(),
+        "commit": commit(),
     }
     results = Path(__file__).parent / "results" / "probe_memory.json"
     results.write_text(json.dumps(record, indent=1) + "\n")
