@@ -51,10 +51,12 @@ def test_the_best_least_squares_networks_are_measured_again_with_trained_joints(
         twin = StitchConfig(config.fragments, tuple(AdapterSpec("lstsq") for _ in config.adapters))
         assert twin.stable_hash() in lstsq
         assert dict(config.adapters[0].options)["loss"] == "distill"
-    # refining again enqueues nothing the study holds
-    again = refine_study(study, objective, 2, adapter)
+    # refining again (a resumed search) enqueues nothing: its two best are refined already;
+    # one more network's worth refines the third best, and nothing the study holds
+    assert refine_study(study, objective, 2, adapter) == 0
+    assert refine_study(study, objective, 3, adapter) == 1
     waiting = _configs(study, optuna.trial.TrialState.WAITING)
-    assert len(waiting) == again
+    assert len(waiting) == 1
     assert not {c.stable_hash() for c in waiting} & {c.stable_hash() for c in refined}
 
 

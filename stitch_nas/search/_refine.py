@@ -118,8 +118,9 @@ def refine_study(
     echo: Callable[[str], None] | None = None,
 ) -> int:
     """Enqueue on ``study`` the ``count`` best least-squares networks, once per adapter of
-    ``adapters`` trained at their joints; returns how many trials were enqueued (configs the
-    study holds already are skipped)."""
+    ``adapters`` trained at their joints; returns how many trials were enqueued. Configs the
+    study holds already are skipped, and a network refined before is one of the ``count``: a
+    resumed search refines its best networks, not ``count`` more."""
     if count <= 0 or not adapters:
         return 0
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
@@ -149,16 +150,17 @@ def refine_study(
         network_kind(objective.ctx, StitchConfig.from_dict(t.user_attrs[attrs.CONFIG])) == STITCHED
         for t in rows
     ]
-    networks = enqueued = 0
+    networks = refining = enqueued = 0
     for i in _turns(points, stitched, zoo):
         if networks >= count:
             break
         config = StitchConfig.from_dict(rows[i].user_attrs[attrs.CONFIG])
-        refined = [_refined(config, adapter) for adapter in adapters]
-        new = [c for c in refined if c is not None and c.stable_hash() not in held]
-        if not new:
+        refined = [c for c in (_refined(config, a) for a in adapters) if c is not None]
+        if not refined:  # no least-squares joint (a refinement itself, on --resume)
             continue
         networks += 1
+        new = [c for c in refined if c.stable_hash() not in held]
+        refining += bool(new)
         for config in new:
             held.add(config.stable_hash())
             user_attrs = {attrs.CONFIG: config.to_dict(), attrs.REFINES: rows[i].number}
@@ -166,5 +168,5 @@ def refine_study(
             enqueued += 1
     if echo is not None and enqueued:
         kinds = ", ".join(f"{a.kind} {dict(a.options)}" for a in adapters)
-        echo(f"refining {networks} of the best least-squares networks: {enqueued} trials ({kinds})")
+        echo(f"refining {refining} of the best least-squares networks: {enqueued} trials ({kinds})")
     return enqueued
