@@ -137,6 +137,8 @@ def refine_study(
             continue
         if attrs.FINETUNES in t.user_attrs:  # trained already, and by the stage after this one
             continue
+        if attrs.REFINES in t.user_attrs:  # a refinement (of a resumed search) would reorder
+            continue  # the least-squares networks it was chosen from
         measured = _measured(t, objective.names, objective.budgets)
         if measured is not None:
             rows.append(t)
@@ -156,7 +158,7 @@ def refine_study(
             break
         config = StitchConfig.from_dict(rows[i].user_attrs[attrs.CONFIG])
         refined = [c for c in (_refined(config, a) for a in adapters) if c is not None]
-        if not refined:  # no least-squares joint (a refinement itself, on --resume)
+        if not refined:  # no least-squares joint
             continue
         networks += 1
         new = [c for c in refined if c.stable_hash() not in held]
