@@ -37,3 +37,32 @@ def test_realzoo_results_agree_on_the_zoos_own_accuracies_to_the_image():
                 assert round(accuracy * 5000) == round(first[model] * 5000), (
                     f"{name} gives {model} {accuracy}, {first_name} {first[model]} ({machine})"
                 )
+
+
+def test_the_recipe_comparison_claims_only_what_its_intervals_show():
+    from stitch_nas.report import wilson_interval
+
+    record = json.loads((RESULTS / "finetune_recipes.json").read_text())
+    n, recipes = record["test_images"], record["recipes"]
+    rows = {}
+    for name, entry in recipes.items():
+        assert {r["seed"] for r in entry["networks"]} == set(record["seeds"]), name
+        for what, key in (("networks", "config"), ("control", "model")):
+            for r in entry[what]:
+                low, high = wilson_interval(r["test_accuracy"], n)
+                assert r["interval"] == [round(low, 4), round(high, 4)], (name, r)
+                rows[name, what, r["seed"], r[key]] = r
+    pairs = record["comparison"]["pairs"]
+    assert pairs, "no network was fine-tuned by both recipes from the same start"
+    for pair in pairs:
+        key = pair.get("config", pair.get("model"))
+        today = rows["today", pair["what"], pair["seed"], key]
+        timm = rows["timm", pair["what"], pair["seed"], key]
+        assert today["start_test_accuracy"] == timm["start_test_accuracy"], pair  # one start
+        assert pair["difference"] == round(timm["test_accuracy"] - today["test_accuracy"], 4)
+        if timm["interval"][0] > today["interval"][1]:
+            assert pair["better"] == "timm", pair
+        elif today["interval"][0] > timm["interval"][1]:
+            assert pair["better"] == "today", pair
+        else:
+            assert pair["better"] == "neither", pair
