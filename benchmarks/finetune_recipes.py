@@ -7,9 +7,11 @@ For each seed and each recipe of ``RECIPES``, runs ``benchmarks/realzoo.py --fin
 is, its 9,744-image train split and its 3 epochs: ``today`` with the preset's recipe, ``timm``
 with the same plus the ``--set`` overrides ``RECIPES`` names (half an epoch of warm-up, timm's
 mixup and CutMix with label smoothing, an exponential moving average of the weights). Each run
-goes to ``DIR/out_<recipe>_<seed>`` and its record to ``DIR/<recipe>_seed<seed>.json``; a run
-whose record exists is not run again. The search does not depend on the recipe, so the two
-recipes of a seed fine-tune the same networks and the same control models from the same start.
+goes to ``DIR/<recipe>/seed<N>`` and its record to ``DIR/<recipe>_seed<N>.json``; a run whose
+record exists is not run again. The first recipe's runs search from scratch; the others resume
+a copy of the same seed's finished folder (``--resume``: every trial and refinement is held, so
+only the stage runs), so the recipes of a seed fine-tune the same networks and the same control
+models from the same start, and their stages' seconds compare.
 
 Then every network a stage fine-tuned is measured on the test split, and so is the network it
 started from (the search's test pass measures only the front's networks; no choice depends on
