@@ -120,8 +120,9 @@ def test_ray_workers_fill_their_own_caches_and_record_what_the_local_executor_do
         assert here.state == there.state == Complete and here.values == there.values
         for name in ("accuracy", "macs", "params", "sample_correct"):
             assert here.user_attrs[name] == there.user_attrs[name], name
-        # CKA's sums run on one thread in a worker, on several here: the last bits may differ
-        assert math.isclose(here.user_attrs["cka"], there.user_attrs["cka"], rel_tol=1e-9)
+        # a worker's forward passes run on one thread, here on several: float32 activations
+        # differ in their last bits (about 1e-7), and CKA, summed in float64, by about 1e-9
+        assert math.isclose(here.user_attrs["cka"], there.user_attrs["cka"], rel_tol=1e-6)
     # same report files, same columns, same user attributes as the local executor
     local_report, remote_report = write_report(local, tmp_path / "local"), None
     remote_report = write_report(remote, tmp_path / "ray")
