@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import random
 
+import numpy as np
 import pytest
 import torch
 
 from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
-from stitch_nas.errors import ConfigError
+from stitch_nas.errors import ConfigError, DataError
 from stitch_nas.finetune import (
     FinetuneRecipe,
     FinetuneReport,
     FinetuneStage,
     Teacher,
+    TimmTrainTransform,
     Tuned,
     best_models,
     check_stage,
@@ -73,6 +77,10 @@ def _weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         ("augment", "yes"),
         ("steps", 0),
         ("keep", "first"),
+        ("aa", ""),
+        ("scale", [0.5, 0.2]),
+        ("scale", [0.0, 1.0]),
+        ("scale", 0.5),
     ],
 )
 def test_a_bad_recipe_value_is_one_line_naming_it(field: str, value: object) -> None:
@@ -139,6 +147,48 @@ def test_pad_crop_flip_shifts_and_flips_within_the_padding() -> None:
         for i in range(len(images))
     )
     assert 10 < flipped < 54  # about half
+
+
+def test_an_auto_augment_policy_timm_cannot_build_is_one_line_before_any_work() -> None:
+    with pytest.raises(ConfigError, match=r"finetune.recipe.aa='rand-zz9' is not a policy timm"):
+        FinetuneRecipe(aa="rand-zz9")
+    recipe = FinetuneRecipe(aa="rand-m9-mstd0.5", scale=[0.35, 1.0])  # type: ignore[arg-type]
+    assert recipe.scale == (0.35, 1.0) and recipe.timm_transform
+    assert FinetuneRecipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
+    assert not FinetuneRecipe(aa="original", augment=False).timm_transform
+    assert not FinetuneRecipe().timm_transform  # the padded crop and flip by default
+    from PIL import Image, ImageOps
+
+    try:
+        ImageOps.posterize(Image.new("RGB", (1, 1)), 0)
+    except ValueError:  # this Pillow refuses 0 bits, which timm's inc1 posterize asks for
+        with pytest.raises(ConfigError, match=r"aa='rand-m9-mstd0.5-inc1'.*drop -inc1"):
+            FinetuneRecipe(aa="rand-m9-mstd0.5-inc1")
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def test_timms_training_transform_keeps_the_batch_size_and_follows_the_seed() -> None:
+    images = torch.rand(8, 3, 32, 32)
+    transform = TimmTrainTransform("rand-m9-mstd0.5", (0.35, 1.0))
+    unused = torch.Generator()
+    _seed_all(0)
+    out = transform(images, unused)
+    _seed_all(0)
+    again = transform(images, unused)
+    _seed_all(1)
+    other = transform(images, unused)
+    assert out.shape == images.shape and out.dtype == images.dtype
+    assert float(out.min()) >= 0 and float(out.max()) <= 1
+    assert torch.equal(out, again) and not torch.equal(out, other)
+    # each image changed: cropped, resized, perhaps flipped, then two RandAugment operations
+    assert all(not torch.allclose(o, i, atol=1 / 255) for o, i in zip(out, images, strict=True))
+    with pytest.raises(DataError, match=r"finetune.recipe.aa / scale take RGB images.*1 channels"):
+        transform(torch.rand(2, 1, 32, 32), unused)
 
 
 def test_holdout_rows_are_disjoint_sorted_and_seeded() -> None:
@@ -387,7 +437,6 @@ def test_the_timm_recipe_mixes_averages_and_accumulates_reproducibly(ctx, monkey
     steps counted are optimizer steps, the mixing runs on each even batch, the same seed gives
     the same weights, the weights kept are the average's, and the caller's random state is
     left as it was."""
-    import numpy as np
 
     from stitch_nas.finetune import _train
 
@@ -430,4 +479,34 @@ def test_the_timm_recipe_mixes_averages_and_accumulates_reproducibly(ctx, monkey
     plain, _ = finetune(
         ctx, build(ctx, STITCH), teacher, dataclasses.replace(recipe, model_ema=False)
     )
+    assert any(not torch.equal(v, plain.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+def test_timms_training_transform_trains_reproducibly_and_leaves_the_callers_state(
+    ctx, monkeypatch
+) -> None:
+    from stitch_nas.finetune import _augment
+
+    calls = []
+    make = _augment.timm_train_transform
+
+    def counting(size, aa, scale):
+        transform = make(size, aa, scale)
+
+        def call(image):
+            calls.append(image.size)
+            return transform(image)
+
+        return call
+
+    monkeypatch.setattr(_augment, "timm_train_transform", counting)
+    recipe = FinetuneRecipe(**QUICK, aa="rand-m9-mstd0.5", scale=(0.5, 1.0))  # type: ignore[arg-type]
+    teacher = Teacher(ctx.zoo, ["vit"], 2.0)
+    python_state = random.getstate()
+    a, report = finetune(ctx, build(ctx, STITCH), teacher, recipe)
+    assert random.getstate() == python_state
+    assert len(calls) == report.images_seen  # every training image, nothing held out
+    b, _ = finetune(ctx, build(ctx, STITCH), teacher, recipe)
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    plain, _ = finetune(ctx, build(ctx, STITCH), teacher, dataclasses.replace(recipe, aa=None))
     assert any(not torch.equal(v, plain.state_dict()[k]) for k, v in a.state_dict().items())

@@ -19,7 +19,7 @@ from stitch_nas.lazy import lazy_face
 from ._recipe import TRAINS, FinetuneRecipe
 
 if TYPE_CHECKING:
-    from ._augment import Augment, pad_crop_flip
+    from ._augment import Augment, TimmTrainTransform, pad_crop_flip
     from ._choose import FLOOR_BELOW_BEST, Candidate, candidates, choose
     from ._stage import check_stage, finetune_front
     from ._summary import FinetuneStage, Tuned
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Augment": "._augment",
     "pad_crop_flip": "._augment",
+    "TimmTrainTransform": "._augment",
     "FinetuneStage": "._summary",
     "Tuned": "._summary",
     "check_stage": "._stage",
@@ -66,6 +67,7 @@ __all__ = [
     "FinetuneStage",
     "TRAINS",
     "Teacher",
+    "TimmTrainTransform",
     "Tuned",
     "best_models",
     "candidates",

@@ -4,8 +4,8 @@ One frozen dataclass, checked once when it is built, recorded with every network
 (``to_dict``), so a stitched network and a zoo model fine-tuned as the control can be shown to
 have had the identical recipe. The training keys are named as timm's ``train.py`` names them
 (``opt``, ``lr``, ``min_lr``, ``warmup_epochs``, ``warmup_lr``, ``mixup``, ``cutmix``,
-``smoothing``, ``model_ema``, ``model_ema_decay``, ``grad_accum_steps``, ``amp``,
-``channels_last``), and timm's own pieces run them (:mod:`._train`); the defaults are the
+``smoothing``, ``aa``, ``scale``, ``model_ema``, ``model_ema_decay``, ``grad_accum_steps``,
+``amp``, ``channels_last``), and timm's own pieces run them (:mod:`._train`); the defaults are the
 CPU recipe the stage has always run (SGD with Nesterov momentum, cosine to 0, float32).
 """
 
@@ -84,6 +84,13 @@ class FinetuneRecipe:
         augment: Padded random crop (4 pixels) and horizontal flip of training batches, on the
             device; never applied to the held-out slice, validation or test. It suits natural
             images; turn it off where a mirror image means something else (digits, text).
+        aa: timm's auto-augment policy, as its ``train.py``'s ``--aa`` names it
+            (``rand-m9-mstd0.5`` for RandAugment, ``augmix-m5-w3``, ``original``, ``v0``;
+            None: none). With ``aa`` or ``scale`` set, timm's own training transform
+            (``create_transform(is_training=True)``) replaces the padded crop and flip: a random
+            resized crop back to the images' size, a horizontal flip, then the policy.
+        scale: The random resized crop's range of the image's area (``[0.35, 1.0]``; None:
+            timm's ``[0.08, 1.0]`` where ``aa`` is set).
         judge: The split whose held-out slice scores each epoch (early stopping and the
             weights kept): ``val``, the search's validation split (it already chooses the
             front, and no zoo model trained on it), or ``train``, a slice held out of the train
@@ -133,6 +140,8 @@ class FinetuneRecipe:
     amp: bool = False
     channels_last: bool = False
     augment: bool = True
+    aa: str | None = None
+    scale: tuple[float, float] | None = None
     judge: str = "val"
     holdout: float = 1.0
     patience: int = 3
@@ -141,6 +150,8 @@ class FinetuneRecipe:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.scale, list):  # YAML and JSON give a list
+            object.__setattr__(self, "scale", tuple(self.scale))
         checks: dict[str, tuple[bool, str]] = {
             "train": (self.train in TRAINS, f"one of {', '.join(TRAINS)}"),
             "teacher": (
@@ -191,6 +202,20 @@ class FinetuneRecipe:
             "amp": (isinstance(self.amp, bool), "true or false"),
             "channels_last": (isinstance(self.channels_last, bool), "true or false"),
             "augment": (isinstance(self.augment, bool), "true or false"),
+            "aa": (
+                self.aa is None or (isinstance(self.aa, str) and bool(self.aa)),
+                "a timm auto-augment policy such as rand-m9-mstd0.5, or null",
+            ),
+            "scale": (
+                self.scale is None
+                or (
+                    isinstance(self.scale, tuple)
+                    and len(self.scale) == 2
+                    and all(_positive(v) for v in self.scale)
+                    and self.scale[0] <= self.scale[1] <= 1
+                ),
+                "two fractions of the area, low <= high <= 1, such as [0.35, 1.0], or null",
+            ),
             "judge": (self.judge in JUDGES, f"one of {', '.join(JUDGES)}"),
             "holdout": (
                 _positive(self.holdout)
@@ -206,6 +231,13 @@ class FinetuneRecipe:
             if not ok:
                 value = repr(getattr(self, name))[:80]
                 raise ConfigError(f"finetune.recipe.{name}={value} is invalid; use {rule}")
+        if self.aa is not None:
+            _check_policy(self.aa)
+
+    @property
+    def timm_transform(self) -> bool:
+        """Whether training batches go through timm's training transform (``aa`` or ``scale``)."""
+        return self.augment and (self.aa is not None or self.scale is not None)
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as JSON-ready values (what a fine-tuned trial records)."""
@@ -221,3 +253,28 @@ class FinetuneRecipe:
                 f"unknown finetune.recipe key {unknown[0]!r}; use any of {', '.join(sorted(known))}"
             )
         return cls(**data)
+
+
+def _check_policy(aa: str) -> None:
+    """A one-line error for a policy timm cannot build, before any work (timm raises bare
+    asserts and KeyErrors from deep in its parser)."""
+    from PIL import Image, ImageOps
+
+    from ._augment import timm_train_transform
+
+    if "inc1" in aa.split("-"):  # timm's increasing posterize keeps 4 down to 0 bits
+        try:
+            ImageOps.posterize(Image.new("RGB", (1, 1)), 0)
+        except ValueError:
+            raise ConfigError(
+                f"finetune.recipe.aa={aa!r}: timm's increasing posterize (inc1) asks for 0 "
+                "bits, which this Pillow refuses mid-training; drop -inc1 (rand-m9-mstd0.5)"
+            ) from None
+    try:
+        timm_train_transform((32, 32), aa, None)
+    except Exception as error:  # noqa: BLE001 - timm's parser raises asserts, KeyErrors...
+        raise ConfigError(
+            f"finetune.recipe.aa={aa!r} is not a policy timm can build ({type(error).__name__}); "
+            "use one as timm's train.py --aa, such as rand-m9-mstd0.5, augmix-m5-w3 or "
+            "original"
+        ) from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -37,7 +38,7 @@ from stitch_nas.activations import StitchContext, to_device
 from stitch_nas.report import wilson_interval
 from stitch_nas.stitching import StitchedNet
 
-from ._augment import Augment, pad_crop_flip
+from ._augment import Augment, TimmTrainTransform, pad_crop_flip
 from ._recipe import FinetuneRecipe
 from ._teacher import Teacher
 
@@ -242,19 +243,24 @@ def finetune(
         net: The network to start from (left as it is).
         teacher: Soft targets per batch.
         recipe: What trains and how.
-        augment: Replaces the padded crop and flip when ``recipe.augment`` is on (a user's own
-            transform: ``(images, generator) -> images``).
+        augment: Replaces the padded crop and flip, or timm's transform (``recipe.aa``,
+            ``recipe.scale``), when ``recipe.augment`` is on (a user's own transform:
+            ``(images, generator) -> images``).
         progress: Called with one line per epoch.
     """
     cuda = [ctx.device] if ctx.device.type == "cuda" else []
-    numpy_state = np.random.get_state()  # timm's Mixup draws from NumPy's global generator
+    # timm's Mixup draws from NumPy's global generator, its training transform from Python's,
+    # NumPy's and torch's
+    numpy_state, python_state = np.random.get_state(), random.getstate()
     with torch.random.fork_rng(devices=cuda):  # the caller's random state is left as it was
         torch.manual_seed(recipe.seed)  # dropout, drop-path: the same draws in any process
         np.random.seed(recipe.seed)
+        random.seed(recipe.seed)
         try:
             return _train_copy(ctx, net, teacher, recipe, augment, progress)
         finally:
             np.random.set_state(numpy_state)
+            random.setstate(python_state)
 
 
 def _train_copy(
@@ -289,7 +295,9 @@ def _train_copy(
     mixing = _mixup(recipe, ctx.num_classes)
     shuffle = torch.Generator().manual_seed(recipe.seed)
     crops = torch.Generator().manual_seed(recipe.seed + 1)
-    transform = augment or pad_crop_flip
+    transform = augment or (
+        TimmTrainTransform(recipe.aa, recipe.scale) if recipe.timm_transform else pad_crop_flip
+    )
     if recipe.channels_last:  # else each part keeps the layout the context gave its model
         student = student.to(memory_format=torch.channels_last)
     ema = None
