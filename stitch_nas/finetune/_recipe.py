@@ -86,7 +86,8 @@ class FinetuneRecipe:
             images; turn it off where a mirror image means something else (digits, text).
         aa: timm's auto-augment policy, as its ``train.py``'s ``--aa`` names it
             (``rand-m9-mstd0.5`` for RandAugment, ``augmix-m5-w3``, ``original``, ``v0``;
-            None: none). With ``aa`` or ``scale`` set, timm's own training transform
+            None: none; ``-inc1`` is refused where Pillow refuses its 0-bit posterize). With
+            ``aa`` or ``scale`` set, timm's own training transform
             (``create_transform(is_training=True)``) replaces the padded crop and flip: a random
             resized crop back to the images' size, a horizontal flip, then the policy.
         scale: The random resized crop's range of the image's area (``[0.35, 1.0]``; None:
