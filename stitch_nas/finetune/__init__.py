@@ -21,6 +21,7 @@ from ._recipe import TRAINS, FinetuneRecipe
 if TYPE_CHECKING:
     from ._augment import Augment, TimmTrainTransform, pad_crop_flip
     from ._choose import FLOOR_BELOW_BEST, Candidate, candidates, choose
+    from ._holdout import holdout_rows, judging_rows
     from ._stage import check_stage, finetune_front
     from ._summary import FinetuneStage, Tuned
     from ._teacher import Teacher, best_models, make_teacher
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
         distillation_loss,
         finetune,
         holdout_flatters,
-        holdout_rows,
-        judging_rows,
         trained_parts,
     )
 
@@ -53,8 +52,8 @@ _LAZY = {
     "distillation_loss": "._train",
     "finetune": "._train",
     "holdout_flatters": "._train",
-    "holdout_rows": "._train",
-    "judging_rows": "._train",
+    "holdout_rows": "._holdout",
+    "judging_rows": "._holdout",
     "trained_parts": "._train",
 }
 

@@ -39,6 +39,7 @@ from stitch_nas.report import wilson_interval
 from stitch_nas.stitching import StitchedNet
 
 from ._augment import Augment, TimmTrainTransform, pad_crop_flip
+from ._holdout import judging_rows, nearest_share
 from ._recipe import FinetuneRecipe
 from ._teacher import Teacher
 
@@ -46,8 +47,7 @@ __all__ = [
     "FinetuneReport",
     "distillation_loss",
     "finetune",
-    "holdout_rows",
-    "judging_rows",
+    "holdout_flatters",
     "trained_parts",
 ]
 
@@ -94,37 +94,10 @@ def holdout_flatters(report: FinetuneReport, validation: float, val_images: int)
     if report.holdout_images < 1 or val_images < 1:
         return False
     low, _ = wilson_interval(
-        _share(report.initial_holdout, report.holdout_images), report.holdout_images
+        nearest_share(report.initial_holdout, report.holdout_images), report.holdout_images
     )
-    _, high = wilson_interval(_share(validation, val_images), val_images)
+    _, high = wilson_interval(nearest_share(validation, val_images), val_images)
     return low > high
-
-
-def _share(accuracy: float, n: int) -> float:
-    """``accuracy`` as the nearest whole count of ``n`` images, over ``n`` (a figure rounded on
-    its way, e.g. a float32 mean, must not stop a printout)."""
-    return min(max(round(accuracy * n), 0), n) / n
-
-
-def holdout_rows(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted row indices of a split of ``n``: (the rest, the held-out rows), seeded."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    held = max(1, min(n - 1, round(n * fraction)))
-    return order[held:].sort().values, order[:held].sort().values
-
-
-def judging_rows(ctx: StitchContext, recipe: FinetuneRecipe) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Rows of the train split trained on, rows of the ``recipe.judge`` split that judge)."""
-    n = len(ctx.split("train"))
-    if recipe.judge == "train":
-        return holdout_rows(n, recipe.holdout, recipe.seed)
-    val = len(ctx.split("val"))
-    held = (
-        torch.arange(val)
-        if recipe.holdout == 1
-        else holdout_rows(val, recipe.holdout, recipe.seed)[1]
-    )
-    return torch.arange(n), held
 
 
 def trained_parts(net: StitchedNet, train: str) -> list[nn.Module]:
@@ -310,7 +283,7 @@ def _train_copy(
     student.eval()
     initial = best = _accuracy(ctx, student, recipe.judge, held_rows, recipe.batch_size)
     # beyond the start's interval, an epoch moved it (stop_unmoved)
-    _, moved = wilson_interval(_share(initial, len(held_rows)), len(held_rows))
+    _, moved = wilson_interval(nearest_share(initial, len(held_rows)), len(held_rows))
     best_state = copy.deepcopy(student.state_dict())
     best_epoch, since_best, steps, seen, stopped = 0, 0, 0, 0, "epochs"
     start = time.perf_counter()
