@@ -77,7 +77,7 @@ class TimmTrainTransform:
     def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         from PIL import Image
 
-        n, c, h, w = images.shape
+        _, c, h, w = images.shape
         if c != 3:
             raise DataError(
                 f"finetune.recipe.aa / scale take RGB images, but the train split's have {c} "
