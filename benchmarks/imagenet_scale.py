@@ -24,9 +24,10 @@ default cache budget), locally or on Ray workers of one CPU each (a local Ray st
 run; one run per count in ``--workers``). Every process the run starts is watched
 (:mod:`process_tree`): its peak resident set, and the growth of ``/dev/shm`` (the object store).
 Per run: seconds to the first finished trial, trials per hour over the trials' phase (complete
-trials: a repeat of a sampled config measures no network), and, for local runs, each trial over
-one plain forward pass of its own network over the same probe and validation images (median over
-the trials that met their first model's validation split first: ``trial_over_forward_cold``),
+trials: a repeat of a sampled config measures no network), and, for local runs (null in Ray
+rows), each trial over one plain forward pass of its own network over the same probe and
+validation images (median over the trials that met their first model's validation split
+first: ``trial_over_forward_cold``),
 and over the passes such a trial cannot avoid (``trial_over_necessary_cold``: its first model up
 to the cut over the probe, its second model up to the joint over the probe where no earlier
 trial read it, and the network over the validation split; a network whose second model is dear
@@ -122,7 +123,8 @@ def size_folder(root: Path, val: int) -> Path:
 
 
 # -- one run, in its own process --------------------------------------------------------------
-def _zoo(names: list[str]):  # type: ignore[no-untyped-def]
+def timm_zoo(names: list[str]):  # type: ignore[no-untyped-def]
+    """The zoo: each named timm architecture, random weights from seed 0, 1,000 classes."""
     import torch
 
     from stitch_nas.zoo import Zoo, from_timm
@@ -191,7 +193,7 @@ def run_one(
         cache = ActivationCache(
             memory_gb=args.cache_gb, spill_dir=args.cache_dir, device=args.device
         )
-    zoo = _zoo(args.models.split(","))
+    zoo = timm_zoo(args.models.split(","))
     ctx = StitchContext(zoo, data, device=args.device, autocast=autocast, cache=cache)
     # random weights score at chance: with pruning on, nearly every trial would stop at the
     # probe or the gate's slice; off, each is measured on the whole split, the cost at issue
@@ -243,7 +245,9 @@ def run_one(
         import ray
 
         ray.shutdown()
-        return row
+        # not timed: a worker's trials ran on one thread in its own process, and a forward
+        # pass timed here, on --threads threads, would not be their twin
+        return row | {"trial_over_forward_cold": None, "trial_over_necessary_cold": None}
     ratios, necessary, seen, joints = [], [], set(), set()
     for trial in sorted(done, key=lambda t: t.number):
         config = StitchConfig.from_dict(trial.user_attrs[attrs.CONFIG])
