@@ -17,30 +17,28 @@ The data: a generated ImageNet-style folder (``train/<synset>/*.JPEG``, ``val/<s
 ``2N`` (its two halves are the validation and test splits) and the probe ``--probe`` images of
 ``train/``, all read through :func:`stitch_nas.data.load_split_folders` batch by batch.
 
-Each (executor, size) runs in its own process: the zoo's reference figures on the validation
-split, then ``--trials`` trials of the pairwise least-squares space (random sampler, seed 0,
-pruning off: random weights score at chance, and the cost at issue is a whole trial's; the
-default cache budget), locally or on Ray workers of one CPU each (a local Ray started by the
-run; one run per count in ``--workers``). Every process the run starts is watched
-(:mod:`process_tree`): its peak resident set, and the growth of ``/dev/shm`` (the object store).
-Per run: seconds to the first finished trial, trials per hour over the trials' phase (complete
-trials: a repeat of a sampled config measures no network), and, for local runs (null in Ray
-rows), each trial over one plain forward pass of its own network over the same probe and
-validation images (median over the trials that met their first model's validation split
-first: ``trial_over_forward_cold``),
-and over the passes such a trial cannot avoid (``trial_over_necessary_cold``: its first model up
-to the cut over the probe, its second model up to the joint over the probe where no earlier
-trial read it, and the network over the validation split; a network whose second model is dear
-up to the joint and first model cheap needs far more than its own forward pass), and
-``cores_busy_in_trials``, the machine's busy cores over the trials' phase (every process:
-workers, their image decoders, the driver; on a machine where nothing else runs).
-``ray_2_over_1`` is Ray's trials per hour at two workers over one at each size where both ran,
-and ``ray_over_local`` the most workers' over the local run's (which uses ``--threads``
-threads). ``--append`` keeps the runs already in ``--results`` (a rerun of the same executor,
-workers and size replaces its row) and recomputes the summaries over all of them; the file is
-written after every run. ``--cache-dir DIR`` gives each run a new spill folder under ``DIR``,
-shared by that run's driver and workers and by no other run. ``--rows LOG`` takes the rows a
-run printed before it was stopped (marked ``from_printed_rows``).
+Each (executor, size) runs in its own process: the zoo's reference figures on the validation split,
+then ``--trials`` trials of the pairwise least-squares space (random sampler, seed 0, pruning off:
+random weights score at chance, and the cost at issue is a whole trial's; the default cache
+budget), locally or on Ray workers of one CPU each (a local Ray started by the run; one run per
+count in ``--workers``). Every process the run starts is watched (:mod:`process_tree`): its peak
+resident set, and the growth of ``/dev/shm`` (the object store). Per run: seconds to the first
+finished trial, trials per hour over the trials' phase (complete trials: a repeat of a sampled
+config measures no network), and, for local runs (null in Ray rows), each trial over one plain
+forward pass of its own network over the same probe and validation images (median over the trials
+that met their first model's validation split first: ``trial_over_forward_cold``), and over the
+passes such a trial cannot avoid (``trial_over_necessary_cold``: its first model up to the cut over
+the probe, its second model up to the joint over the probe where no earlier trial read it, and the
+network over the validation split; a network whose second model is dear up to the joint and first
+model cheap needs far more than its own forward pass), and ``cores_busy_in_trials``, the machine's
+busy cores over the trials' phase (every process: workers, their image decoders, the driver; on a
+machine where nothing else runs). ``ray_2_over_1`` is Ray's trials per hour at two workers over one
+at each size where both ran, and ``ray_over_local`` the most workers' over the local run's (which
+uses ``--threads`` threads). ``--append`` keeps the runs already in ``--results`` (a rerun of the
+same executor, workers and size replaces its row) and recomputes the summaries over all of them;
+the file is written after every run. ``--cache-dir DIR`` gives each run a new spill folder under
+``DIR``, shared by that run's driver and workers and by no other run. ``--rows LOG`` takes the rows
+a run printed before it was stopped (marked ``from_printed_rows``).
 
 A GPU section (trials per second at 224 px on one GPU, bfloat16 autocast's speed-up and
 agreement) runs with ``--gpu`` where CUDA is available; otherwise ``"gpu"`` records why it did
