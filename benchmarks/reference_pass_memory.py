@@ -41,8 +41,8 @@ def one(folder: str, size: int, probe: int, model: str, keep: int | None) -> dic
     from stitch_nas.data import load_split_folders
     from stitch_nas.search._loop import measure_references
 
-    if keep is not None:  # every caller takes the default mark, so change it there
-        machine.release_freed_memory.__defaults__ = (keep,)
+    if keep is not None:  # the passes release above the module's mark
+        machine.RELEASED_ABOVE = keep
     machine.reuse_freed_memory()  # as the command line sets up its process
     torch.set_num_threads(1)
     view = imagenet_scale.size_folder(Path(folder), size)

@@ -166,9 +166,10 @@ def reuse_freed_memory(largest: int = REUSED_BYTES, arenas: int = ARENAS) -> boo
     )
 
 
-def release_freed_memory(keep: int = RELEASED_ABOVE) -> bool:
+def release_freed_memory(keep: int | None = None) -> bool:
     """Give the system back the freed memory glibc's heaps hold (``malloc_trim``) once more
-    than ``keep`` bytes of it is resident; returns whether it did.
+    than ``keep`` bytes of it is resident (None: :data:`RELEASED_ABOVE`, read at each call, so
+    a process may set its own mark); returns whether it did.
 
     :func:`reuse_freed_memory` keeps freed blocks for the next batch, but a heap only returns
     its free top to the system: a freed block with a block in use above it stays resident. Over
@@ -208,7 +209,7 @@ def release_freed_memory(keep: int = RELEASED_ABOVE) -> bool:
         if _BESIDE_HEAP[0] is None:
             _BESIDE_HEAP[0] = anonymous - in_use - info.fordblks
         resident_free = anonymous - in_use - _BESIDE_HEAP[0]
-    if resident_free <= keep:
+    if resident_free <= (RELEASED_ABOVE if keep is None else keep):
         return False
     libc.malloc_trim(0)
     _BESIDE_HEAP[0] = _anonymous_resident_bytes() - in_use

@@ -147,6 +147,24 @@ def test_freed_memory_beyond_what_is_kept_goes_back_to_the_system():
     assert beyond["after_release"] < 1, beyond
 
 
+# the same child, the mark set for the whole process (as a driver that runs no trial may)
+# rather than passed to the call
+_MODULE_MARK_CHILD = _RELEASE_CHILD.replace(
+    "released = release_freed_memory(keep=int(sys.argv[1]) * SIZE)",
+    "import stitch_nas.machine as machine\n"
+    "machine.RELEASED_ABOVE = int(sys.argv[1]) * SIZE\n"
+    "released = release_freed_memory()",
+)
+
+
+@pytest.mark.skipif(not GLIBC, reason="release_freed_memory calls glibc's malloc_trim")
+def test_a_process_may_set_its_own_mark():
+    assert _MODULE_MARK_CHILD != _RELEASE_CHILD
+    within, beyond = _child("16", _MODULE_MARK_CHILD), _child("1", _MODULE_MARK_CHILD)
+    assert within["kept_blocks"] > 7 and not within["released"], within
+    assert beyond["released"] and beyond["after_release"] < 1, beyond
+
+
 # a child process: the blocks above are freed and released; then released again at once (the
 # free lists still hold them, but none is resident), then filled and freed again and released
 _RELEASE_AGAIN_CHILD = (
