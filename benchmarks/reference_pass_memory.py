@@ -9,9 +9,10 @@ A Ray driver measures each zoo model on the validation split before the first tr
 with the split. This asks whether that growth is heap memory the pass freed and kept (the
 library gives it back to the system only once more than ``RELEASED_ABOVE`` of it is free) or
 something the pass holds per image: one timm model (random weights, 1,000 classes) measured on
-``imagenet_scale.py``'s generated JPEG folder, each (size, mark) in a fresh process (peak RSS
-from ``getrusage``), at the library's mark and at ``--low-mib``. If the growth is freed memory,
-the low mark's peaks agree across sizes. Writes benchmarks/results/reference_pass_memory.json.
+``imagenet_scale.py``'s generated JPEG folder, each (size, mark) in a fresh process (its peak
+resident set, ``stitch_nas.machine.peak_rss_bytes``), at the library's mark and at
+``--low-mib``. If the growth is freed memory, the low mark's peaks agree across sizes. Writes
+benchmarks/results/reference_pass_memory.json.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -48,10 +48,13 @@ def one(folder: str, size: int, probe: int, model: str, keep: int | None) -> dic
     view = imagenet_scale.size_folder(Path(folder), size)
     data = load_split_folders(view, size=224, probe_size=probe)
     ctx = StitchContext(imagenet_scale.timm_zoo([model]), data, device="cpu")
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    before = machine.peak_rss_bytes()
     measure_references(ctx)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return {"peak_rss_gb_before_pass": round(before, 3), "peak_rss_gb": round(after, 3)}
+    after = machine.peak_rss_bytes()
+    return {
+        "peak_rss_gb_before_pass": round(before / 2**30, 3),
+        "peak_rss_gb": round(after / 2**30, 3),
+    }
 
 
 def main() -> None:
