@@ -40,6 +40,13 @@ class FaultyWorker(TrialWorker):
         return super().evaluate(number, plan, *rest)
 
 
+class NoReferenceWorker(TrialWorker):
+    """A worker whose measuring of a zoo model on its own raises."""
+
+    def reference(self, name: str) -> dict[str, Any]:
+        raise RuntimeError(f"injected: {name} cannot be measured")
+
+
 class NoTrainingWorker(TrialWorker):
     """A worker in which training an SN-Net raises: what it measures was trained elsewhere."""
 

@@ -33,6 +33,7 @@ from stitch_nas.search import (
     StitchObjective,
     StudyWorker,
     TrialOutcome,
+    _loop,
     completed_count,
     create_study,
     evaluate_config,
@@ -42,7 +43,7 @@ from stitch_nas.search import (
 from stitch_nas.search._ray_resources import context_bytes
 from stitch_nas.snnet import SNNETS
 from stitch_nas.stitching import Measurement
-from tests._faults import FaultyWorker, NoTrainingWorker
+from tests._faults import FaultyWorker, NoReferenceWorker, NoTrainingWorker
 from tests._tiny import tiny_context
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -82,12 +83,21 @@ def test_ray_workers_fill_their_own_caches_and_record_what_the_local_executor_do
         return stored[-1]
 
     monkeypatch.setattr(ray, "put", put_and_keep)
+    measured, measure = [], _loop.measure  # what this process, the driver, runs of a network
+
+    def measure_and_count(*args, **kwargs):
+        measured.append(args[1])
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(_loop, "measure", measure_and_count)
     objective = StitchObjective(ctx, **measure_all)
     remote = create_study(objective, tmp_path / "ray", sampler="random", seed=2)
     executor = RayExecutor(workers=2)
     run_search(objective, remote, 4, executor=executor)
 
     assert completed_count(remote) == 4, _states(remote)
+    # the zoo's models on their own were measured on the workers, not here
+    assert measured == [] and len(remote.user_attrs["references"]) == len(ctx.zoo.names())
     assert executor.last_run["mode"] == "workers"  # a study in a file, Ray on this machine
     assert sum(executor.last_run["trials_per_node"].values()) == 4
     # the object store got the zoo and the images once, no activation; the driver computed none
@@ -115,6 +125,12 @@ def test_ray_workers_fill_their_own_caches_and_record_what_the_local_executor_do
     for trial in done:
         local.enqueue_trial(trial.params)
     run_search(local_objective, local, len(done))
+    assert len(measured) == len(ctx.zoo.names())  # the local executor measures them here
+    timed = {"fit_seconds", "eval_seconds"}
+    for here, there in zip(*(s.user_attrs["references"] for s in (local, remote)), strict=True):
+        assert {k: v for k, v in here.items() if k not in timed} == {
+            k: v for k, v in there.items() if k not in timed
+        }
     assert [t.params for t in local.trials] == [t.params for t in done]
     for here, there in zip(local.trials, done, strict=True):
         assert here.state == there.state == Complete and here.values == there.values
@@ -160,6 +176,17 @@ def test_a_crashing_worker_and_a_raising_trial_do_not_stop_the_study(ray_session
     assert all(t.user_attrs[RAY_NODE] == node for t in study.trials if t.state == Complete)
     assert executor.last_run["worker_restarts"] == 1
     assert executor.last_run["failed"] == 2
+
+
+def test_a_worker_failing_to_measure_a_zoo_model_stops_the_search_before_any_trial(
+    ray_session, ctx, tmp_path
+):
+    objective = StitchObjective(ctx)
+    study = create_study(objective, tmp_path / "run", sampler="random", seed=3)
+    executor = RayExecutor(workers=2, worker_class=NoReferenceWorker)
+    with pytest.raises(errors.StitchNASError, match="measuring the zoo's models on the Ray"):
+        run_search(objective, study, 2, executor=executor)
+    assert study.trials == [] and "references" not in study.user_attrs
 
 
 def test_a_joint_snnet_trains_once_on_the_driver_and_reaches_the_workers(ray_session, tmp_path):

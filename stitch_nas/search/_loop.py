@@ -1,5 +1,5 @@
-"""The loop that runs a study: zoo references first, then trials one by one in this process
-or on the executor the settings name (Ray workers), until the requested total is reached.
+"""The loop that runs a study: zoo references first, then trials one by one in this process,
+or both on the executor the settings name (Ray workers), until the requested total is reached.
 
 The total counts distinct networks: a proposal that repeats an evaluated config, or a zoo model
 on its own, is recorded as a cheap PRUNED trial that does not count
@@ -105,7 +105,9 @@ def check_budget_reachable(objective: StitchObjective) -> None:
 
 
 class Executor(Protocol):
-    """Runs trials of ``objective`` until ``study`` holds ``n_trials`` finished ones."""
+    """Runs trials of ``objective`` until ``study`` holds ``n_trials`` finished ones, having
+    first measured the zoo's references (:func:`measure_references`) where the study lacks
+    them (``attrs.REFERENCES``)."""
 
     def run(
         self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
@@ -134,13 +136,13 @@ def run_search(
             :class:`~stitch_nas.search.RayExecutor` runs them on Ray workers.
     """
     check_at_least(n_trials, "n_trials", 1)  # search.trials' check
+    check_budget_reachable(objective)  # costs only: before any network runs
+    objective.repeats = 0
+    if executor is not None:  # it measures the references where its trials run
+        return executor.run(objective, study, n_trials, progress=progress)
     if attrs.REFERENCES not in study.user_attrs:
         refs = measure_references(objective.ctx, latency=objective.latency)
         study.set_user_attr(attrs.REFERENCES, refs)
-    check_budget_reachable(objective)
-    objective.repeats = 0
-    if executor is not None:
-        return executor.run(objective, study, n_trials, progress=progress)
     from tqdm.auto import tqdm
 
     done = completed_count(study)

@@ -29,6 +29,7 @@ from ._evaluate import (
     evaluate_plan,
     exception_line,
 )
+from ._loop import measure_references
 from ._ray_shared import SharedContext, import_ray, install_shipped
 
 __all__ = ["START_TIMEOUT_S", "TrialWorker"]
@@ -82,6 +83,11 @@ class TrialWorker:
         install_shipped(self.ctx, networks or [])
         outcome = evaluate_plan(self.ctx, plan, self.evaluation)
         return {**outcome.to_dict(), "node": self.node}
+
+    def reference(self, name: str) -> dict[str, Any]:
+        """Zoo model ``name`` on its own, measured here as the search's trials are
+        (:func:`~stitch_nas.search.measure_references`): its row of the study's references."""
+        return measure_references(self.ctx, [name], latency=self.evaluation.latency)[0]
 
     def cache_stats(self) -> dict[str, int]:
         """Counters of this worker's activation cache (:meth:`ActivationCache.stats`)."""
@@ -157,6 +163,23 @@ class _Pool:
             )
             self.replace(pending.worker)
             return TrialOutcome("fail", reason=f"worker died: {type(exc).__name__}")
+
+    def references(self, names: list[str]) -> list[dict[str, Any]]:
+        """Each of the zoo models ``names`` on its own (:meth:`TrialWorker.reference`), spread
+        over the workers (an actor runs its calls one by one); the rows in that order.
+
+        Raises:
+            StitchNASError: A worker raised or died; no trial has started.
+        """
+        refs = [
+            self.actors[i % len(self.actors)].reference.remote(name) for i, name in enumerate(names)
+        ]
+        try:
+            return list(self.ray.get(refs))
+        except self.ray.exceptions.RayError as exc:
+            raise StitchNASError(
+                f"measuring the zoo's models on the Ray workers failed: {exception_line(exc)}"
+            ) from exc
 
     def replace(self, index: int) -> None:
         try:
