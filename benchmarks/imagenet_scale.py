@@ -454,6 +454,24 @@ def _write(args: argparse.Namespace, runs: list[dict[str, Any]], gpu: dict) -> d
                 )
             )
         },
+        # the same for the command's own process (a Ray run's driver), where rows have it
+        "root_peak_rss_growth": {
+            e if e == "local" else f"{e}_{w}": round(
+                rows[-1]["root_peak_rss_gb"] / rows[0]["root_peak_rss_gb"], 3
+            )
+            for e, w in sorted({(r["executor"], r["workers"]) for r in runs})
+            if (
+                rows := sorted(
+                    (
+                        r
+                        for r in runs
+                        if (r["executor"], r["workers"]) == (e, w) and r.get("root_peak_rss_gb")
+                    ),
+                    key=lambda r: r["val_images"],
+                )
+            )
+            and len(rows) > 1
+        },
         "trial_over_forward_cold_max": max(
             (r["trial_over_forward_cold"] for r in local if r.get("trial_over_forward_cold")),
             default=None,

@@ -122,9 +122,12 @@ class ProcessTree:
 
     def summary(self) -> dict:
         """Each process's peak RSS and largest anonymous RSS seen in GB (largest peak first,
-        by name) and the object store's peak."""
+        by name), the command's own process's peak (a Ray driver's) and the object store's
+        peak."""
         rows = sorted(self.peaks.values(), key=lambda row: -row[1])
+        root = self.peaks.get(self.root)
         return {
+            "root_peak_rss_gb": None if root is None else round(root[1] / 1e9, 3),
             "peak_rss_gb_per_process": [round(hwm / 1e9, 3) for _, hwm, _ in rows],
             "peak_anon_rss_gb_per_process": [round(anon / 1e9, 3) for _, _, anon in rows],
             "process_names": [name for name, _, _ in rows],
