@@ -10,6 +10,7 @@ from stitch_nas.activations import StitchContext
 from stitch_nas.config import AdapterSpec, Fragment, StitchConfig
 from stitch_nas.errors import ConfigError
 from stitch_nas.search import StitchObjective, evaluate_config, seed_study
+from stitch_nas.search._loop import measure_references
 from stitch_nas.stitching import least_squares_version, measure, probe_accuracy
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -296,3 +297,21 @@ def test_the_default_threshold_prunes_a_stitch_at_chance_and_keeps_a_good_one(ct
     assert kept.user_attrs["config"] == good.to_dict()
     assert kept.state == optuna.trial.TrialState.COMPLETE
     assert kept.user_attrs["probe_accuracy"] >= floor
+
+
+def test_seeding_has_the_zoos_references_measured_where_the_executor_runs_trials(ctx):
+    class Workers:  # an executor's face to seeding: it measures where its trials would run
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def references(self, objective: StitchObjective) -> list[dict]:
+            self.asked += 1
+            rows = measure_references(objective.ctx, latency=objective.latency)
+            return [{**row, "accuracy": 0.5} for row in rows]  # told apart from this process's
+
+    objective = StitchObjective(ctx, probe_threshold=0.0)  # the pairwise space: proposals
+    study = optuna.create_study(directions=objective.directions)
+    workers = Workers()
+    assert seed_study(study, objective, 2, seed=0, executor=workers) == 2
+    assert workers.asked == 1
+    assert [r["accuracy"] for r in study.user_attrs["references"]] == [0.5] * len(ctx.zoo.names())

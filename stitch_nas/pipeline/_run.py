@@ -217,6 +217,7 @@ def _search(
             pool=search.seed_pool,
             echo=echo,
             progress=progress,
+            executor=executor,
         )
     if search.proxy_candidates > 1:  # the probe in the loop: scored proposals, the best measured
         study.sampler = proxy_sampler(

@@ -32,6 +32,7 @@ __all__ = [
     "check_budget_reachable",
     "cost_floor",
     "measure_references",
+    "record_references",
     "run_search",
 ]
 
@@ -54,6 +55,20 @@ def measure_references(
         _, m = measure(ctx, StitchConfig.single(name), latency=latency)
         rows.append({"name": name, **{k: v for k, v in m.to_dict().items() if v is not None}})
     return rows
+
+
+def record_references(
+    study: optuna.Study, objective: StitchObjective, executor: Executor | None = None
+) -> None:
+    """Store the zoo's references on ``study`` (``attrs.REFERENCES``) unless it has them:
+    measured here (:func:`measure_references`), or on ``executor``'s workers."""
+    if attrs.REFERENCES in study.user_attrs:
+        return
+    if executor is None:
+        refs = measure_references(objective.ctx, latency=objective.latency)
+    else:
+        refs = executor.references(objective)
+    study.set_user_attr(attrs.REFERENCES, refs)
 
 
 def cost_floor(objective: StitchObjective) -> dict[str, tuple[float, str]]:
@@ -113,6 +128,10 @@ class Executor(Protocol):
         self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
     ) -> optuna.Study: ...
 
+    def references(self, objective: StitchObjective) -> list[dict]:
+        """The zoo's references (:func:`measure_references`), measured where trials run."""
+        ...
+
 
 def run_search(
     objective: StitchObjective,
@@ -140,9 +159,7 @@ def run_search(
     objective.repeats = 0
     if executor is not None:  # it measures the references where its trials run
         return executor.run(objective, study, n_trials, progress=progress)
-    if attrs.REFERENCES not in study.user_attrs:
-        refs = measure_references(objective.ctx, latency=objective.latency)
-        study.set_user_attr(attrs.REFERENCES, refs)
+    record_references(study, objective)
     from tqdm.auto import tqdm
 
     done = completed_count(study)

@@ -44,10 +44,11 @@ keeps the driver mode, which measured as fast or faster there.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -176,34 +177,24 @@ class RayExecutor:
     def run(
         self, objective: StitchObjective, study: optuna.Study, n_trials: int, *, progress: bool
     ) -> optuna.Study:
-        """Run until ``study`` holds ``n_trials`` finished (complete or pruned) networks."""
+        """Run until ``study`` holds ``n_trials`` finished (complete or pruned) networks, the
+        zoo's references first where the study lacks them (:meth:`_Pool.references`)."""
         mode = self.mode_for(objective, study)  # a bad mode fails before Ray starts
-        ray = import_ray()
-        started = self._start(ray, objective.ctx, max(1, n_trials - completed_count(study)))
-        pool: _Pool | None = None
-        try:
-            start = time.perf_counter()
-            shared = share_context(objective.ctx)
-            pool = _Pool(
-                ray,
-                shared,
-                objective.evaluation_options(),
-                self._resources(objective.ctx),
-                self.worker_class,
-            )
-            pool.start(self.running)
+        with self._pool(objective, max(1, n_trials - completed_count(study))) as pool:
+            before = time.perf_counter()
             if attrs.REFERENCES not in study.user_attrs:  # before any worker opens the study
                 study.set_user_attr(attrs.REFERENCES, pool.references(objective.ctx.zoo.names()))
+            start = time.perf_counter()
             session = None
             if mode == "workers":  # each worker opens the study: start-up, like the pool's
-                session = self._session(ray, objective, study, pool)
+                session = self._session(pool.ray, objective, study, pool)
                 session.open()
             ready, cpu = time.perf_counter(), time.process_time()
             if session is not None:
                 counts = session.drive(n_trials, progress)
             else:
                 counts = drive_trials(
-                    ray,
+                    pool.ray,
                     objective,
                     study,
                     n_trials,
@@ -217,19 +208,47 @@ class RayExecutor:
                 **counts,
                 "mode": mode,
                 "workers": self.running,
-                "startup_seconds": ready - start,
+                "startup_seconds": pool.startup_seconds + ready - start,
+                "references_seconds": start - before,
                 "search_seconds": end - ready,
                 # the driver's own CPU time (asking, sampling, recording): what limits scaling
                 "driver_cpu_seconds": time.process_time() - cpu,
                 "worker_restarts": pool.restarts,
                 "worker_cache": pool.cache_stats(),
             }
+        return study
+
+    def references(self, objective: StitchObjective) -> list[dict[str, Any]]:
+        """The zoo's models on their own, measured on the workers (:meth:`_Pool.references`),
+        for a study that needs them before its first trial (seeding's proposals)."""
+        names = objective.ctx.zoo.names()
+        with self._pool(objective, len(names)) as pool:
+            return pool.references(names)
+
+    @contextlib.contextmanager
+    def _pool(self, objective: StitchObjective, left: int) -> Iterator[_Pool]:
+        """Ray started or joined, :attr:`running` workers started for ``left`` trials or
+        jobs; on the way out the workers stopped and a Ray of our own shut down."""
+        ray = import_ray()
+        started = self._start(ray, objective.ctx, left)
+        pool: _Pool | None = None
+        try:
+            start = time.perf_counter()
+            pool = _Pool(
+                ray,
+                share_context(objective.ctx),
+                objective.evaluation_options(),
+                self._resources(objective.ctx),
+                self.worker_class,
+            )
+            pool.start(self.running)
+            pool.startup_seconds = time.perf_counter() - start
+            yield pool
         finally:
             if pool is not None:
                 pool.stop()
             if started:
                 ray.shutdown()
-        return study
 
     def map(
         self, ctx: StitchContext, fn: Callable[[StitchContext, Any], Any], items: Sequence[Any]

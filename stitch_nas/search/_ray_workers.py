@@ -118,6 +118,7 @@ class _Pool:
         self.actor_class = ray.remote(worker_class)
         self.actors: list[Any] = []
         self.restarts = 0
+        self.startup_seconds = 0.0  #: sharing the context and starting the actors
 
     def _new(self) -> Any:
         cpus = max(1, int(self.resources["num_cpus"]))

@@ -38,7 +38,7 @@ from stitch_nas.errors import LayoutError
 from stitch_nas.fragments import count_params_of
 from stitch_nas.stitching import ProbeScore, keep_probe_score, network_macs, probe_accuracy
 
-from ._loop import measure_references
+from ._loop import Executor, record_references
 from ._runner import StitchObjective
 
 __all__ = ["CANDIDATES_PER_SEED", "MATCHED_SHARE", "pareto_order", "seed_study"]
@@ -79,12 +79,15 @@ def seed_study(
     pool: int | None = None,
     echo: Callable[[str], None] | None = None,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> int:
     """Enqueue on ``study`` the ``count`` configs the probe ranks best; returns how many.
 
     ``pool`` is how many distinct random configs are scored to choose them from (default
     ``4 x count``; at least ``count``). Does nothing on a study that already holds trials (a
-    resumed or joined search) or with ``count`` 0.
+    resumed or joined search) or with ``count`` 0. ``executor``: where the search's trials
+    will run, and so where the zoo's references are measured when the space's proposals need
+    them (None: here).
     """
     if count <= 0 or study.trials:
         return 0
@@ -95,7 +98,7 @@ def seed_study(
     scratch = optuna.create_study(
         directions=objective.directions, sampler=optuna.samplers.RandomSampler(seed=seed)
     )
-    proposals = _proposals(study, objective)
+    proposals = _proposals(study, objective, executor)
     for params in proposals:  # asked first: scratch trials 0 .. len - 1
         scratch.enqueue_trial(params)
     seen: set[str] = set()
@@ -146,14 +149,14 @@ def seed_study(
     return len(chosen)
 
 
-def _proposals(study: optuna.Study, objective: StitchObjective) -> list[dict]:
-    """The space's own proposals, given the zoo models' validation accuracy (measured here
-    for the study when the space has proposals; the search would measure them next)."""
+def _proposals(
+    study: optuna.Study, objective: StitchObjective, executor: Executor | None
+) -> list[dict]:
+    """The space's own proposals, given the zoo models' validation accuracy (measured for the
+    study when the space has proposals, where the search would measure them next)."""
     propose = getattr(objective.space, "proposals", None)
     if propose is None:
         return []
-    if attrs.REFERENCES not in study.user_attrs:
-        refs = measure_references(objective.ctx, latency=objective.latency)
-        study.set_user_attr(attrs.REFERENCES, refs)
+    record_references(study, objective, executor)
     accuracy = {r["name"]: float(r["accuracy"]) for r in study.user_attrs[attrs.REFERENCES]}
     return propose(objective.ctx, accuracy, **objective.space_options)
