@@ -116,6 +116,27 @@ def test_a_fits_working_memory_does_not_grow_with_the_probe():
     assert peaks[1] <= 1.1 * peaks[0] and peaks[0] < whole / 6
 
 
+@pytest.mark.parametrize("layouts", [("nchw", "nchw"), ("nhwc", "nhwc"), ("nchw", "nhwc")])
+def test_a_stitch_into_a_larger_grid_with_fewer_channels_maps_before_it_resizes(layouts):
+    """Mapping first gives the resize-then-map output (a bilinear resize commutes with a
+    per-position affine map) without holding the source's channels at the destination's grid:
+    that intermediate is 40 / 4 = 10 times the stitch's output here."""
+    src_layout, dst_layout = layouts
+    src = _cut(src_layout, (40, 4, 4) if src_layout == "nchw" else (4, 4, 40))
+    dst = _cut(dst_layout, (4, 32, 32) if dst_layout == "nchw" else (32, 32, 4))
+    stitch = fit_lstsq(torch.randn(8, *src.shape), torch.randn(8, *dst.shape), src, dst)
+    assert stitch.map_first
+    x = torch.randn(8, *src.shape)
+    resized_first = torch.nn.functional.linear(stitch.align(x), stitch.weight, stitch.bias)
+    if dst_layout == "nchw":
+        resized_first = resized_first.permute(0, 3, 1, 2)
+    with torch.no_grad(), PeakTensorBytes() as mode:
+        out = stitch(x)
+    torch.testing.assert_close(out, resized_first, rtol=1e-4, atol=1e-5)
+    aligned_bytes = 8 * 40 * 32 * 32 * 4  # the source's channels on the destination's grid
+    assert mode.peak < aligned_bytes / 3
+
+
 def test_resizes_to_the_destination_grid_and_converts_layouts():
     x = torch.randn(32, 6, 8, 8)
     y = torch.randn(32, 4, 4, 7)  # nhwc destination, 4x4 grid, 7 channels

@@ -150,8 +150,24 @@ class LinearStitch(nn.Module):
         self.dst_layout = dst.layout
         self.weight = nn.Parameter(torch.zeros(dst.channels, src.channels))
         self.bias = nn.Parameter(torch.zeros(dst.channels))
+        # A bilinear resize mixes each channel's positions with weights that sum to one, so it
+        # commutes with the per-position affine map. Mapping first resizes the destination's
+        # channels rather than the source's: an efficientnet_b0 head (1280 channels at 7x7)
+        # into a resnet18 stem (64 at 112x112) would otherwise hold 20 times the destination
+        # activation per image, beyond what the batch size was chosen for.
+        self.map_first = (
+            src.layout in _GRID
+            and dst.join_layout != "vector"
+            and src.spatial != dst.spatial
+            and dst.channels < src.channels
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.map_first:
+            rows = x if self.align.src_layout == "nhwc" else x.permute(0, 2, 3, 1)
+            mapped = F.linear(rows, self.weight, self.bias).permute(0, 3, 1, 2)
+            y = _resize_grid(mapped, self.align.dst_size())
+            return y if self.dst_layout == "nchw" else y.permute(0, 2, 3, 1)
         y = F.linear(self.align(x), self.weight, self.bias)
         return y.permute(0, 3, 1, 2) if self.dst_layout == "nchw" else y
 
