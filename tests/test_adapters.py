@@ -388,3 +388,34 @@ def test_a_kind_registered_without_training_options_is_initialised_and_not_train
         assert fit.report is None and isinstance(fit.adapter, torch.nn.Conv2d)
     finally:
         ADAPTERS._entries.pop("conv5x5_plain")
+
+
+@pytest.mark.parametrize("kind", ["linear", "linear_relu", "transformer_block"])
+@pytest.mark.parametrize("norm", ["batch", "none"])
+def test_a_trained_adapter_into_a_larger_grid_maps_before_it_resizes(kind, norm):
+    """Its channel map (and a BatchNorm as it stands) commutes with the bilinear resize, so
+    mapping first gives the resize-then-map output, least squares fits the same map, and the
+    source's 40 channels are never held on the destination's 32x32 grid: 10 times the
+    adapter's output here."""
+    from tests.test_lstsq import PeakTensorBytes
+
+    torch.manual_seed(0)
+    src, dst = CutPoint("a", 0, "nchw", (40, 4, 4)), CutPoint("b", 1, "nchw", (4, 32, 32))
+    x, y = torch.randn(16, 40, 4, 4), torch.randn(16, 4, 32, 32)
+    options = {"norm": norm} | ({"heads": 1} if kind == "transformer_block" else {})
+    module = adapters.create(kind, src, dst, init="lstsq", **options)
+    adapters.initialise(module, x, y, src=src, dst=dst)
+    assert module.map_first
+    module.eval()
+    with torch.no_grad(), PeakTensorBytes() as mapped:
+        out = module(x[:8])
+    module.map_first = module.to_grid.defer = False  # the same adapter resizing first
+    with torch.no_grad(), PeakTensorBytes() as resized:
+        resized_first = module(x[:8])
+    torch.testing.assert_close(out, resized_first, rtol=1e-4, atol=1e-4)
+    source_on_destination = 8 * 40 * 32 * 32 * 4  # bytes
+    assert mapped.peak < resized.peak - source_on_destination / 2
+    wider, same_grid = CutPoint("c", 1, "nchw", (64, 32, 32)), CutPoint("d", 1, "nchw", (4, 4, 4))
+    for other in (wider, same_grid):
+        assert not adapters.create(kind, src, other, **options).map_first
+    assert not adapters.create("conv3x3", src, dst).map_first  # a 3x3 conv reads the grid

@@ -48,9 +48,32 @@ class StitchAdapter(nn.Module):
         self.to_grid = ToGrid(src, size, stride, cls, pool=dst.join_layout == "vector")
         self.pre, self.body, self.post = pre, body, post
         self.from_grid = FromGrid(dst, src, pos)
+        # A bilinear resize mixes each channel's positions with weights that sum to one, so it
+        # commutes with a per-position affine map: a BatchNorm (as it stands) and a body's first
+        # 1x1 conv. Mapping first resizes the map's channels rather than the source's: an
+        # efficientnet_b0 head (1,280 channels at 7x7) into a resnet18 stem (64 at 112x112)
+        # would otherwise hold 20 times the destination activation per image, which the batch
+        # size does not count (as LinearStitch does). A LayerNorm does not commute; a 3x3 conv
+        # or a bottleneck's normalised branch reads the resized grid.
+        self.map_first = (
+            isinstance(body, (LinearBody, TransformerBody))
+            and isinstance(pre, (nn.BatchNorm2d, nn.Identity))
+            and stride == 1
+            and not self.to_grid.pool
+            and self.to_grid.side != size
+            and dst.channels < self.to_grid.channels
+        )
+        self.to_grid.defer = self.map_first
+
+    def inner(self, grid: torch.Tensor) -> torch.Tensor:
+        """The body on ``to_grid``'s output after the pre-norm, resized where it maps first."""
+        if not self.map_first:
+            return self.body(grid)
+        body = cast("LinearBody | TransformerBody", self.body)
+        return body.after_map(self.to_grid.resize(body.linear_part()(grid)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.post(self.body(self.pre(self.to_grid(x))))
+        z = self.post(self.inner(self.pre(self.to_grid(x))))
         return self.from_grid(z, prefix(x, self.src))
 
 
@@ -114,8 +137,12 @@ class LinearBody(nn.Module):
     def linear_part(self) -> nn.Conv2d:
         return self.conv
 
+    def after_map(self, z: torch.Tensor) -> torch.Tensor:
+        """What follows the linear part (``StitchAdapter.inner``)."""
+        return self.act(z)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.conv(x))
+        return self.after_map(self.conv(x))
 
 
 class Conv3x3Body(nn.Module):
@@ -181,7 +208,10 @@ class TransformerBody(nn.Module):
         return self.proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.proj(x)
+        return self.after_map(self.proj(x))
+
+    def after_map(self, z: torch.Tensor) -> torch.Tensor:
+        """What follows the linear part (``StitchAdapter.inner``)."""
         n, c, h, w = z.shape
         tokens = self.block(z.flatten(2).transpose(1, 2))
         return tokens.transpose(1, 2).reshape(n, c, h, w)

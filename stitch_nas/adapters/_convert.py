@@ -5,7 +5,8 @@ Every trained adapter works on an NCHW grid. :class:`ToGrid` brings the source a
 token(s) are dropped or folded in by concatenation onto every patch token, as Traft & Cheney
 do; a vector is a 1x1 grid, and a 1x1 grid destination is joined as the vector it is: the
 source is averaged over its positions) and rescales it to the destination's grid (bilinear, or
-left to a strided conv in the body: "integrated"). :class:`FromGrid` writes the body's output in the
+left to a strided conv in the body: "integrated"; or after the body's channel map, see
+:class:`~._bodies.StitchAdapter`). :class:`FromGrid` writes the body's output in the
 destination's layout; entering a ViT it adds a per-position bias that stands in for the
 destination's position embedding (fitted by least squares) and makes the class token(s) from
 the mean of the patch tokens and the source's own prefix tokens (a linear map, also fitted).
@@ -121,6 +122,8 @@ class ToGrid(nn.Module):
         self.fold = folds(src, cls)
         self.stride = stride
         self.channels = src.channels * (2 if self.fold else 1)
+        #: leave the resize to :meth:`resize`, after the body's channel map (``StitchAdapter``)
+        self.defer = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == "nhwc":
@@ -134,9 +137,13 @@ class ToGrid(nn.Module):
                 x = torch.cat([x, cls[:, :, None, None].expand(-1, -1, *self.side)], dim=1)
         if self.pool:
             return x.mean(dim=(2, 3), keepdim=True)
-        if self.stride == 1 and tuple(x.shape[-2:]) != self.size:
-            x = F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
-        return x
+        return x if self.defer else self.resize(x)
+
+    def resize(self, x: torch.Tensor) -> torch.Tensor:
+        """An NCHW grid at ``size`` (bilinear), where the body does not downsample it itself."""
+        if self.pool or self.stride != 1 or tuple(x.shape[-2:]) == self.size:
+            return x
+        return F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
 
 
 class FromGrid(nn.Module):

@@ -115,17 +115,19 @@ def _lstsq(adapter: StitchAdapter, pairs: Pairs, ridge: float) -> None:
     if isinstance(adapter.pre, nn.BatchNorm2d):  # standardise the probe inputs
         _set_stats(adapter.pre, *_moments(grid for _, _, grid in read()))
     linear = adapter.body.linear_part()  # type: ignore[operator]
-    targets = ((adapter.pre(grid), grid_target(y, dst)) for _, y, grid in read())
+    # on the destination's grid, also where the adapter maps before it resizes (the same map)
+    resized = adapter.to_grid.resize
+    targets = ((resized(adapter.pre(grid)), grid_target(y, dst)) for _, y, grid in read())
     fit_conv_batches(linear, targets, ridge, what)
     if isinstance(adapter.post, nn.BatchNorm2d):  # the identity on the body's outputs
-        mean, var = _moments(adapter.body(adapter.pre(grid)) for _, _, grid in read())
+        mean, var = _moments(adapter.inner(adapter.pre(grid)) for _, _, grid in read())
         _set_stats(adapter.post, mean, var)
         adapter.post.weight.copy_((var + adapter.post.eps).sqrt())
         adapter.post.bias.copy_(mean)
 
     def outputs() -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         for x, y, grid in read():
-            yield x, y, adapter.post(adapter.body(adapter.pre(grid)))
+            yield x, y, adapter.post(adapter.inner(adapter.pre(grid)))
 
     out = adapter.from_grid
     if out.pos_bias is not None:  # the mean residual at each position
