@@ -28,9 +28,10 @@ settings file's, and with ``--finetune`` the fine-tune recipe's too) realzoo_see
 ``../shared/realzoo`` (or ``REALZOO=...``).
 
 With ``--finetune`` the search runs its fine-tune stage with the control on (the settings'
-``finetune:`` section says how; ``control`` is forced on) and writes realzoo_finetune_seedN.json:
-the figures above for the networks after fine-tuning, plus ``before_finetune`` (the same without
-the fine-tuned trials) and ``zoo_finetuned`` (against the zoo's front fine-tuned alike), each
+``finetune:`` section says how; ``control`` is forced on, a list of names kept) and writes
+realzoo_finetune_seedN.json: the figures above for the networks after fine-tuning, plus
+``before_finetune`` (the same without the fine-tuned trials) and ``zoo_finetuned`` (against the
+zoo's front, and any models the control names, fine-tuned alike), each
 with hypervolumes at reference accuracy 0.70, 0.80 and 0.90, and ``finetune_seconds`` (the
 stage's wall time) with ``finetuned``: per network and control model the split that judged it,
 epochs run, optimizer steps, images seen, seconds, validation accuracy before and after (none
@@ -116,7 +117,8 @@ def settings_copy(
     if seed is not None:
         raw.setdefault("search", {})["seed"] = seed
     if finetune:
-        raw.setdefault("finetune", {}).update(enabled=True, control=True)
+        raw.setdefault("finetune", {})["enabled"] = True
+        raw["finetune"]["control"] = raw["finetune"].get("control") or True  # a list stays
         if seed is not None and "finetune.recipe.seed" not in (overrides or {}):
             raw["finetune"].setdefault("recipe", {})["seed"] = seed
     copy = Path(settings).with_name(f".{Path(settings).stem}.seed{seed}.finetune{finetune:d}.yaml")

@@ -37,6 +37,7 @@ __all__ = [
     "check_autocast_name",
     "check_budgets",
     "check_cka_threshold",
+    "check_control",
     "check_device",
     "check_disk_gb",
     "check_fidelity",
@@ -246,6 +247,25 @@ def check_probe_threshold(
 def check_image_size(value: Any, where: str = "size") -> int:
     """``value`` as the side of the square images a data set yields: an integer >= 8 pixels."""
     return check_at_least(value, where, 8, " (image side in pixels)")
+
+
+def check_control(value: Any, where: str = "control") -> bool | list[str]:
+    """``value`` as the fine-tune stage's control: a bool (true: the zoo's front models) or a
+    non-empty list of distinct zoo model names (those and the front's; whether each is a zoo
+    model is checked once the zoo is known: ``stitch_nas.finetune.check_stage``)."""
+    if isinstance(value, bool):
+        return value
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(name, str) and name for name in value)
+        and len(set(value)) == len(value)
+    ):
+        return list(value)
+    raise ConfigError(
+        f"{where}={value!r}: give true (the zoo's front models), false, or a list of distinct "
+        "zoo model names (those and the front's), e.g. [resnet44]"
+    )
 
 
 def check_probe_size(value: Any, where: str = "probe_size") -> int | str | dict[str, int]:

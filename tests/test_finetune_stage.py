@@ -86,6 +86,34 @@ def test_choose_takes_first_the_network_that_fills_most_of_the_zoo_fronts_gaps()
     assert [c.trial.number for c in choose(pool, 2, 0.95, zoo)] == []
 
 
+def test_the_control_is_the_zoo_front_and_the_models_it_names() -> None:
+    """A LeNet, a MobileNet and a ResNet that the MobileNet dominates: the front is the first
+    two; naming the ResNet adds it (a claim against it needs it trained as much)."""
+    from stitch_nas.finetune._stage import control_models
+
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.set_user_attr(attrs.OBJECTIVES, ["accuracy", "macs"])
+    zoo = {"lenet": (0.67, 6.5e5), "mobilenet": (0.936, 1.0e7), "resnet44": (0.93, 9.8e7)}
+    refs = [{"name": n, "accuracy": a, "macs": m} for n, (a, m) in zoo.items()]
+    study.set_user_attr(attrs.REFERENCES, refs)
+
+    def names(control: bool | list[str]) -> list[str]:
+        return [r["name"] for r in control_models(study, control)]
+
+    assert names(False) == []
+    assert names(True) == ["lenet", "mobilenet"]
+    assert names(["resnet44"]) == ["lenet", "mobilenet", "resnet44"]
+    assert names(["mobilenet"]) == ["lenet", "mobilenet"]  # once
+    assert settings_from_dict({"finetune": {"control": ["resnet44"]}}).finetune.control == [
+        "resnet44"
+    ]
+    for bad in ("resnet44", [], ["a", "a"], [3]):
+        with pytest.raises(ConfigError, match=r"finetune.control=.*give true"):
+            settings_from_dict({"finetune": {"control": bad}})
+    with pytest.raises(ConfigError, match=r"finetune.control names 'resnet50', not a zoo model"):
+        check_stage(list(zoo), FinetuneRecipe(), ["resnet50"])
+
+
 def test_a_teacher_the_zoo_lacks_or_too_large_an_ensemble_is_one_line() -> None:
     zoo = ["resnet", "vit"]
     with pytest.raises(ConfigError, match=r"finetune.teacher='convnet' is not a zoo model"):
@@ -95,18 +123,25 @@ def test_a_teacher_the_zoo_lacks_or_too_large_an_ensemble_is_one_line() -> None:
     check_stage(zoo, FinetuneRecipe(teacher="vit", k=3))  # k counts only for the ensemble
 
 
-def test_a_bad_teacher_stops_the_search_before_its_study_exists(
-    capsys, tmp_path, mini_zoo_dir
+@pytest.mark.parametrize(
+    ("stage", "named"),
+    [
+        ("recipe: {teacher: convnet}", "finetune.teacher='convnet'"),
+        ("control: [resnet, resnet50]", "finetune.control names 'resnet50'"),
+    ],
+)
+def test_a_bad_teacher_or_control_stops_the_search_before_its_study_exists(
+    capsys, tmp_path, mini_zoo_dir, stage, named
 ) -> None:
     config = tmp_path / "ft.yaml"
     config.write_text(
         "search: {trials: 4}\n"
         f"zoo: {{cache_dir: {mini_zoo_dir}}}\n"
-        "finetune: {enabled: true, recipe: {teacher: convnet}}\n"
+        f"finetune: {{enabled: true, {stage}}}\n"
     )
     code = main(["search", str(config), "--out", str(tmp_path / "out"), "-q"])
     err = capsys.readouterr().err
-    assert code == 2 and "finetune.teacher='convnet'" in err
+    assert code == 2 and named in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "out" / "study.db").exists()
 

@@ -54,6 +54,7 @@ BAD = {
     "search.heartbeat_s": 0,
     "finetune.networks": 0,
     "finetune.floor": 1.5,
+    "finetune.control": "fattorib_resnet44",  # a list of names, not one name
 }
 
 #: flag -> (its value as typed, the key it sets)

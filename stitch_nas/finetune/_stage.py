@@ -10,8 +10,10 @@ the trial it trains further (``attrs.FINETUNES``) and its weights (``attrs.WEIGH
 safetensors file under ``<folder>/finetuned/``). The test pass, the report and the export then
 treat it like any other trial.
 
-With ``control``, the zoo's own front models (non-dominated among the zoo on validation) are
-fine-tuned with the identical recipe and teacher: a fine-tuned stitched network is then
+With ``control``, the zoo's own front models (non-dominated among the zoo on validation), and
+any zoo models it names, are fine-tuned with the identical recipe and teacher (a claim against
+a model off the front, say a costlier one a network beats, is honest only if that model was
+trained as much too): a fine-tuned stitched network is then
 compared with the zoo as given *and* with the zoo trained as much as it was
 (``attrs.FINETUNE_CONTROL`` on the study; the report states the claims against both).
 
@@ -76,8 +78,16 @@ def _digest(recipe: FinetuneRecipe) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def check_stage(zoo_names: list[str], recipe: FinetuneRecipe) -> None:
+def check_stage(
+    zoo_names: list[str], recipe: FinetuneRecipe, control: bool | Sequence[str] = False
+) -> None:
     """What can be checked of the stage once the zoo is known, before any search work."""
+    for name in [] if isinstance(control, bool) else control:
+        if name not in zoo_names:
+            raise ConfigError(
+                f"finetune.control names {name!r}, not a zoo model; use true or names of "
+                f"{', '.join(zoo_names)}"
+            )
     if recipe.teacher != "ensemble" and recipe.teacher not in zoo_names:
         raise ConfigError(
             f"finetune.teacher={recipe.teacher!r} is not a zoo model; use 'ensemble' or one "
@@ -95,6 +105,16 @@ def check_stage(zoo_names: list[str], recipe: FinetuneRecipe) -> None:
             f"finetune.k={recipe.k} but the zoo has {len(zoo_names)} model(s); use k <= "
             f"{len(zoo_names)}"
         )
+
+
+def control_models(study: optuna.Study, control: bool | Sequence[str]) -> list[dict[str, Any]]:
+    """The zoo references the control trains: none, the front's (``True``), or the front's and
+    those named."""
+    if not control:
+        return []
+    front = _zoo_front(study)
+    named = set() if control is True else set(control) - {str(r["name"]) for r in front}
+    return front + [r for r in zoo_references(study) if r["name"] in named]
 
 
 def _zoo_front(study: optuna.Study) -> list[dict[str, Any]]:
@@ -125,7 +145,7 @@ def finetune_front(
     networks: int = 4,
     floor: float | None = None,
     budgets: Mapping[str, float] | None = None,
-    control: bool = False,
+    control: bool | Sequence[str] = False,
     fuse: bool = False,
     progress: bool = False,
     echo: Callable[[str], Any] = logger.info,
@@ -142,7 +162,8 @@ def finetune_front(
         floor: The validation accuracy they need at least; None: ``FLOOR_BELOW_BEST`` below
             the most accurate zoo model's.
         budgets: The search's budgets (a network the gate pruned for one is not chosen).
-        control: Also fine-tune the zoo's front models with the same recipe.
+        control: Also fine-tune zoo models with the same recipe: the front's (``True``), or
+            the front's and those named (:func:`control_models`).
         fuse: The search's ``fuse`` setting (the networks are rebuilt as it measured them).
         workers: Train the networks there, several at once (``RayExecutor``: one network per
             worker), each with the result it has when trained here; None: one after the
@@ -198,7 +219,7 @@ def finetune_front(
         )
     if control:
         recorded = study.user_attrs.get(attrs.FINETUNE_CONTROL) or {}
-        for ref in _zoo_front(study):
+        for ref in control_models(study, control):
             name = str(ref["name"])
             if (recorded.get(name) or {}).get("finetuned", {}).get("recipe") == recipe.to_dict():
                 continue  # trained with this recipe before (--resume)

@@ -185,7 +185,7 @@ def _prepare(
     if settings.finetune.enabled:
         from stitch_nas.finetune import check_stage
 
-        check_stage(zoo.names(), settings.finetune.recipe)
+        check_stage(zoo.names(), settings.finetune.recipe, settings.finetune.control)
     from ._preflight import check_first_sample
 
     check_first_sample(objective)

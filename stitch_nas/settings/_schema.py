@@ -151,7 +151,9 @@ class FinetuneSettings:
     #: the validation accuracy a network needs to be chosen; null: 0.15 below the most accurate
     #: zoo model's (fine-tuning lifts a stitched network of strong models by that much)
     floor: float | None = None
-    control: bool = False  #: also fine-tune the zoo's front models alike (the honest control)
+    #: also fine-tune zoo models alike (the honest control): true, the zoo's front models; a
+    #: list of names, those and the front's (a claim against a model off the front needs it)
+    control: bool | list[str] = False
     #: how they train: keys of ``FinetuneRecipe`` (train, teacher, k, epochs, lr, ...)
     recipe: FinetuneRecipe = field(default_factory=FinetuneRecipe)
 
@@ -181,8 +183,8 @@ _TYPE_NAMES = {bool: "bool (true or false)", int: "a whole number", float: "a nu
 
 def _typed(section: str, key: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default (ints pass for floats)."""
-    if (section, key) == ("data", "probe_size"):  # three forms: its one check reads the type
-        return value
+    if (section, key) in (("data", "probe_size"), ("finetune", "control")):
+        return value  # more than one form: its one check reads the type
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if key in _OR_NONE:

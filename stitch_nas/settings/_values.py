@@ -26,6 +26,7 @@ from stitch_nas.choices import (
     check_autocast_name,
     check_budgets,
     check_cka_threshold,
+    check_control,
     check_device,
     check_disk_gb,
     check_fidelity,
@@ -138,6 +139,7 @@ FIELD_CHECKS: dict[str, Check] = {
     "search.heartbeat_s": _at_least(1),
     "finetune.networks": _at_least(1),
     "finetune.floor": _within(0, 1, " (a validation accuracy), or null"),
+    "finetune.control": check_control,
 }
 
 #: "section.key" -> the one function that checks a value needing more than itself
@@ -177,7 +179,6 @@ TYPE_ONLY = frozenset(
         "search.fuse",
         "search.export",
         "finetune.enabled",
-        "finetune.control",
     }
 )
 
