@@ -12,7 +12,12 @@ from torch.utils._pytree import tree_leaves
 
 from stitch_nas import errors
 from stitch_nas.adapters._fuse import fusable_consumer, fuse_into_segment
-from stitch_nas.adapters._lstsq import fit_lstsq, fit_lstsq_batches
+from stitch_nas.adapters._lstsq import (
+    NormalEquations,
+    bilinear_matrix,
+    fit_lstsq,
+    fit_lstsq_batches,
+)
 from stitch_nas.fragments import CutPoint, cut_points, segment
 
 SHAPE = (1, 3, 32, 32)
@@ -317,3 +322,34 @@ def test_normal_equations_without_rows_name_the_system():
     equations = NormalEquations().add(torch.zeros(0, 3), torch.zeros(0, 2))
     with pytest.raises(errors.SingularSystemError, match="has no rows"):
         equations.solve(1e-4, "empty")
+
+
+@pytest.mark.parametrize("layouts", [("nchw", "nchw"), ("nhwc", "nchw"), ("nchw", "nhwc")])
+def test_a_fit_onto_a_larger_grid_solves_the_resized_rows_system_without_making_them(layouts):
+    """The products of the resized rows, taken on the source's grid (RᵀR and Rᵀ one axis at a
+    time), give the map that fitting the resized rows themselves gives, over several batches;
+    the resize is the product of the two axes' matrices."""
+    src_layout, dst_layout = layouts
+    torch.manual_seed(0)
+    x_nchw, y_nchw = torch.randn(12, 24, 3, 5) * 3 + 1, torch.randn(12, 6, 8, 12) - 2
+    resized = torch.nn.functional.interpolate(
+        x_nchw, size=(8, 12), mode="bilinear", align_corners=False
+    )
+    rh, rw = bilinear_matrix(3, 8), bilinear_matrix(5, 12)
+    torch.testing.assert_close(torch.einsum("Hh,nchw,Ww->ncHW", rh, x_nchw, rw), resized)
+    x = x_nchw if src_layout == "nchw" else x_nchw.permute(0, 2, 3, 1)
+    y = y_nchw if dst_layout == "nchw" else y_nchw.permute(0, 2, 3, 1)
+    src = _cut(src_layout, tuple(x.shape[1:]))
+    dst = _cut(dst_layout, tuple(y.shape[1:]))
+    stitch = fit_lstsq_batches([(x[:5], y[:5]), (x[5:], y[5:])], src, dst)
+    rows = NormalEquations().add(
+        resized.permute(0, 2, 3, 1).reshape(-1, 24), y_nchw.permute(0, 2, 3, 1).reshape(-1, 6)
+    )
+    weight, bias = rows.solve(1e-4, "the resized rows")
+    torch.testing.assert_close(stitch.weight, weight.T.float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(stitch.bias, bias.float(), rtol=1e-4, atol=1e-5)
+    # and the rows are never made: 40 channels on a 32x32 grid are 10x the targets here
+    x, y = torch.randn(8, 40, 4, 4), torch.randn(8, 4, 32, 32)
+    with PeakTensorBytes() as mode:
+        fit_lstsq_batches([(x, y)], _cut("nchw", (40, 4, 4)), _cut("nchw", (4, 32, 32)))
+    assert mode.peak < 8 * 40 * 32 * 32 * 4 / 3

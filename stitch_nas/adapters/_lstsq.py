@@ -17,6 +17,7 @@ system (every position of every probe image, or a conv's unfolded patches) never
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 import torch
@@ -93,6 +94,10 @@ def _what(cut: CutPoint) -> str:
 
 def _channels_last(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x.permute(0, 2, 3, 1) if layout == "nchw" else x
+
+
+def _nchw(x: torch.Tensor, layout: str) -> torch.Tensor:
+    return x.permute(0, 3, 1, 2) if layout == "nhwc" else x
 
 
 def _resize_grid(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -196,6 +201,25 @@ def fit_lstsq(
     return fit_lstsq_batches([(src_act, dst_act)], src, dst, ridge=ridge)
 
 
+def _upsamples(src: CutPoint, dst: CutPoint) -> bool:
+    """Whether the fit resizes a source grid onto a destination grid of more positions."""
+    return (
+        src.layout in _GRID
+        and dst.layout in _GRID
+        and dst.join_layout != "vector"
+        and math.prod(src.spatial or (1, 1)) < math.prod(dst.spatial or (1, 1))
+    )
+
+
+def bilinear_matrix(size_in: int, size_out: int) -> torch.Tensor:
+    """``(size_out, size_in)``: the weights of :func:`_resize_grid` along one axis (a bilinear
+    resize is the product of one such matrix per axis; each row sums to one)."""
+    eye = torch.eye(size_in).reshape(size_in, 1, size_in, 1)
+    return F.interpolate(eye, size=(size_out, 1), mode="bilinear", align_corners=False)[
+        :, 0, :, 0
+    ].T
+
+
 def fit_lstsq_batches(
     pairs: Iterable[tuple[torch.Tensor, torch.Tensor]],
     src: CutPoint,
@@ -204,18 +228,28 @@ def fit_lstsq_batches(
     ridge: float = 1e-4,
 ) -> LinearStitch:
     """:func:`fit_lstsq` from ``(src_act, dst_act)`` batches of the same images, in any number:
-    the normal equations are summed batch by batch, so no whole activation need exist."""
+    the normal equations are summed batch by batch, so no whole activation need exist.
+
+    Onto a destination grid of more positions the resized rows are not made: their products
+    are taken on the source's grid (:meth:`NormalEquations.add_resized`), the same system.
+    An efficientnet_b0 head (1,280 channels at 7x7) into a resnet18 stem (112x112) has 256
+    destination positions per source position, and its resized rows cost 256 times the
+    products."""
     if ridge < 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}; use e.g. 1e-4")
     stitch: LinearStitch | None = None
     equations = NormalEquations()
+    upsamples = _upsamples(src, dst)
     for src_act, dst_act in pairs:
         check_finite(src_act, f"activations at {src.name!r}")
         check_finite(dst_act, f"activations at {dst.name!r}")
         if stitch is None:
             stitch = LinearStitch(src, dst).to(src_act.device)
-        with torch.no_grad():
-            per_x = stitch.align(src_act[:1]).numel() // src.channels
+        if upsamples:
+            per_x = math.prod(stitch.align.dst_size())
+        else:
+            with torch.no_grad():
+                per_x = stitch.align(src_act[:1]).numel() // src.channels
         per_y = dst_act[:1].numel() // dst.channels
         rows_x, rows_y = per_x * src_act.shape[0], per_y * dst_act.shape[0]
         if rows_x != rows_y:
@@ -223,9 +257,13 @@ def fit_lstsq_batches(
                 f"cut {src.name!r} gives {rows_x} rows but {dst.name!r} gives {rows_y}; "
                 "both activations must come from the same samples"
             )
-        step = chunk_images(max(src_act[:1].numel(), per_x * src.channels, dst_act[:1].numel()))
+        aligned = 0 if upsamples else per_x * src.channels
+        step = chunk_images(max(src_act[:1].numel(), aligned, dst_act[:1].numel()))
         for xa, ya in zip(src_act.split(step), dst_act.split(step), strict=True):
             with torch.no_grad():
+                if upsamples:
+                    equations.add_resized(_nchw(xa, src.layout), _nchw(ya, dst.layout))
+                    continue
                 x = stitch.align(xa).reshape(-1, src.channels).float()
                 y = _channels_last(ya, dst.layout).reshape(-1, dst.channels).float()
             equations.add(x, y)
@@ -268,6 +306,42 @@ class NormalEquations:
             parts if not self._sums else [a + b for a, b in zip(self._sums, parts, strict=True)]
         )
         self.rows += x.shape[0]
+        return self
+
+    def add_resized(self, x: torch.Tensor, y: torch.Tensor) -> NormalEquations:
+        """Add the rows of ``x`` (NCHW) resized bilinearly to ``y``'s grid (NCHW targets), one
+        row per position of ``y``, without making them.
+
+        The resize is ``R = Rh ⊗ Rw`` (:func:`bilinear_matrix`), so the products are
+        ``(RX)ᵀ(RX) = Xᵀ(RᵀR)X`` and ``(RX)ᵀY = Xᵀ(RᵀY)``, with ``RᵀR`` and ``Rᵀ`` applied one
+        axis at a time on the source's grid; the rows' column sums are ``X`` weighted by
+        ``Rᵀ1``. Each row of ``R`` sums to one, so shifting ``X`` by a per-channel vector
+        shifts the resized rows by it: the shift of :meth:`add` carries over.
+        """
+        (n, _, h, w), (height, width) = x.shape, y.shape[-2:]
+        x, y = x.float(), y.float()
+        rh, rw = (bilinear_matrix(a, b).to(x.device) for a, b in ((h, height), (w, width)))
+        wh, ww = rh.sum(0), rw.sum(0)  # Rᵀ1 along each axis
+        rows = n * height * width
+        if self._shift is None:
+            self._shift = (
+                torch.einsum("nchw,h,w->c", x, wh, ww) / rows,
+                y.mean(dim=(0, 2, 3)),
+            )
+        xs = x - self._shift[0][:, None, None]
+        ys = y - self._shift[1][:, None, None]
+        gram_x = torch.einsum("ah,nchw,wb->ncab", rh.T @ rh, xs, rw.T @ rw)  # (RᵀR) X
+        back_y = torch.einsum("Hh,ndHW,Ww->ndhw", rh, ys, rw)  # Rᵀ Y
+        parts = [
+            torch.einsum("nchw,h,w->c", xs, wh, ww).double(),
+            ys.sum(dim=(0, 2, 3), dtype=torch.float64),
+            torch.einsum("nchw,ndhw->cd", xs, gram_x).double(),
+            torch.einsum("nchw,ndhw->cd", xs, back_y).double(),
+        ]
+        self._sums = (
+            parts if not self._sums else [a + b for a, b in zip(self._sums, parts, strict=True)]
+        )
+        self.rows += rows
         return self
 
     def solve(self, ridge: float, what: str) -> tuple[torch.Tensor, torch.Tensor]:
