@@ -394,9 +394,9 @@ def test_a_kind_registered_without_training_options_is_initialised_and_not_train
 @pytest.mark.parametrize("norm", ["batch", "none"])
 def test_a_trained_adapter_into_a_larger_grid_maps_before_it_resizes(kind, norm):
     """Its channel map (and a BatchNorm as it stands) commutes with the bilinear resize, so
-    mapping first gives the resize-then-map output, least squares fits the same map, and the
-    source's 40 channels are never held on the destination's 32x32 grid: 10 times the
-    adapter's output here."""
+    mapping first gives the resize-then-map output, least squares fits the same map (on the
+    resized rows' products), and the source's 40 channels are never held on the destination's
+    32x32 grid: 10 times the adapter's output here."""
     from tests.test_lstsq import PeakTensorBytes
 
     torch.manual_seed(0)
@@ -407,6 +407,13 @@ def test_a_trained_adapter_into_a_larger_grid_maps_before_it_resizes(kind, norm)
     adapters.initialise(module, x, y, src=src, dst=dst)
     assert module.map_first
     module.eval()
+    with torch.no_grad():  # least squares on the resized rows, though it never made them
+        inputs = module.pre(torch.nn.functional.interpolate(x, size=(32, 32), mode="bilinear"))
+        fitted = torch.nn.Conv2d(40, 4, 1)
+        adapters.fit_conv(fitted, inputs, y, 1e-4, "the resized rows")
+    linear = module.body.linear_part()
+    torch.testing.assert_close(linear.weight, fitted.weight, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(linear.bias, fitted.bias, rtol=1e-3, atol=1e-4)
     with torch.no_grad(), PeakTensorBytes() as mapped:
         out = module(x[:8])
     module.map_first = module.to_grid.defer = False  # the same adapter resizing first

@@ -115,10 +115,16 @@ def _lstsq(adapter: StitchAdapter, pairs: Pairs, ridge: float) -> None:
     if isinstance(adapter.pre, nn.BatchNorm2d):  # standardise the probe inputs
         _set_stats(adapter.pre, *_moments(grid for _, _, grid in read()))
     linear = adapter.body.linear_part()  # type: ignore[operator]
-    # on the destination's grid, also where the adapter maps before it resizes (the same map)
-    resized = adapter.to_grid.resize
-    targets = ((resized(adapter.pre(grid)), grid_target(y, dst)) for _, y, grid in read())
-    fit_conv_batches(linear, targets, ridge, what)
+    if adapter.map_first:  # a 1x1 conv onto a larger grid: as least squares fits it
+        equations = NormalEquations()
+        for _, y, grid in read():
+            equations.add_resized(adapter.pre(grid), grid_target(y, dst))
+        weight, bias = equations.solve(ridge, what)
+        linear.weight.copy_(weight.T.reshape(linear.weight.shape).to(linear.weight.dtype))
+        linear.bias.copy_(bias.to(linear.bias.dtype))
+    else:
+        targets = ((adapter.pre(grid), grid_target(y, dst)) for _, y, grid in read())
+        fit_conv_batches(linear, targets, ridge, what)
     if isinstance(adapter.post, nn.BatchNorm2d):  # the identity on the body's outputs
         mean, var = _moments(adapter.inner(adapter.pre(grid)) for _, _, grid in read())
         _set_stats(adapter.post, mean, var)
