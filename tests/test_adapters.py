@@ -426,3 +426,26 @@ def test_a_trained_adapter_into_a_larger_grid_maps_before_it_resizes(kind, norm)
     for other in (wider, same_grid):
         assert not adapters.create(kind, src, other, **options).map_first
     assert not adapters.create("conv3x3", src, dst).map_first  # a 3x3 conv reads the grid
+
+
+def test_a_network_whose_adapter_resizes_a_wide_source_first_runs_in_parts_of_a_batch(
+    ctx, monkeypatch
+):
+    """A conv3x3 from layer3 (192 channels at 2x2) into the stem (16 at 16x16) holds 192
+    channels at 16x16 per image, six times the zoo's largest activation, which the batch size
+    was chosen for: the network takes a sixth of a batch at a time, with the same outputs."""
+    from stitch_nas.activations import largest_activations
+    from stitch_nas.stitching import _measure
+
+    fragments = (Fragment("resnet", None, "layer3.0"), Fragment("resnet", "conv1.2", None))
+    net = build(ctx, StitchConfig(fragments, (AdapterSpec("conv3x3", {"loss": "none"}),)))
+    largest = largest_activations(ctx)[0]
+    assert net.parts[1].widest_per_image == 192 * 16 * 16 > largest
+    at_once = _measure.images_at_once(ctx, net)
+    assert at_once == ctx.batch_size * largest // (192 * 16 * 16) < ctx.batch_size
+    parts = torch.cat(list(_measure.output_batches(ctx, net, "val")))
+    monkeypatch.setattr(_measure, "images_at_once", lambda ctx, net: ctx.batch_size)
+    torch.testing.assert_close(parts, torch.cat(list(_measure.output_batches(ctx, net, "val"))))
+    mapped = build(ctx, StitchConfig(fragments, (AdapterSpec("linear", {"loss": "none"}),)))
+    assert mapped.parts[1].map_first and mapped.parts[1].widest_per_image == 0
+    assert _measure.images_at_once(ctx, mapped) == ctx.batch_size

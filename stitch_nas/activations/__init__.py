@@ -2,7 +2,14 @@
 :class:`StitchContext` that computes, memoises and shares them across trials.
 """
 
-from ._batch import GPU_MAX_BATCH, LIVE_ACTIVATIONS, MAX_BATCH, WORK_BATCH_BYTES, auto_batch_size
+from ._batch import (
+    GPU_MAX_BATCH,
+    LIVE_ACTIVATIONS,
+    MAX_BATCH,
+    WORK_BATCH_BYTES,
+    auto_batch_size,
+    largest_activations,
+)
 from ._budgets import (
     DEFAULT_DEVICE_MEMORY_FRACTION,
     DEFAULT_MEMORY_FRACTION,
@@ -42,6 +49,7 @@ __all__ = [
     "default_memory_gb",
     "in_order",
     "is_convolutional",
+    "largest_activations",
     "resolve_device",
     "take",
     "to_device",

@@ -24,7 +24,14 @@ import torch
 if TYPE_CHECKING:
     from ._view import ContextView
 
-__all__ = ["GPU_MAX_BATCH", "LIVE_ACTIVATIONS", "MAX_BATCH", "WORK_BATCH_BYTES", "auto_batch_size"]
+__all__ = [
+    "GPU_MAX_BATCH",
+    "LIVE_ACTIVATIONS",
+    "MAX_BATCH",
+    "WORK_BATCH_BYTES",
+    "auto_batch_size",
+    "largest_activations",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +47,21 @@ GPU_MAX_BATCH = 1024
 LIVE_ACTIVATIONS = 4
 
 
-def auto_batch_size(ctx: ContextView) -> int:
-    """``MAX_BATCH``, or fewer (at least 1) so that one batch of the largest activation of any
-    zoo model, at a cut or at its input, stays within ``WORK_BATCH_BYTES`` in float32."""
+def largest_activations(ctx: ContextView) -> tuple[int, int]:
+    """Elements per image of the zoo's largest activation (at a cut or at a model's input) and
+    of its largest at a cut: what a batch size is chosen for."""
     largest = largest_cut = 1
     for name in ctx.zoo.names():
         cuts = [math.prod(c.shape) for c in ctx.cuts(name)]
         largest = max(largest, math.prod(ctx.input_shape(name)), *cuts)
         largest_cut = max([largest_cut, *cuts])
+    return largest, largest_cut
+
+
+def auto_batch_size(ctx: ContextView) -> int:
+    """``MAX_BATCH``, or fewer (at least 1) so that one batch of the largest activation of any
+    zoo model, at a cut or at its input, stays within ``WORK_BATCH_BYTES`` in float32."""
+    largest, largest_cut = largest_activations(ctx)
     if ctx.device.type == "cuda":
         return _gpu_batch_size(ctx, largest, largest_cut)
     batch = max(1, min(MAX_BATCH, WORK_BATCH_BYTES // (4 * largest)))

@@ -13,6 +13,7 @@ least squares initialises; residual branches start at zero, so an adapter initia
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 import torch
@@ -64,6 +65,16 @@ class StitchAdapter(nn.Module):
             and dst.channels < self.to_grid.channels
         )
         self.to_grid.defer = self.map_first
+
+    @property
+    def widest_per_image(self) -> int:
+        """Elements per image of the source resized onto a larger grid before the body, where
+        that is wider than the destination's activation (which a batch size counts); else 0."""
+        grid = self.to_grid
+        if grid.defer or grid.pool or grid.stride != 1 or grid.channels <= self.dst.channels:
+            return 0
+        positions = math.prod(grid.size)
+        return grid.channels * positions if positions > math.prod(grid.side) else 0
 
     def inner(self, grid: torch.Tensor) -> torch.Tensor:
         """The body on ``to_grid``'s output after the pre-norm, resized where it maps first."""

@@ -22,7 +22,8 @@ from typing import Protocol
 
 import torch
 
-from stitch_nas.activations import StitchContext
+from stitch_nas.activations import StitchContext, largest_activations
+from stitch_nas.adapters import StitchAdapter
 from stitch_nas.choices import BUDGET_FIGURES
 from stitch_nas.config import StitchConfig
 from stitch_nas.errors import ConfigError
@@ -45,6 +46,7 @@ __all__ = [
     "fit_net_head",
     "net_outputs",
     "output_batches",
+    "images_at_once",
     "count_correct",
     "streamed_accuracy",
     "SAMPLE_IMAGES",
@@ -109,6 +111,22 @@ def head_accuracy(
     return float((scores.argmax(1).cpu() == labels).float().mean())
 
 
+def images_at_once(ctx: StitchContext, net: torch.nn.Module) -> int:
+    """How many images of a batch ``net`` takes at once: the batch size, or fewer where one of
+    its adapters holds more per image than the zoo's largest activation (which the batch size
+    was chosen for), so that it holds at most what a batch of that activation does. A ``conv3x3``
+    from efficientnet_b0's head (1,280 channels at 7x7) into resnet18's stem (64 at 112x112)
+    resizes all 1,280 channels onto the stem's grid first (``StitchAdapter.widest_per_image``).
+    """
+    widest = max(
+        (m.widest_per_image for m in net.modules() if isinstance(m, StitchAdapter)), default=0
+    )
+    largest = largest_activations(ctx)[0] if widest else 0
+    if widest <= largest:
+        return ctx.batch_size
+    return max(1, ctx.batch_size * largest // widest)
+
+
 def output_batches(
     ctx: StitchContext,
     net: StitchedNet,
@@ -138,10 +156,14 @@ def output_batches(
             source = ctx.input_batches(first.model, split)
         else:
             source = ctx.input_rows(first.model, split, index)
+    at_once = images_at_once(ctx, rest)
     try:
         for batch in source:
             with ctx.frozen():  # not around the yield: the caller's code must not run under it
-                out = rest(batch)
+                if len(batch) <= at_once:
+                    out = rest(batch)
+                else:  # eval mode: parts give the batch's outputs
+                    out = torch.cat([rest(part) for part in batch.split(at_once)])
             yield out.float()
             release_freed_memory()  # holes that add up batch after batch, not only per pass
     finally:
