@@ -101,6 +101,7 @@ def main() -> None:
     for row in rows:  # rows of an earlier command keep their name, or take this one's
         if "name" not in row and row["config"] in names:
             row["name"] = names[row["config"]]
+    args.results.write_text(json.dumps(record, indent=1) + "\n")
     done = {(r["config"], r["seed"]) for r in rows}
     for seed in [int(s) for s in args.seeds.split(",")]:
         recipe = replace(settings.finetune.recipe, seed=seed)
