@@ -12,12 +12,8 @@ from torch.utils._pytree import tree_leaves
 
 from stitch_nas import errors
 from stitch_nas.adapters._fuse import fusable_consumer, fuse_into_segment
-from stitch_nas.adapters._lstsq import (
-    NormalEquations,
-    bilinear_matrix,
-    fit_lstsq,
-    fit_lstsq_batches,
-)
+from stitch_nas.adapters._lstsq import fit_lstsq, fit_lstsq_batches
+from stitch_nas.adapters._normal_equations import NormalEquations, bilinear_matrix
 from stitch_nas.fragments import CutPoint, cut_points, segment
 
 SHAPE = (1, 3, 32, 32)
@@ -242,8 +238,6 @@ def test_fusion_is_refused_when_the_cut_feeds_a_residual():
 
 
 def test_normal_equations_accumulated_in_chunks_equal_one_solve():
-    from stitch_nas.adapters._lstsq import NormalEquations
-
     torch.manual_seed(0)
     x = torch.randn(3000, 12) * 3 + 40.0  # far from centred: the shift must absorb the mean
     y = x @ torch.randn(12, 5) + torch.randn(3000, 5) * 0.1
@@ -317,8 +311,6 @@ def test_the_ridge_term_matches_an_independent_augmented_least_squares_solve():
 
 
 def test_normal_equations_without_rows_name_the_system():
-    from stitch_nas.adapters._lstsq import NormalEquations
-
     equations = NormalEquations().add(torch.zeros(0, 3), torch.zeros(0, 2))
     with pytest.raises(errors.SingularSystemError, match="has no rows"):
         equations.solve(1e-4, "empty")

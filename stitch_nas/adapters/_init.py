@@ -21,7 +21,8 @@ from stitch_nas.fragments import CutPoint
 from ._bodies import StitchAdapter
 from ._convert import grid_target, prefix
 from ._lowrank import LowRankStitch
-from ._lstsq import LinearStitch, NormalEquations, chunk_images, fit_lstsq_batches
+from ._lstsq import LinearStitch, chunk_images, fit_lstsq_batches
+from ._normal_equations import NormalEquations
 from ._options import INIT_MODES
 
 __all__ = ["Pairs", "fit_conv", "fit_conv_batches", "initialise", "initialise_batches"]
