@@ -31,6 +31,7 @@ from stitch_nas.errors import (
 )
 from stitch_nas.fragments import CutPoint
 
+from ._convert import grid_target
 from ._normal_equations import NormalEquations
 
 __all__ = [
@@ -95,10 +96,6 @@ def _what(cut: CutPoint) -> str:
 
 def _channels_last(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x.permute(0, 2, 3, 1) if layout == "nchw" else x
-
-
-def _nchw(x: torch.Tensor, layout: str) -> torch.Tensor:
-    return x.permute(0, 3, 1, 2) if layout == "nhwc" else x
 
 
 def _resize_grid(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -254,7 +251,7 @@ def fit_lstsq_batches(
         for xa, ya in zip(src_act.split(step), dst_act.split(step), strict=True):
             with torch.no_grad():
                 if upsamples:
-                    equations.add_resized(_nchw(xa, src.layout), _nchw(ya, dst.layout))
+                    equations.add_resized(grid_target(xa, src), grid_target(ya, dst))
                     continue
                 x = stitch.align(xa).reshape(-1, src.channels).float()
                 y = _channels_last(ya, dst.layout).reshape(-1, dst.channels).float()
