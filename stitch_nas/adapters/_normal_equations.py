@@ -20,9 +20,9 @@ __all__ = ["SUM_BLOCK_ROWS", "NormalEquations", "bilinear_matrix"]
 
 @lru_cache(maxsize=64)  # the same few sizes for every chunk of every fit
 def bilinear_matrix(size_in: int, size_out: int) -> torch.Tensor:
-    """``(size_out, size_in)``: the weights of :func:`_resize_grid` along one axis (a bilinear
-    resize is the product of one such matrix per axis; each row sums to one). Shared between
-    callers: read it, never write to it."""
+    """``(size_out, size_in)``: the weights of a bilinear resize along one axis, as the stitches
+    resize (``F.interpolate``, ``align_corners=False``). A 2-D resize is the product of one such
+    matrix per axis; each row sums to one. Shared between callers: read it, never write to it."""
     eye = torch.eye(size_in).reshape(size_in, 1, size_in, 1)
     return F.interpolate(eye, size=(size_out, 1), mode="bilinear", align_corners=False)[
         :, 0, :, 0
